@@ -1,0 +1,49 @@
+# aenv — build, serve and test. The two set-up commands are `make serve` and `make test`.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin
+DATA_DIR ?= /var/lib/aenv
+export CGO_ENABLED ?= 0
+
+.PHONY: all deps build binaries base serve test unit e2e lint gen check-generated clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+binaries:
+	$(GO) build -trimpath -o $(BIN)/aenv ./cmd/aenv
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
+
+# The base template's root filesystem (busybox, bash, a `user` account) from Debian's static packages.
+base: binaries
+	$(BIN)/aenv template build-base --out $(BIN)/base-rootfs
+
+build: binaries base
+
+serve: deps build
+	$(BIN)/aenv serve --data-dir $(DATA_DIR) --envd $(BIN)/envd --base-rootfs $(BIN)/base-rootfs
+
+gen:
+	@scripts/gen.sh
+
+# Regenerates everything and fails when the checked-in generated code differs.
+check-generated:
+	@scripts/check-generated.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+unit:
+	$(GO) test -count=1 ./...
+
+e2e: build
+	@test/e2e/run.sh
+
+test: deps check-generated lint build unit e2e
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,110 @@
+// Package orchestrator owns the lifecycle of sandboxes on one node: the state machine,
+// launch plans, TTLs, persistence of records and reconciliation after a restart.
+//
+// The HTTP layer consumes *Orchestrator through a small interface of its own; the
+// methods it relies on (implemented in orchestrator.go) are:
+//
+//	Create(ctx, CreateRequest) (*Sandbox, error)
+//	Connect(ctx, id string, o ConnectOptions) (sb *Sandbox, resumed bool, err error)
+//	Get(ctx, id string) (*Sandbox, error)
+//	List(ctx, ListFilter) (items []*Sandbox, nextToken string, err error)
+//	Kill(ctx, id string) error
+//	SetTimeout(ctx, id string, d time.Duration) error      // may shorten; d<=0 expires now
+//	Refresh(ctx, id string, d time.Duration) error         // extends only
+//	Pause(ctx, id string, o sandbox.PauseOptions) error    // ErrConflict when already paused
+//	Metrics(ctx, id string) ([]sandbox.Stats, error)
+//	Endpoint(ctx, id string, autoResume bool) (sandbox.Endpoint, *Sandbox, error)
+//	Capabilities() sandbox.Capabilities
+package orchestrator
+
+import (
+	"errors"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// Sentinel errors the API layer maps to HTTP statuses.
+var (
+	ErrNotFound         = errors.New("sandbox not found")               // 404
+	ErrConflict         = errors.New("sandbox state conflict")          // 409 (already paused, being killed)
+	ErrInvalid          = errors.New("invalid request")                 // 400
+	ErrTemplateNotFound = errors.New("template not found")              // 404 on create
+	ErrNotRunning       = errors.New("sandbox is not running")          // 502 on the proxy path
+	ErrCapacity         = errors.New("node is out of sandbox capacity") // 503
+)
+
+// State of a sandbox. Transitional states are held while an operation runs; concurrent
+// operations on the same sandbox wait for it to leave them.
+type State string
+
+const (
+	StateCreating     State = "creating"
+	StateRunning      State = "running"
+	StatePausing      State = "pausing"
+	StatePaused       State = "paused"
+	StateResuming     State = "resuming"
+	StateSnapshotting State = "snapshotting"
+	StateForking      State = "forking"
+	StateKilling      State = "killing"
+)
+
+// Public maps internal states onto the two E2B states ("running" | "paused").
+func (s State) Public() string {
+	if s == StatePaused || s == StatePausing {
+		return "paused"
+	}
+	return "running"
+}
+
+// CreateRequest is a validated create (v1 or v2).
+type CreateRequest struct {
+	TemplateID    string
+	Timeout       time.Duration
+	Metadata      map[string]string
+	EnvVars       map[string]string
+	AutoPause     bool
+	AutoResume    bool
+	AllowInternet bool
+	// Secure issues an envd access token (always true for v2).
+	Secure    bool
+	Resources sandbox.Resources // zero fields take the template's values
+}
+
+// ConnectOptions is a v1/v2 connect or resume.
+type ConnectOptions struct {
+	Timeout time.Duration
+}
+
+// ListFilter selects sandboxes for GET /sandboxes and /v2/sandboxes.
+type ListFilter struct {
+	States       []string // "running", "paused"; empty = both
+	Metadata     map[string]string
+	TemplateID   string
+	StartedAfter time.Time
+	Ascending    bool
+	Limit        int
+	NextToken    string
+}
+
+// Sandbox is the record the node keeps for each sandbox (persisted).
+type Sandbox struct {
+	ID                 string            `json:"id"`
+	TemplateID         string            `json:"templateID"`
+	Alias              string            `json:"alias,omitempty"`
+	State              State             `json:"state"`
+	StartedAt          time.Time         `json:"startedAt"`
+	EndAt              time.Time         `json:"endAt"`
+	Resources          sandbox.Resources `json:"resources"`
+	Metadata           map[string]string `json:"metadata,omitempty"`
+	EnvVars            map[string]string `json:"envVars,omitempty"`
+	EnvdVersion        string            `json:"envdVersion"`
+	EnvdAccessToken    string            `json:"envdAccessToken,omitempty"`
+	TrafficAccessToken string            `json:"trafficAccessToken,omitempty"`
+	AutoPause          bool              `json:"autoPause"`
+	AutoResume         bool              `json:"autoResume"`
+	AllowInternet      bool              `json:"allowInternet"`
+	Backend            string            `json:"backend"`
+	// Paused is the backend's encoded PausedState while State is paused.
+	Paused []byte `json:"paused,omitempty"`
+}

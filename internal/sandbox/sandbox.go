@@ -1,0 +1,142 @@
+// Package sandbox defines what the orchestrator needs from an isolation technology
+// (OCI containers, microVMs, or a mock in unit tests). Backends live in subpackages.
+//
+// The orchestrator never looks inside a PausedState: it stores Encode() and hands the
+// bytes back through Backend.DecodePaused when it resumes.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrGone means the instance no longer exists (it died or was stopped); callers treat the
+// sandbox as terminal. Other capture errors leave the sandbox running and are recoverable.
+var ErrGone = errors.New("sandbox instance is gone")
+
+// Capabilities tells the API and the orchestrator what a backend can do, so they report
+// behaviour honestly instead of pretending every backend is a VM.
+type Capabilities struct {
+	// MemorySnapshots: a snapshot/pause captures RAM and processes (VMs), not only the filesystem.
+	MemorySnapshots bool `json:"memorySnapshots"`
+	// PauseKeepsProcesses: processes survive pause/resume (freezer or memory snapshot).
+	PauseKeepsProcesses bool `json:"pauseKeepsProcesses"`
+	// PauseReleasesMemory: a paused sandbox gives its RAM back to the host.
+	PauseReleasesMemory bool `json:"pauseReleasesMemory"`
+	// LiveFork: fork children continue the parent's processes.
+	LiveFork bool `json:"liveFork"`
+}
+
+// Resources are the limits a sandbox runs under.
+type Resources struct {
+	CPUCount   int `json:"cpuCount"`
+	MemoryMB   int `json:"memoryMB"`
+	DiskSizeMB int `json:"diskSizeMB"`
+}
+
+// RootFS says where a sandbox's root filesystem comes from. For now a template is an
+// unpacked directory used as the read-only lower of a per-sandbox overlay; the storage
+// engine will add a layered block image as another source.
+type RootFS struct {
+	// LowerDir is a read-only directory tree (a template's rootfs).
+	LowerDir string `json:"lowerDir,omitempty"`
+}
+
+// LaunchKind selects what a LaunchPlan does.
+type LaunchKind int
+
+const (
+	LaunchFresh        LaunchKind = iota // create from a template
+	LaunchFromSnapshot                   // create from a runnable snapshot
+	LaunchResume                         // resume a paused sandbox (same id)
+)
+
+// LaunchPlan is everything a backend needs to start one sandbox.
+type LaunchPlan struct {
+	Kind      LaunchKind
+	SandboxID string
+	RootFS    RootFS
+	Resources Resources
+	// AllowInternet enables outbound NAT from the sandbox's network namespace.
+	AllowInternet bool
+	// Paused is set for LaunchResume: the state returned by Instance.Pause.
+	Paused PausedState
+}
+
+// Endpoint is how the host reaches a running sandbox.
+type Endpoint struct {
+	// Host is the sandbox's address as seen from the host (an IP), for user ports.
+	Host string `json:"host"`
+	// EnvdPort is envd's port on Host (49983 unless the backend maps it).
+	EnvdPort int `json:"envdPort"`
+}
+
+// PauseOptions asks for a pause.
+type PauseOptions struct {
+	// KeepMemory asks to keep RAM and processes (E2B's memory:true). A backend that cannot
+	// honour it pauses as well as it can and says so in its Capabilities.
+	KeepMemory bool
+}
+
+// PausedState is a backend's opaque description of a paused sandbox.
+type PausedState interface {
+	Encode() ([]byte, error)
+}
+
+// Captured is the result of a snapshot of a running sandbox.
+type Captured interface {
+	Encode() ([]byte, error)
+}
+
+// ForkSpec describes one fork child.
+type ForkSpec struct {
+	SandboxID string
+	Resources Resources
+}
+
+// ForkResult is one child's outcome, in the order of the specs.
+type ForkResult struct {
+	Instance Instance
+	Err      error
+}
+
+// Stats are point-in-time resource counters of one sandbox.
+type Stats struct {
+	Timestamp  time.Time
+	CPUCount   int
+	CPUUsedPct float64
+	MemUsed    int64
+	MemTotal   int64
+	MemCache   int64
+	DiskUsed   int64
+	DiskTotal  int64
+}
+
+// Backend is one isolation technology.
+type Backend interface {
+	Name() string
+	Capabilities() Capabilities
+	// Launch creates (fresh or from snapshot) or resumes a sandbox and returns once its
+	// init (envd) has been started; the orchestrator waits for envd health itself.
+	Launch(ctx context.Context, plan LaunchPlan) (Instance, error)
+	DecodePaused(raw []byte) (PausedState, error)
+	// Reconcile is called once at startup with the ids the node believes exist; the
+	// backend removes everything else it finds (containers, mounts, netns) and reports
+	// which of the known ids are still alive.
+	Reconcile(ctx context.Context, known []string) (alive map[string]Instance, err error)
+}
+
+// Instance is one running (or paused) sandbox.
+type Instance interface {
+	ID() string
+	Endpoint() Endpoint
+	Pause(ctx context.Context, o PauseOptions) (PausedState, error)
+	// Resume undoes an in-place Pause (freezer thaw). Backends whose pause stops the
+	// instance return an error wrapping ErrGone and are resumed through Launch.
+	Resume(ctx context.Context) error
+	Snapshot(ctx context.Context) (Captured, error)
+	Fork(ctx context.Context, specs []ForkSpec) ([]ForkResult, error)
+	Stop(ctx context.Context) error // idempotent
+	Stats(ctx context.Context) (Stats, error)
+}
