@@ -2,11 +2,77 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "aenv: not built yet")
-	os.Exit(2)
+	os.Exit(run())
+}
+
+func run() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := newRootCmd().ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ee exitCodeError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	fmt.Fprintln(os.Stderr, "aenv:", err)
+	return 1
+}
+
+// exitCodeError carries a remote command's exit status out of `aenv exec` and friends
+// without printing anything more.
+type exitCodeError struct{ code int }
+
+func (e exitCodeError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// globals are the persistent flags every client command shares.
+type globals struct {
+	url    string
+	apiKey string
+}
+
+func newRootCmd() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:   "aenv",
+		Short: "Self-hosted sandboxes for AI agents, compatible with the E2B SDKs",
+		Long: "aenv runs isolated Linux sandboxes on your own machines and serves the E2B API.\n\n" +
+			"Start a node with `aenv serve`, then drive it with the E2B SDKs or with this CLI.\n" +
+			"The CLI finds the node from --url, $AENV_URL or `aenv login` (default http://127.0.0.1:8000)\n" +
+			"and its API key from --api-key, $AENV_API_KEY, `aenv login` or the node's admin.key.",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.url, "url", "", "node URL (default $AENV_URL, then `aenv login`, then http://127.0.0.1:8000)")
+	root.PersistentFlags().StringVar(&g.apiKey, "api-key", "", "API key (default $AENV_API_KEY, then `aenv login`, then the local node's admin.key)")
+	root.AddCommand(
+		newServeCmd(),
+		newStartCmd(g),
+		newListCmd(g),
+		newInfoCmd(g),
+		newExecCmd(g),
+		newConnectCmd(g),
+		newUploadCmd(g),
+		newDownloadCmd(g),
+		newPauseCmd(g),
+		newResumeCmd(g),
+		newTimeoutCmd(g),
+		newKillCmd(g),
+		newKeysCmd(g),
+		newLoginCmd(g),
+		newTemplateCmd(),
+	)
+	return root
 }

@@ -1,12 +1,170 @@
-// Command envd is the in-sandbox daemon the E2B SDKs talk to.
+// Command envd is the in-sandbox daemon the E2B SDKs talk to: Connect-RPC process and filesystem
+// services plus /files, /health, /init, /envs and /metrics on port 49983. It is static, runs as PID 1
+// in containers (reaping orphans and forwarding signals) or as an ordinary process.
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/envd"
+	"github.com/aenv-dev/aenv/internal/envd/identity"
+	"github.com/aenv-dev/aenv/internal/envd/reaper"
+	"github.com/aenv-dev/aenv/internal/envd/state"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "envd: not built yet")
-	os.Exit(2)
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "envd:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		port        = flag.Int("port", 49983, "TCP port to listen on")
+		host        = flag.String("host", "", "address to listen on (default: all interfaces)")
+		socket      = flag.String("socket", "", "also listen on this Unix socket path")
+		defaultUser = flag.String("user", "", "default user until /init sets one (default: root, or the current user when not root)")
+		passwd      = flag.String("passwd", "/etc/passwd", "passwd file users are resolved from")
+		group       = flag.String("group", "/etc/group", "group file supplementary groups are read from")
+		grace       = flag.Duration("shutdown-grace", 5*time.Second, "on SIGTERM/SIGINT, how long processes get before SIGKILL")
+		subreaper   = flag.Bool("subreaper", true, "when not PID 1, adopt and reap orphaned descendants (PR_SET_CHILD_SUBREAPER)")
+		verbose     = flag.Bool("v", false, "log every request")
+		version     = flag.Bool("version", false, "print the envd protocol version and exit")
+	)
+	flag.Parse()
+	if *version {
+		fmt.Println(envd.Version)
+		return nil
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	pid1 := os.Getpid() == 1
+
+	// Signals first, so that none is lost to the default action (which PID 1 would ignore anyway).
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	// A daemon must not die writing to a closed stdout/stderr.
+	signal.Ignore(syscall.SIGPIPE)
+
+	r, err := reaper.New(*subreaper)
+	if err != nil {
+		log.Warn("reaper: subreaper unavailable; waiting per child", "err", err)
+	}
+	var waiter reaper.Waiter = reaper.Direct{}
+	if r != nil {
+		waiter = r
+	}
+	users := identity.DB{PasswdPath: *passwd, GroupPath: *group}
+	if *defaultUser == "" {
+		*defaultUser = "root"
+		if uid := os.Geteuid(); uid != 0 {
+			*defaultUser = users.Names().User(uint32(uid))
+		}
+	}
+	runDir := ""
+	if pid1 {
+		runDir = "/run/e2b"
+	}
+	srv := envd.New(envd.Config{
+		Users:    users,
+		Defaults: state.New(*defaultUser),
+		Waiter:   waiter,
+		Logger:   log,
+		RunDir:   runDir,
+	})
+	var handler http.Handler = srv
+	if *verbose {
+		handler = logRequests(log, srv)
+	}
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true) // gRPC clients over h2c
+	hs := &http.Server{Handler: handler, Protocols: protocols, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 10 * time.Minute}
+
+	var listeners []net.Listener
+	ln, err := net.Listen("tcp", net.JoinHostPort(*host, strconv.Itoa(*port)))
+	if err != nil {
+		return err
+	}
+	listeners = append(listeners, ln)
+	if *socket != "" {
+		_ = os.Remove(*socket)
+		uln, err := net.Listen("unix", *socket)
+		if err != nil {
+			return err
+		}
+		listeners = append(listeners, uln)
+	}
+	log.Info("envd listening", "addr", ln.Addr().String(), "socket", *socket, "version", envd.Version, "pid1", pid1)
+
+	errc := make(chan error, len(listeners))
+	for _, l := range listeners {
+		go func(l net.Listener) { errc <- hs.Serve(l) }(l)
+	}
+
+	for {
+		select {
+		case err := <-errc:
+			if errors.Is(err, http.ErrServerClosed) {
+				return nil
+			}
+			return err
+		case sig := <-sigs:
+			s := sig.(syscall.Signal)
+			n := srv.Process.SignalAll(s)
+			log.Info("signal", "signal", s.String(), "forwarded_to", n)
+			if s != syscall.SIGTERM && s != syscall.SIGINT {
+				continue
+			}
+			shutdown(log, hs, srv, *grace)
+			if *socket != "" {
+				_ = os.Remove(*socket)
+			}
+			return nil
+		}
+	}
+}
+
+// shutdown stops accepting requests, gives processes the grace period to exit after the forwarded
+// signal, then kills what is left.
+func shutdown(log *slog.Logger, hs *http.Server, srv *envd.Server, grace time.Duration) {
+	deadline := time.Now().Add(grace)
+	for srv.Process.Running() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := srv.Process.SignalAll(syscall.SIGKILL); n > 0 {
+		log.Info("killed processes left after the grace period", "count", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = hs.Shutdown(ctx) }()
+	wg.Wait()
+	_ = hs.Close()
+	srv.Close()
+}
+
+func logRequests(log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		next.ServeHTTP(w, r)
+		log.Debug("request", "method", r.Method, "path", r.URL.Path, "dur", time.Since(start))
+	})
 }

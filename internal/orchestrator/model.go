@@ -107,4 +107,15 @@ type Sandbox struct {
 	Backend            string            `json:"backend"`
 	// Paused is the backend's encoded PausedState while State is paused.
 	Paused []byte `json:"paused,omitempty"`
+	// Launch is what a resume needs to relaunch and re-initialise the sandbox even if
+	// its template was deleted meanwhile. Internal: not part of any API response.
+	Launch LaunchInfo `json:"launch"`
+}
+
+// LaunchInfo is the part of a sandbox's template it keeps for its whole life.
+type LaunchInfo struct {
+	RootFS          sandbox.RootFS    `json:"rootfs"`
+	TemplateEnvVars map[string]string `json:"templateEnvVars,omitempty"`
+	DefaultUser     string            `json:"defaultUser,omitempty"`
+	DefaultWorkdir  string            `json:"defaultWorkdir,omitempty"`
 }

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/aenv-dev/aenv/internal/apikey"
+	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/server/api"
+)
+
+const defaultURL = "http://127.0.0.1:8000"
+
+// credentials is the file `aenv login` writes (TOML, mode 0600).
+type credentials struct {
+	URL    string `toml:"url"`
+	APIKey string `toml:"api_key"`
+}
+
+// credentialsPath is $XDG_CONFIG_HOME/aenv/credentials.toml (~/.config/aenv/...).
+func credentialsPath() (string, error) {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return "", fmt.Errorf("find the config directory: %w", err)
+	}
+	return filepath.Join(dir, "aenv", "credentials.toml"), nil
+}
+
+func readCredentials() (credentials, error) {
+	var c credentials
+	p, err := credentialsPath()
+	if err != nil {
+		return c, err
+	}
+	if _, err := toml.DecodeFile(p, &c); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return c, fmt.Errorf("read %s: %w (run `aenv login` again)", p, err)
+	}
+	return c, nil
+}
+
+// client talks to one aenv node: the REST API and, through the node's proxy, envd.
+type client struct {
+	base string
+	key  string
+	http *http.Client
+	api  *api.ClientWithResponses
+}
+
+// resolve picks the node URL and key: flags, then AENV_URL/AENV_API_KEY, then the login
+// file, then (key only) the admin.key of a node on this machine.
+func (g *globals) resolve() (string, string, error) {
+	creds, err := readCredentials()
+	if err != nil {
+		return "", "", err
+	}
+	u := firstNonEmpty(g.url, os.Getenv("AENV_URL"), creds.URL, defaultURL)
+	key := firstNonEmpty(g.apiKey, os.Getenv("AENV_API_KEY"), creds.APIKey)
+	if key == "" {
+		dataDir := firstNonEmpty(os.Getenv("AENV_DATA_DIR"), config.Default().DataDir)
+		if raw, err := os.ReadFile(filepath.Join(dataDir, apikey.AdminKeyFile)); err == nil {
+			key = strings.TrimSpace(string(raw))
+		}
+	}
+	if key == "" {
+		return "", "", errors.New("no API key: pass --api-key, set AENV_API_KEY, or run `aenv login` " +
+			"(a node prints where its admin key is when it starts)")
+	}
+	pu, err := url.Parse(u)
+	if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+		return "", "", fmt.Errorf("node URL %q is not an http(s) URL like %s", u, defaultURL)
+	}
+	return strings.TrimRight(u, "/"), key, nil
+}
+
+func (g *globals) client() (*client, error) {
+	base, key, err := g.resolve()
+	if err != nil {
+		return nil, err
+	}
+	// No overall timeout: exec and shell streams live as long as the command runs.
+	hc := &http.Client{Transport: &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 8,
+		IdleConnTimeout:     60 * time.Second,
+	}}
+	c := &client{base: base, key: key, http: hc}
+	c.api, err = api.NewClientWithResponses(base, api.WithHTTPClient(hc),
+		api.WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
+			req.Header.Set("X-API-Key", key)
+			return nil
+		}))
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// transportErr explains a request that got no answer.
+func (c *client) transportErr(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	return fmt.Errorf("cannot reach the aenv node at %s: %w (is `aenv serve` running? set --url or AENV_URL)", c.base, err)
+}
+
+// apiErr turns a non-2xx answer into an error that says what to do.
+func (c *client) apiErr(what string, status int, body []byte) error {
+	var e api.Error
+	msg := strings.TrimSpace(string(body))
+	if json.Unmarshal(body, &e) == nil && e.Message != "" {
+		msg = e.Message
+	}
+	hint := ""
+	switch status {
+	case http.StatusUnauthorized:
+		hint = " (check --api-key / AENV_API_KEY, or run `aenv login`)"
+	case http.StatusNotFound:
+		hint = " (`aenv ls` lists sandboxes)"
+	case http.StatusServiceUnavailable:
+		hint = " (the node is at capacity; kill or pause sandboxes, or raise sandbox.max_sandboxes)"
+	}
+	return fmt.Errorf("%s: %s (HTTP %d)%s", what, msg, status, hint)
+}
+
+func firstNonEmpty(vals ...string) string {
+	for _, v := range vals {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// sandboxInfo fetches a sandbox's details, including its envd access token.
+func (c *client) sandboxInfo(ctx context.Context, id string) (*api.SandboxDetail, error) {
+	resp, err := c.api.GetSandboxWithResponse(ctx, id)
+	if err != nil {
+		return nil, c.transportErr(err)
+	}
+	if resp.JSON200 == nil {
+		return nil, c.apiErr("sandbox "+id, resp.StatusCode(), resp.Body)
+	}
+	return resp.JSON200, nil
+}

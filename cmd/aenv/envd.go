@@ -1,0 +1,393 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/aenv-dev/aenv/internal/envd/gen/process"
+	"github.com/aenv-dev/aenv/internal/envd/gen/process/processconnect"
+	"github.com/aenv-dev/aenv/internal/server/api"
+)
+
+const envdPort = "49983"
+
+// envdClient reaches one sandbox's envd through the node's proxy, the way the SDKs do in
+// single-server mode: the sandbox is named by headers, not by the path.
+type envdClient struct {
+	c     *client
+	id    string
+	token string
+	proc  processconnect.ProcessClient
+}
+
+func (c *client) envd(id, token string) *envdClient {
+	e := &envdClient{c: c, id: id, token: token}
+	e.proc = processconnect.NewProcessClient(c.http, c.base, connect.WithInterceptors(headerInterceptor{e}))
+	return e
+}
+
+// setHeaders adds the routing and auth headers of envd traffic.
+func (e *envdClient) setHeaders(h http.Header) {
+	h.Set("E2b-Sandbox-Id", e.id)
+	h.Set("E2b-Sandbox-Port", envdPort)
+	if e.token != "" {
+		h.Set("X-Access-Token", e.token)
+	}
+}
+
+type headerInterceptor struct{ e *envdClient }
+
+func (i headerInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		i.e.setHeaders(req.Header())
+		return next(ctx, req)
+	}
+}
+
+func (i headerInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		i.e.setHeaders(conn.RequestHeader())
+		return conn
+	}
+}
+
+func (i headerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// envdFor connects to a sandbox by ID: its token comes from the API (GET /sandboxes/{id}).
+func (c *client) envdFor(ctx context.Context, id string) (*envdClient, error) {
+	info, err := c.sandboxInfo(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if info.State == api.Paused {
+		return nil, fmt.Errorf("sandbox %s is paused: `aenv resume %[1]s` first (or use `aenv connect %[1]s`)", id)
+	}
+	token := ""
+	if info.EnvdAccessToken != nil {
+		token = *info.EnvdAccessToken
+	}
+	return c.envd(id, token), nil
+}
+
+// shellQuote joins args into one /bin/bash -c command line, quoting each argument.
+func shellQuote(args []string) string {
+	if len(args) == 1 {
+		return args[0] // a single argument is already a command line (aenv exec ID -- 'ls | wc -l')
+	}
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a != "" && strings.IndexFunc(a, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=:,+@%", r))
+		}) < 0 {
+			out[i] = a
+			continue
+		}
+		out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(out, " ")
+}
+
+// run starts cmdline with /bin/bash -l -c (as the SDKs do), streams its output and
+// returns its exit code. An interrupt sends SIGTERM to the remote process.
+func (e *envdClient) run(ctx context.Context, cmdline string, envs map[string]string, cwd, user string, stdout, stderr io.Writer) (int, error) {
+	noStdin := false
+	req := connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmdline}, Envs: envs},
+		Stdin:   &noStdin,
+	})
+	if cwd != "" {
+		req.Msg.Process.Cwd = &cwd
+	}
+	if user != "" {
+		req.Header().Set("Authorization", basicUser(user))
+	}
+	streamCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stream, err := e.proc.Start(streamCtx, req)
+	if err != nil {
+		return 0, e.rpcErr(err)
+	}
+	defer stream.Close()
+	var pid atomic.Uint32
+	go func() {
+		<-streamCtx.Done()
+		if ctx.Err() == nil {
+			return // the command ended on its own
+		}
+		if pid := pid.Load(); pid != 0 {
+			sig := connect.NewRequest(&process.SendSignalRequest{
+				Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}},
+				Signal:  process.Signal_SIGNAL_SIGTERM,
+			})
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, _ = e.proc.SendSignal(sctx, sig)
+			scancel()
+		}
+	}()
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		switch {
+		case ev.GetStart() != nil:
+			pid.Store(ev.GetStart().GetPid())
+		case ev.GetData() != nil:
+			d := ev.GetData()
+			if b := d.GetStdout(); len(b) > 0 {
+				stdout.Write(b)
+			}
+			if b := d.GetStderr(); len(b) > 0 {
+				stderr.Write(b)
+			}
+			if b := d.GetPty(); len(b) > 0 {
+				stdout.Write(b)
+			}
+		case ev.GetEnd() != nil:
+			end := ev.GetEnd()
+			if end.GetError() != "" && !end.GetExited() {
+				return -1, fmt.Errorf("command failed: %s", end.GetError())
+			}
+			return int(end.GetExitCode()), nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return 0, e.rpcErr(err)
+	}
+	return 0, errors.New("the command's output stream ended without an exit status (the sandbox may have stopped)")
+}
+
+func basicUser(user string) string {
+	return "Basic " + encodeBase64(user+":")
+}
+
+// rpcErr explains envd failures seen through the proxy.
+func (e *envdClient) rpcErr(err error) error {
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable:
+		return fmt.Errorf("sandbox %s is not reachable (is it running? `aenv ls`): %w", e.id, err)
+	case connect.CodeUnauthenticated:
+		return fmt.Errorf("envd of sandbox %s refused the request: %w", e.id, err)
+	}
+	return fmt.Errorf("sandbox %s: %w", e.id, err)
+}
+
+func newExecCmd(g *globals) *cobra.Command {
+	var (
+		envs      []string
+		cwd, user string
+	)
+	cmd := &cobra.Command{
+		Use:   "exec ID -- COMMAND [ARGS...]",
+		Short: "Run a command in a sandbox, stream its output and exit with its status",
+		Example: "  aenv exec sbx123 -- uname -a\n" +
+			"  aenv exec sbx123 -- 'ls /etc | wc -l'",
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			envMap, err := parseKV("--env", envs)
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			e, err := c.envdFor(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			code, err := e.run(cmd.Context(), shellQuote(args[1:]), envMap, cwd, user, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if code != 0 {
+				if code < 0 {
+					code = 137 // killed by a signal
+				}
+				return exitCodeError{code: code}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVar(&envs, "env", nil, "environment variable KEY=VALUE for the command (repeatable)")
+	cmd.Flags().StringVar(&cwd, "cwd", "", "working directory (default: the user's home)")
+	cmd.Flags().StringVar(&user, "user", "", "run as this user (default: the sandbox's default user)")
+	return cmd
+}
+
+func newConnectCmd(g *globals) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "connect ID",
+		Short: "Attach a shell to a sandbox, resuming it if it is paused",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.connectSandbox(cmd, args[0], timeout)
+			if err != nil {
+				return err
+			}
+			token := ""
+			if sb.EnvdAccessToken != nil {
+				token = *sb.EnvdAccessToken
+			} else if info, err := c.sandboxInfo(cmd.Context(), args[0]); err == nil && info.EnvdAccessToken != nil {
+				token = *info.EnvdAccessToken
+			}
+			// Keep the sandbox alive while the shell is attached.
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			go c.keepAlive(ctx, args[0], timeout)
+			return c.envd(args[0], token).shell(ctx)
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "expiry extension while attached")
+	return cmd
+}
+
+// keepAlive extends the sandbox's expiry every minute until ctx ends.
+func (c *client) keepAlive(ctx context.Context, id string, d time.Duration) {
+	secs := int(d / time.Second)
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_, _ = c.api.RefreshSandboxWithResponse(ctx, id, api.SandboxRefreshRequest{Duration: &secs})
+		}
+	}
+}
+
+// shell runs an interactive login shell on a PTY and bridges it to this terminal.
+func (e *envdClient) shell(ctx context.Context) error {
+	in := os.Stdin
+	fd := int(in.Fd())
+	tty := isTerminal(in)
+	cols, rows := uint32(80), uint32(24)
+	if tty {
+		if ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ); err == nil && ws.Col > 0 {
+			cols, rows = uint32(ws.Col), uint32(ws.Row)
+		}
+	}
+	term := firstNonEmpty(os.Getenv("TERM"), "xterm-256color")
+	req := connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-i", "-l"}, Envs: map[string]string{"TERM": term}},
+		Pty:     &process.PTY{Size: &process.PTY_Size{Cols: cols, Rows: rows}},
+	})
+	streamCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := e.proc.Start(streamCtx, req)
+	if err != nil {
+		return e.rpcErr(err)
+	}
+	defer stream.Close()
+	if !stream.Receive() {
+		if err := stream.Err(); err != nil {
+			return e.rpcErr(err)
+		}
+		return errors.New("the shell ended before it started")
+	}
+	pid := stream.Msg().GetEvent().GetStart().GetPid()
+	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
+
+	if tty {
+		restore, err := makeRaw(fd)
+		if err != nil {
+			return fmt.Errorf("put the terminal in raw mode: %w", err)
+		}
+		defer restore()
+		winch := make(chan os.Signal, 1)
+		signal.Notify(winch, syscall.SIGWINCH)
+		defer signal.Stop(winch)
+		go func() {
+			for {
+				select {
+				case <-streamCtx.Done():
+					return
+				case <-winch:
+					ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ)
+					if err != nil {
+						continue
+					}
+					_, _ = e.proc.Update(streamCtx, connect.NewRequest(&process.UpdateRequest{Process: sel,
+						Pty: &process.PTY{Size: &process.PTY_Size{Cols: uint32(ws.Col), Rows: uint32(ws.Row)}}}))
+				}
+			}
+		}()
+	}
+	go func() {
+		buf := make([]byte, 32*1024)
+		for {
+			n, err := in.Read(buf)
+			if n > 0 {
+				data := append([]byte(nil), buf[:n]...)
+				_, serr := e.proc.SendInput(streamCtx, connect.NewRequest(&process.SendInputRequest{Process: sel,
+					Input: &process.ProcessInput{Input: &process.ProcessInput_Pty{Pty: data}}}))
+				if serr != nil {
+					return
+				}
+			}
+			if err != nil {
+				// EOF on a non-terminal stdin: end the shell's input the way a terminal would.
+				_, _ = e.proc.SendInput(streamCtx, connect.NewRequest(&process.SendInputRequest{Process: sel,
+					Input: &process.ProcessInput{Input: &process.ProcessInput_Pty{Pty: []byte{4}}}}))
+				return
+			}
+		}
+	}()
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			os.Stdout.Write(d.GetPty())
+			os.Stdout.Write(d.GetStdout())
+			os.Stdout.Write(d.GetStderr())
+		}
+		if end := ev.GetEnd(); end != nil {
+			if code := end.GetExitCode(); code != 0 {
+				return exitCodeError{code: int(code)}
+			}
+			return nil
+		}
+	}
+	if err := stream.Err(); err != nil && ctx.Err() == nil {
+		return e.rpcErr(err)
+	}
+	return nil
+}
+
+// makeRaw puts the terminal in raw mode (as x/term's MakeRaw does) and returns the undo.
+func makeRaw(fd int) (func(), error) {
+	t, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	if err != nil {
+		return nil, err
+	}
+	old := *t
+	t.Iflag &^= unix.IGNBRK | unix.BRKINT | unix.PARMRK | unix.ISTRIP | unix.INLCR | unix.IGNCR | unix.ICRNL | unix.IXON
+	t.Oflag &^= unix.OPOST
+	t.Lflag &^= unix.ECHO | unix.ECHONL | unix.ICANON | unix.ISIG | unix.IEXTEN
+	t.Cflag &^= unix.CSIZE | unix.PARENB
+	t.Cflag |= unix.CS8
+	t.Cc[unix.VMIN] = 1
+	t.Cc[unix.VTIME] = 0
+	if err := unix.IoctlSetTermios(fd, unix.TCSETS, t); err != nil {
+		return nil, err
+	}
+	return func() { _ = unix.IoctlSetTermios(fd, unix.TCSETS, &old) }, nil
+}

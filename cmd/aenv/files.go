@@ -1,0 +1,186 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+func encodeBase64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+
+func queryEscape(s string) string { return url.QueryEscape(s) }
+
+// filesURL is envd's /files endpoint through the node (routed by the sandbox headers).
+func (e *envdClient) filesURL(path, user string) string {
+	q := url.Values{"path": {path}}
+	if user != "" {
+		q.Set("username", user)
+	}
+	return e.c.base + "/files?" + q.Encode()
+}
+
+// upload streams a local file to path in the sandbox as a multipart part named "file",
+// as the SDKs do; envd creates parent directories and chowns to the user.
+func (e *envdClient) upload(cmd *cobra.Command, local, remote, user string) error {
+	f, err := os.Open(local)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return err
+	} else if fi.IsDir() {
+		return fmt.Errorf("%s is a directory: upload files one at a time (or tar them and upload the archive)", local)
+	}
+	pr, pw := io.Pipe()
+	mw := multipart.NewWriter(pw)
+	go func() {
+		h := textproto.MIMEHeader{}
+		h.Set("Content-Disposition", fmt.Sprintf(`form-data; name="file"; filename=%q`, remote))
+		h.Set("Content-Type", "application/octet-stream")
+		part, err := mw.CreatePart(h)
+		if err == nil {
+			_, err = io.Copy(part, f)
+		}
+		if err == nil {
+			err = mw.Close()
+		}
+		pw.CloseWithError(err)
+	}()
+	req, err := http.NewRequestWithContext(cmd.Context(), http.MethodPost, e.filesURL(remote, user), pr)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	e.setHeaders(req.Header)
+	resp, err := e.c.http.Do(req)
+	if err != nil {
+		return e.c.transportErr(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return e.c.apiErr(fmt.Sprintf("upload to %s:%s", e.id, remote), resp.StatusCode, body)
+	}
+	var entries []struct{ Path string }
+	if json.Unmarshal(body, &entries) == nil && len(entries) == 1 {
+		fmt.Fprintf(cmd.ErrOrStderr(), "uploaded %s to %s:%s\n", local, e.id, entries[0].Path)
+	}
+	return nil
+}
+
+// download writes the sandbox file remote to local ("-" = stdout) through a temporary
+// file, so an interrupted download never leaves a truncated file behind.
+func (e *envdClient) download(cmd *cobra.Command, remote, local, user string, force bool) error {
+	if local != "-" {
+		if fi, err := os.Stat(local); err == nil {
+			if fi.IsDir() {
+				local = filepath.Join(local, filepath.Base(remote))
+			} else if !force {
+				return fmt.Errorf("%s exists; pass --force to overwrite it", local)
+			}
+		}
+	}
+	req, err := http.NewRequestWithContext(cmd.Context(), http.MethodGet, e.filesURL(remote, user), nil)
+	if err != nil {
+		return err
+	}
+	e.setHeaders(req.Header)
+	resp, err := e.c.http.Do(req)
+	if err != nil {
+		return e.c.transportErr(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return e.c.apiErr(fmt.Sprintf("download %s:%s", e.id, remote), resp.StatusCode, body)
+	}
+	if local == "-" {
+		_, err := io.Copy(cmd.OutOrStdout(), resp.Body)
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(local), "."+filepath.Base(local)+".part-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, resp.Body); err != nil {
+		tmp.Close()
+		return fmt.Errorf("download %s:%s: %w", e.id, remote, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), local); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "downloaded %s:%s to %s\n", e.id, remote, local)
+	return nil
+}
+
+func newUploadCmd(g *globals) *cobra.Command {
+	var user string
+	cmd := &cobra.Command{
+		Use:     "upload ID LOCAL_FILE REMOTE_PATH",
+		Short:   "Copy a file into a sandbox",
+		Example: "  aenv upload sbx123 ./data.csv /home/user/data.csv",
+		Args:    cobra.ExactArgs(3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			e, err := c.envdFor(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return e.upload(cmd, args[1], args[2], user)
+		},
+	}
+	cmd.Flags().StringVar(&user, "user", "", "owner of the file in the sandbox (default: the sandbox's default user)")
+	return cmd
+}
+
+func newDownloadCmd(g *globals) *cobra.Command {
+	var (
+		user  string
+		force bool
+	)
+	cmd := &cobra.Command{
+		Use:     "download ID REMOTE_PATH [LOCAL_PATH|-]",
+		Short:   "Copy a file out of a sandbox (\"-\" writes it to stdout)",
+		Example: "  aenv download sbx123 /home/user/out.txt .",
+		Args:    cobra.RangeArgs(2, 3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			local := filepath.Base(args[1])
+			if len(args) == 3 {
+				local = args[2]
+			}
+			if strings.HasSuffix(args[1], "/") {
+				return fmt.Errorf("%s is a directory: download files one at a time", args[1])
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			e, err := c.envdFor(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return e.download(cmd, args[1], local, user, force)
+		},
+	}
+	cmd.Flags().StringVar(&user, "user", "", "read as this user (default: the sandbox's default user)")
+	cmd.Flags().BoolVar(&force, "force", false, "overwrite LOCAL_PATH if it exists")
+	return cmd
+}

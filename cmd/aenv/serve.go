@@ -1,0 +1,308 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+
+	"github.com/aenv-dev/aenv/internal/apikey"
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/orchestrator"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/sandbox/oci"
+	"github.com/aenv-dev/aenv/internal/server"
+	"github.com/aenv-dev/aenv/internal/template/base"
+)
+
+// baseTemplateID is the template the SDKs create from by default.
+const baseTemplateID = "base"
+
+func newServeCmd() *cobra.Command {
+	var (
+		configPath string
+		listen     string
+		dataDir    string
+		envdPath   string
+		baseRootFS string
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a node: the E2B-compatible API, the sandbox proxy and the sandboxes",
+		Long: "serve runs a single-node aenv: sandboxes on this machine, the E2B-compatible API and\n" +
+			"the proxy that carries SDK traffic into sandboxes, all on one listener (--listen).\n" +
+			"Configuration: embedded defaults < --config FILE < AENV_* variables < flags\n" +
+			"(see docs/configuration.md). Point the E2B SDKs at it with\n" +
+			"  E2B_API_URL=http://127.0.0.1:8000 E2B_SANDBOX_URL=http://127.0.0.1:8000 E2B_API_KEY=<key>",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(configPath, os.LookupEnv)
+			if err != nil {
+				return err
+			}
+			f := cmd.Flags()
+			if f.Changed("listen") {
+				cfg.Listen = listen
+			}
+			if f.Changed("data-dir") {
+				cfg.DataDir = dataDir
+			}
+			if f.Changed("envd") {
+				cfg.Envd.Path = envdPath
+			}
+			if f.Changed("base-rootfs") {
+				cfg.Templates.BaseRootFS = baseRootFS
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			return serve(cmd.Context(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&configPath, "config", os.Getenv("AENV_CONFIG"), "TOML config file (default $AENV_CONFIG; none: embedded defaults)")
+	f.StringVar(&listen, "listen", config.Default().Listen, "address of the API and sandbox proxy")
+	f.StringVar(&dataDir, "data-dir", config.Default().DataDir, "directory for all node state")
+	f.StringVar(&envdPath, "envd", "", "envd binary to run in sandboxes (default: envd next to this binary)")
+	f.StringVar(&baseRootFS, "base-rootfs", "", "prebuilt base rootfs directory to install as the base template on first start")
+	return cmd
+}
+
+func newLogger(cfg config.Config) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+// serve runs the node until ctx ends (SIGINT/SIGTERM), then shuts down gracefully.
+func serve(ctx context.Context, cfg config.Config) error {
+	log := newLogger(cfg)
+	slog.SetDefault(log)
+	// Sandbox roots (in user namespaces) must traverse the data dir to their rootfs.
+	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
+		return fmt.Errorf("create the data directory: %w", err)
+	}
+	// Bind first so a port conflict fails before anything is started.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (set --listen or AENV_LISTEN)", cfg.Listen, err)
+	}
+	defer ln.Close()
+
+	cat, err := catalog.Open(filepath.Join(cfg.DataDir, catalogFile))
+	if err != nil {
+		return fmt.Errorf("%w (is another `aenv serve` using %s?)", err, cfg.DataDir)
+	}
+	defer cat.Close()
+
+	boot, err := apikey.Bootstrap(ctx, cat.APIKeys(), cfg.DataDir, cfg.APIKey)
+	if err != nil {
+		return err
+	}
+	switch {
+	case boot.Explicit:
+		log.Info("API key from AENV_API_KEY is active")
+		if !apikey.E2BCompatible(cfg.APIKey) {
+			log.Warn("AENV_API_KEY is not e2b_ + lowercase hex: the E2B Python SDK rejects it unless E2B_VALIDATE_API_KEY=false")
+		}
+	case boot.Created:
+		fmt.Fprintf(os.Stderr, "aenv: generated the admin API key; it is in %s (export E2B_API_KEY=$(cat %[1]s))\n", boot.Path)
+	case boot.Path != "":
+		fmt.Fprintf(os.Stderr, "aenv: the admin API key is in %s\n", boot.Path)
+	}
+
+	envd, err := findEnvd(cfg.Envd.Path)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	backend, err := oci.New(ctx, oci.Config{
+		DataDir:  filepath.Join(cfg.DataDir, "oci"),
+		EnvdPath: envd,
+		Runtime:  cfg.Backend.Runtime,
+		Logger:   log.With("component", "oci"),
+	})
+	if err != nil {
+		if errors.Is(err, oci.ErrNoRuntime) {
+			return fmt.Errorf("no OCI runtime can start a container on this host: %w "+
+				"(install runc: `apt-get install runc`, run as root, or choose one with backend.runtime / AENV_BACKEND_RUNTIME)", err)
+		}
+		return fmt.Errorf("start the oci backend: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := backend.Close(cctx); err != nil {
+			log.Warn("close the oci backend", "err", err)
+		}
+	}()
+
+	orch, err := orchestrator.New(orchestrator.Config{
+		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration,
+		MaxTimeout:     cfg.Sandbox.MaxTimeout.Duration,
+		DefaultResources: sandbox.Resources{
+			CPUCount: cfg.Sandbox.DefaultCPU, MemoryMB: cfg.Sandbox.DefaultMemoryMB, DiskSizeMB: cfg.Sandbox.DefaultDiskMB,
+		},
+		MaxSandboxes:     cfg.Sandbox.MaxSandboxes,
+		EnvdReadyTimeout: cfg.Envd.ReadyTimeout.Duration,
+		EnvdVersion:      cfg.Envd.Version,
+		ShutdownAction:   orchestrator.ShutdownAction(cfg.Sandbox.ShutdownAction),
+		Registerer:       reg,
+		Logger:           log,
+	}, backend, cat)
+	if err != nil {
+		return err
+	}
+	if err := orch.Start(ctx); err != nil {
+		return fmt.Errorf("reconcile sandboxes: %w", err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		if err := orch.Shutdown(sctx); err != nil {
+			log.Error("shutdown sandboxes", "err", err)
+		}
+	}()
+
+	if err := ensureBaseTemplate(ctx, cat, cfg, log); err != nil {
+		return err
+	}
+
+	srv, err := server.New(server.Options{
+		Orchestrator:     orch,
+		Auth:             apikey.NewVerifier(cat.APIKeys()),
+		Keys:             cat.APIKeys(),
+		Domains:          cfg.Proxy.Domains,
+		Registry:         reg,
+		DefaultTimeout:   cfg.Sandbox.DefaultTimeout.Duration,
+		DefaultTimeoutV1: cfg.Sandbox.DefaultTimeoutV1.Duration,
+		MaxTimeout:       cfg.Sandbox.MaxTimeout.Duration,
+		Logger:           log,
+	})
+	if err != nil {
+		return err
+	}
+	httpSrv := &http.Server{
+		Handler: srv,
+		// No read/write timeouts: envd streams (background commands, PTYs) live for hours.
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- httpSrv.Serve(ln) }()
+	log.Info("aenv serving", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "runtime", backend.Runtime(),
+		"userns", backend.UserNamespaces())
+	fmt.Fprintf(os.Stderr, "aenv: serving on http://%s\n", ln.Addr())
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve HTTP: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "sandboxes", cfg.Sandbox.ShutdownAction)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	// Shutdown waits for requests in flight; long-lived streams are cut at the deadline.
+	if err := httpSrv.Shutdown(sctx); err != nil {
+		httpSrv.Close()
+	}
+	return nil
+}
+
+// findEnvd resolves the envd binary: the configured path, else "envd" next to aenv.
+func findEnvd(path string) (string, error) {
+	if path == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return "", fmt.Errorf("locate envd: %w (pass --envd)", err)
+		}
+		path = filepath.Join(filepath.Dir(exe), "envd")
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	fi, err := os.Stat(abs)
+	if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("envd binary %s is missing or not executable (build it with `make binaries`, or pass --envd / set AENV_ENVD_PATH)", abs)
+	}
+	return abs, nil
+}
+
+// ensureBaseTemplate makes sure the "base" template exists, so Sandbox.create() with the
+// SDK's default template works on a fresh node: it installs the prebuilt rootfs given by
+// templates.base_rootfs (copied into the data dir, so the node does not depend on a build
+// tree) or builds one from the host's static binaries.
+func ensureBaseTemplate(ctx context.Context, cat *catalog.Catalog, cfg config.Config, log *slog.Logger) error {
+	dir := filepath.Join(cfg.DataDir, "templates", baseTemplateID, "rootfs")
+	if t, err := cat.Templates().Get(baseTemplateID); err == nil {
+		if fi, err := os.Stat(t.RootFSDir); err == nil && fi.IsDir() {
+			return nil
+		}
+		log.Warn("base template's rootfs is missing; reinstalling it", "dir", t.RootFSDir)
+	} else if !errors.Is(err, catalog.ErrNotFound) {
+		return fmt.Errorf("look up the base template: %w", err)
+	}
+	if src := cfg.Templates.BaseRootFS; src != "" {
+		if !base.Built(src) {
+			return fmt.Errorf("--base-rootfs %s is not a finished base build (run `aenv template build-base --out %[1]s`)", src)
+		}
+		if err := copyTree(ctx, src, dir); err != nil {
+			return fmt.Errorf("install the base rootfs from %s: %w", src, err)
+		}
+	} else {
+		log.Info("building the base template", "dir", dir)
+		if err := base.Build(ctx, base.Options{Out: dir}); err != nil {
+			return fmt.Errorf("build the base template: %w (or pass --base-rootfs)", err)
+		}
+	}
+	if err := cat.Templates().Put(catalog.Template{
+		ID:             baseTemplateID,
+		Kind:           catalog.KindTemplate,
+		RootFSDir:      dir,
+		DefaultUser:    "user",
+		DefaultWorkdir: "/home/user",
+	}); err != nil {
+		return fmt.Errorf("register the base template: %w", err)
+	}
+	log.Info("base template ready", "dir", dir)
+	return nil
+}
+
+// copyTree copies src to dst with `cp -a` (ownership, modes, links and devices as they
+// are), through a temporary sibling so dst is either complete or absent.
+func copyTree(ctx context.Context, src, dst string) error {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	tmp := dst + ".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "cp", "-a", src, tmp).CombinedOutput(); err != nil {
+		os.RemoveAll(tmp)
+		return fmt.Errorf("cp -a: %w: %s", err, out)
+	}
+	if err := os.RemoveAll(dst); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
+}

@@ -1,0 +1,296 @@
+// Package config loads the node configuration: the embedded defaults (default.toml), then
+// an optional TOML file, then AENV_* environment variables. Flags are applied by the caller.
+package config
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+//go:embed default.toml
+var defaultTOML string
+
+// DefaultTOML is the embedded default configuration, with comments (aenv config print-default).
+func DefaultTOML() string { return defaultTOML }
+
+// Config is the node configuration. TOML keys are the field tags; environment variables
+// are AENV_ + the upper-cased key path joined by '_'.
+type Config struct {
+	Listen    string    `toml:"listen"`
+	DataDir   string    `toml:"data_dir"`
+	APIKey    string    `toml:"api_key"`
+	LogLevel  string    `toml:"log_level"`
+	LogFormat string    `toml:"log_format"`
+	Sandbox   Sandbox   `toml:"sandbox"`
+	Envd      Envd      `toml:"envd"`
+	Backend   Backend   `toml:"backend"`
+	Templates Templates `toml:"templates"`
+	Proxy     Proxy     `toml:"proxy"`
+}
+
+// Sandbox holds lifecycle defaults and limits.
+type Sandbox struct {
+	DefaultTimeout   Duration `toml:"default_timeout"`
+	DefaultTimeoutV1 Duration `toml:"default_timeout_v1"`
+	MaxTimeout       Duration `toml:"max_timeout"`
+	DefaultCPU       int      `toml:"default_cpu"`
+	DefaultMemoryMB  int      `toml:"default_memory_mb"`
+	DefaultDiskMB    int      `toml:"default_disk_mb"`
+	MaxSandboxes     int      `toml:"max_sandboxes"`
+	ShutdownAction   string   `toml:"shutdown_action"`
+}
+
+// Envd configures the in-sandbox daemon.
+type Envd struct {
+	Path         string   `toml:"path"`
+	Version      string   `toml:"version"`
+	ReadyTimeout Duration `toml:"ready_timeout"`
+}
+
+// Backend selects the sandbox technology.
+type Backend struct {
+	Kind    string `toml:"kind"`
+	Runtime string `toml:"runtime"`
+}
+
+// Templates configures the built-in templates.
+type Templates struct {
+	BaseRootFS string `toml:"base_rootfs"`
+}
+
+// Proxy configures sandbox traffic routing.
+type Proxy struct {
+	Domains []string `toml:"domains"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("300s", "24h").
+type Duration struct{ time.Duration }
+
+// UnmarshalText parses a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration like \"300s\" or \"24h\"", string(b))
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText writes the duration string.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Default returns the embedded defaults.
+func Default() Config {
+	var c Config
+	if _, err := toml.Decode(defaultTOML, &c); err != nil {
+		panic("config: embedded default.toml is invalid: " + err.Error()) // a build defect
+	}
+	return c
+}
+
+// Load returns the defaults overridden by the TOML file at path (if path is not empty) and
+// by AENV_* variables from lookupEnv (os.LookupEnv in production). Unknown keys in the file,
+// malformed values and invalid settings are errors that name the key.
+func Load(path string, lookupEnv func(string) (string, bool)) (Config, error) {
+	c := Default()
+	if path != "" {
+		md, err := toml.DecodeFile(path, &c)
+		if err != nil {
+			return c, fmt.Errorf("config %s: %w", path, err)
+		}
+		if und := md.Undecoded(); len(und) > 0 {
+			keys := make([]string, len(und))
+			for i, k := range und {
+				keys[i] = k.String()
+			}
+			return c, fmt.Errorf("config %s: unknown keys: %s (see docs/configuration.md)", path, strings.Join(keys, ", "))
+		}
+	}
+	if lookupEnv != nil {
+		if err := applyEnv(reflect.ValueOf(&c).Elem(), "AENV", lookupEnv); err != nil {
+			return c, err
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// EnvVars lists every environment variable Load reads, in field order (for docs and help).
+func EnvVars() []string {
+	var out []string
+	var walk func(t reflect.Type, prefix string)
+	walk = func(t reflect.Type, prefix string) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name := prefix + "_" + strings.ToUpper(f.Tag.Get("toml"))
+			if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeFor[Duration]() {
+				walk(f.Type, name)
+				continue
+			}
+			out = append(out, name)
+		}
+	}
+	walk(reflect.TypeFor[Config](), "AENV")
+	return out
+}
+
+var textUnmarshalerType = reflect.TypeFor[interface{ UnmarshalText([]byte) error }]()
+
+func applyEnv(v reflect.Value, prefix string, lookupEnv func(string) (string, bool)) error {
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		fv := v.Field(i)
+		name := prefix + "_" + strings.ToUpper(f.Tag.Get("toml"))
+		if fv.Kind() == reflect.Struct && !reflect.PointerTo(f.Type).Implements(textUnmarshalerType) {
+			if err := applyEnv(fv, name, lookupEnv); err != nil {
+				return err
+			}
+			continue
+		}
+		raw, ok := lookupEnv(name)
+		if !ok {
+			continue
+		}
+		if err := setFromString(fv, raw); err != nil {
+			return fmt.Errorf("environment variable %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func setFromString(fv reflect.Value, raw string) error {
+	if u, ok := fv.Addr().Interface().(interface{ UnmarshalText([]byte) error }); ok {
+		return u.UnmarshalText([]byte(raw))
+	}
+	switch fv.Kind() {
+	case reflect.String:
+		fv.SetString(raw)
+	case reflect.Int:
+		n, err := strconv.Atoi(strings.TrimSpace(raw))
+		if err != nil {
+			return fmt.Errorf("%q is not an integer", raw)
+		}
+		fv.SetInt(int64(n))
+	case reflect.Bool:
+		b, err := strconv.ParseBool(strings.TrimSpace(raw))
+		if err != nil {
+			return fmt.Errorf("%q is not true or false", raw)
+		}
+		fv.SetBool(b)
+	case reflect.Slice:
+		var items []string
+		for _, s := range strings.Split(raw, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				items = append(items, s)
+			}
+		}
+		fv.Set(reflect.ValueOf(items))
+	default:
+		return fmt.Errorf("unsupported setting type %s", fv.Type())
+	}
+	return nil
+}
+
+// Validate checks every setting and names the key of the first bad one.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("listen", "%q is not host:port (e.g. 127.0.0.1:8000)", c.Listen)
+	}
+	if c.DataDir == "" {
+		bad("data_dir", "must not be empty")
+	} else if !filepath.IsAbs(c.DataDir) {
+		abs, err := filepath.Abs(c.DataDir)
+		if err != nil {
+			bad("data_dir", "%v", err)
+		}
+		c.DataDir = abs
+	}
+	if c.APIKey != "" && len(c.APIKey) < 16 {
+		bad("api_key", "must be at least 16 characters")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		bad("log_format", "%q is not text or json", c.LogFormat)
+	}
+	s := c.Sandbox
+	for key, d := range map[string]time.Duration{
+		"sandbox.default_timeout": s.DefaultTimeout.Duration, "sandbox.default_timeout_v1": s.DefaultTimeoutV1.Duration,
+		"sandbox.max_timeout": s.MaxTimeout.Duration, "envd.ready_timeout": c.Envd.ReadyTimeout.Duration,
+	} {
+		if d <= 0 {
+			bad(key, "must be positive, got %s", d)
+		}
+	}
+	if s.DefaultTimeout.Duration > s.MaxTimeout.Duration {
+		bad("sandbox.default_timeout", "%s exceeds sandbox.max_timeout %s", s.DefaultTimeout, s.MaxTimeout)
+	}
+	if s.DefaultCPU < 1 {
+		bad("sandbox.default_cpu", "must be at least 1, got %d", s.DefaultCPU)
+	}
+	if s.DefaultMemoryMB < 64 {
+		bad("sandbox.default_memory_mb", "must be at least 64, got %d", s.DefaultMemoryMB)
+	}
+	if s.DefaultDiskMB < 0 {
+		bad("sandbox.default_disk_mb", "must not be negative, got %d", s.DefaultDiskMB)
+	}
+	if s.MaxSandboxes < 0 {
+		bad("sandbox.max_sandboxes", "must not be negative, got %d", s.MaxSandboxes)
+	}
+	switch s.ShutdownAction {
+	case "pause", "stop", "keep":
+	default:
+		bad("sandbox.shutdown_action", "%q is not pause, stop or keep", s.ShutdownAction)
+	}
+	if !semver(c.Envd.Version) {
+		bad("envd.version", "%q is not a dotted version like 0.5.15 (the SDKs compare it)", c.Envd.Version)
+	}
+	if c.Backend.Kind != "oci" {
+		bad("backend.kind", "%q is not supported; use oci", c.Backend.Kind)
+	}
+	switch c.Backend.Runtime {
+	case "auto", "runc", "crun", "runsc":
+	default:
+		bad("backend.runtime", "%q is not auto, runc, crun or runsc", c.Backend.Runtime)
+	}
+	for _, d := range c.Proxy.Domains {
+		if d == "" || strings.ContainsAny(d, "/ ") {
+			bad("proxy.domains", "%q is not a domain", d)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func semver(v string) bool {
+	parts := strings.Split(v, ".")
+	if len(parts) != 3 {
+		return false
+	}
+	for _, p := range parts {
+		if _, err := strconv.ParseUint(p, 10, 32); err != nil {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,64 @@
+package envd
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/envd/files"
+	"github.com/aenv-dev/aenv/internal/envd/state"
+)
+
+// InitRequest is the body of POST /init as the orchestrator sends it (E2B's shape). volumeMounts,
+// hyperloopIP, lifecycleID and caBundle are accepted and ignored.
+type InitRequest struct {
+	EnvVars        map[string]string `json:"envVars,omitempty"`
+	AccessToken    *string           `json:"accessToken,omitempty"`
+	Timestamp      *time.Time        `json:"timestamp,omitempty"`
+	DefaultUser    *string           `json:"defaultUser,omitempty"`
+	DefaultWorkdir *string           `json:"defaultWorkdir,omitempty"`
+}
+
+// init applies an InitRequest. Once a token is set, re-initialising needs it in X-Access-Token.
+// A body whose timestamp is older than the last applied one changes nothing.
+func (s *Server) init(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		files.Error(w, http.StatusMethodNotAllowed, "method not allowed")
+		return
+	}
+	if !s.tokenOK(r) {
+		files.Error(w, http.StatusUnauthorized, "missing or invalid access token")
+		return
+	}
+	var req InitRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, 8<<20))
+	if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+		files.Error(w, http.StatusBadRequest, "invalid init body: "+err.Error())
+		return
+	}
+	if req.DefaultUser != nil && *req.DefaultUser != "" {
+		if _, err := s.cfg.Users.Lookup(*req.DefaultUser); err != nil {
+			files.Error(w, http.StatusBadRequest, "invalid defaultUser: "+err.Error())
+			return
+		}
+	}
+	in := state.Init{EnvVars: req.EnvVars, AccessToken: req.AccessToken, DefaultUser: req.DefaultUser, DefaultWorkdir: req.DefaultWorkdir}
+	if req.Timestamp != nil {
+		in.Timestamp = *req.Timestamp
+	}
+	if s.defaults.Apply(in) && s.cfg.RunDir != "" {
+		for _, k := range []string{"E2B_SANDBOX_ID", "E2B_TEMPLATE_ID"} {
+			if v, ok := req.EnvVars[k]; ok {
+				_ = os.MkdirAll(s.cfg.RunDir, 0o755)
+				_ = os.WriteFile(filepath.Join(s.cfg.RunDir, "."+k), []byte(v), 0o644)
+			}
+		}
+	}
+	w.Header().Set("X-Envd-Version", Version)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,368 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (netns, veth, nftables)")
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("needs nft (Debian package nftables)")
+	}
+}
+
+// testPool makes a pool with names no other test package uses and removes everything
+// it made when the test ends, whatever happened.
+func testPool(t *testing.T, name string, size int) *Pool {
+	t.Helper()
+	cfg := Config{Bridge: name + "br", Subnet: "10.89.7.0/24", Prefix: name, PoolSize: size}
+	p, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Teardown(context.Background()); err != nil {
+			t.Errorf("teardown: %v", err)
+		}
+		assertNoLeftovers(t, cfg.Prefix, cfg.Bridge)
+	})
+	return p
+}
+
+func assertNoLeftovers(t *testing.T, prefix, bridge string) {
+	t.Helper()
+	if ents, err := os.ReadDir("/run/netns"); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), prefix+"-") {
+				t.Errorf("leftover netns %s", e.Name())
+			}
+		}
+	}
+	links, _ := netlink.LinkList()
+	for _, l := range links {
+		n := l.Attrs().Name
+		if strings.HasPrefix(n, prefix+"h") || n == bridge {
+			t.Errorf("leftover link %s", n)
+		}
+	}
+	if out, _ := exec.Command("nft", "list", "tables").CombinedOutput(); strings.Contains(string(out), " "+bridge+"\n") {
+		t.Errorf("leftover nft table %s", bridge)
+	}
+}
+
+// inNetns runs fn on a thread switched into the namespace at path; sockets fn creates
+// stay in that namespace.
+func inNetns(t *testing.T, path string, fn func() error) error {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		ns, err := netns.GetFromPath(path)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			errc <- err
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// listen starts a TCP echo-less acceptor and returns its address.
+func listen(t *testing.T, addr string) (net.Listener, string) {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hi"))
+			c.Close()
+		}
+	}()
+	return l, l.Addr().String()
+}
+
+func dial(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	buf := make([]byte, 2)
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := c.Read(buf); err != nil {
+		return err
+	}
+	return nil
+}
+
+func TestConfigValidation(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+	}{
+		{"bridge too long", Config{Bridge: "abcdefghijklmnopq"}},
+		{"bridge bad chars", Config{Bridge: "br/0"}},
+		{"prefix too long", Config{Prefix: "abcdefghi"}},
+		{"bad subnet", Config{Subnet: "10.88.0.0/33", Bridge: "aenvbad0"}},
+		{"ipv6 subnet", Config{Subnet: "fd00::/64", Bridge: "aenvbad0"}},
+		{"tiny subnet", Config{Subnet: "10.88.0.0/30", Bridge: "aenvbad0"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := New(context.Background(), tc.cfg); err == nil {
+				t.Fatal("want error")
+			}
+		})
+	}
+	if _, err := netlink.LinkByName("aenvbad0"); err == nil {
+		t.Fatal("rejected config created a bridge")
+	}
+}
+
+func TestSlotConnectivityAndIsolation(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	p := testPool(t, "ntiso", 1)
+	if _, err := p.Reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	a, err := p.Acquire(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Acquire(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.IP == b.IP || !p.Subnet().Contains(a.IP) || a.Gateway != netip.MustParseAddr("10.89.7.1") {
+		t.Fatalf("bad addresses a=%v b=%v gw=%v", a.IP, b.IP, a.Gateway)
+	}
+
+	// Listeners inside each sandbox namespace, and on the host (bridge IP, all addresses).
+	var inA, inB string
+	for _, s := range []struct {
+		slot *Slot
+		addr *string
+	}{{a, &inA}, {b, &inB}} {
+		if err := inNetns(t, s.slot.NetnsPath, func() error {
+			_, *s.addr = listen(t, net.JoinHostPort(s.slot.IP.String(), "0"))
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, onGateway := listen(t, net.JoinHostPort(a.Gateway.String(), "0"))
+	_, onAny := listen(t, "0.0.0.0:0")
+	_, anyPort, _ := net.SplitHostPort(onAny)
+
+	// The host reaches into both sandboxes (how the node talks to envd).
+	for _, addr := range []string{inA, inB} {
+		if err := dial(addr); err != nil {
+			t.Errorf("host -> %s: %v", addr, err)
+		}
+	}
+	// A sandbox reaches neither the other sandbox nor any host address.
+	hostAddrs := []string{onGateway, net.JoinHostPort(a.Gateway.String(), anyPort)}
+	addrs, _ := netlink.AddrList(nil, netlink.FAMILY_V4)
+	for _, ad := range addrs {
+		if ip := ad.IP.String(); !ad.IP.IsLoopback() && ip != a.Gateway.String() {
+			hostAddrs = append(hostAddrs, net.JoinHostPort(ip, anyPort))
+		}
+	}
+	tests := []struct {
+		from *Slot
+		to   string
+	}{{a, inB}, {b, inA}}
+	for _, h := range hostAddrs {
+		tests = append(tests, struct {
+			from *Slot
+			to   string
+		}{a, h})
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprintf("%s->%s", tc.from.IP, tc.to), func(t *testing.T) {
+			err := inNetns(t, tc.from.NetnsPath, func() error { return dial(tc.to) })
+			if err == nil {
+				t.Fatalf("sandbox %s reached %s", tc.from.IP, tc.to)
+			}
+		})
+	}
+	// Inside a sandbox, its own loopback works (the namespace is a working stack).
+	if err := inNetns(t, a.NetnsPath, func() error {
+		_, addr := listen(t, "127.0.0.1:0")
+		return dial(addr)
+	}); err != nil {
+		t.Fatalf("loopback inside sandbox: %v", err)
+	}
+
+	out, err := exec.Command("nft", "list", "set", "inet", p.cfg.Bridge, "blocked").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), b.IP.String()) || strings.Contains(string(out), a.IP.String()+",") {
+		t.Fatalf("blocked set wrong (%v): %s", err, out)
+	}
+	for _, s := range []*Slot{a, b} {
+		if err := p.Release(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Release(ctx, s); err != nil {
+			t.Fatalf("second release: %v", err)
+		}
+		if _, err := os.Stat(s.NetnsPath); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("netns %s left after release", s.Netns)
+		}
+		if _, err := netlink.LinkByName(s.HostVeth); err == nil {
+			t.Fatalf("veth %s left after release", s.HostVeth)
+		}
+	}
+	out, _ = exec.Command("nft", "list", "set", "inet", p.cfg.Bridge, "blocked").CombinedOutput()
+	if strings.Contains(string(out), b.IP.String()) {
+		t.Fatalf("released slot still in blocked set: %s", out)
+	}
+}
+
+func TestReconcileSweepsCrashLeftovers(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	p1 := testPool(t, "ntrec", -1)
+	if _, err := p1.Reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	var slots []*Slot
+	for range 3 {
+		s, err := p1.Acquire(ctx, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots = append(slots, s)
+	}
+	// "Crash": drop p1 without releasing; a new pool finds the slots and keeps only one.
+	p2, err := New(ctx, p1.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepIdx := slots[1].Index
+	kept, err := p2.Reconcile(ctx, map[int]bool{keepIdx: false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kept) != 1 || kept[keepIdx] == nil || kept[keepIdx].AllowInternet {
+		t.Fatalf("kept %v, want only %d without internet", kept, keepIdx)
+	}
+	for _, s := range slots {
+		_, err := os.Stat(s.NetnsPath)
+		if exists := err == nil; exists != (s.Index == keepIdx) {
+			t.Errorf("slot %d netns exists=%v after reconcile", s.Index, exists)
+		}
+	}
+	// The next slot handed out must not collide with the kept one.
+	s, err := p2.Acquire(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Index == keepIdx {
+		t.Fatalf("acquired kept index %d", keepIdx)
+	}
+	if err := p2.Release(ctx, kept[keepIdx]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.Release(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWarmPoolFills(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	p := testPool(t, "ntwarm", 3)
+	if _, err := p.Reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p.mu.Lock()
+		n := len(p.ready)
+		p.mu.Unlock()
+		if n == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("warm pool has %d of 3 slots", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s, err := p.Acquire(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.NetnsPath); err != nil {
+		t.Fatalf("warm slot not prepared: %v", err)
+	}
+	if err := p.Release(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Acquire(ctx, true); !errors.Is(err, ErrClosed) {
+		t.Fatalf("acquire after close: %v", err)
+	}
+}
+
+func BenchmarkAcquireRelease(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	ctx := context.Background()
+	for _, size := range []int{-1, 4} {
+		b.Run(fmt.Sprintf("pool=%d", size), func(b *testing.B) {
+			p, err := New(ctx, Config{Bridge: "ntbenchbr", Subnet: "10.89.8.0/24", Prefix: "ntbench", PoolSize: size})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Teardown(ctx)
+			p.Reconcile(ctx, nil)
+			time.Sleep(200 * time.Millisecond)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				s, err := p.Acquire(ctx, true)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				p.Release(ctx, s)
+				time.Sleep(20 * time.Millisecond) // let the warm pool refill, as between creates
+				b.StartTimer()
+			}
+		})
+	}
+}

@@ -1,0 +1,106 @@
+package network
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+)
+
+// The rules live in two tables named after the bridge, replaced atomically in one nft
+// transaction:
+//
+//   - inet: input drops everything a sandbox starts towards the host (any host address,
+//     any port) while replies to connections the host opened (envd, user ports) pass;
+//     forward drops sandbox-to-sandbox routing, connections from outside into sandboxes,
+//     spoofed sources and sources in the "blocked" set (no internet); postrouting
+//     masquerades the subnet.
+//   - bridge: forward drops frames between two sandbox ports, in addition to the kernel's
+//     isolated-port flag set on each veth.
+func (p *Pool) rules() string {
+	br, sub, pre := p.cfg.Bridge, p.subnet.String(), p.cfg.Prefix
+	return fmt.Sprintf(`table inet %[1]s {}
+delete table inet %[1]s
+table bridge %[1]s {}
+delete table bridge %[1]s
+table inet %[1]s {
+	set blocked { type ipv4_addr; }
+	chain input {
+		type filter hook input priority filter - 10; policy accept;
+		iifname "%[1]s" ct state established,related accept
+		iifname "%[1]s" drop
+	}
+	chain forward {
+		type filter hook forward priority filter - 10; policy accept;
+		iifname "%[1]s" oifname "%[1]s" drop
+		oifname "%[1]s" ct state established,related accept
+		oifname "%[1]s" drop
+		iifname "%[1]s" ip saddr != %[2]s drop
+		iifname "%[1]s" ip saddr @blocked drop
+		iifname "%[1]s" meta nfproto ipv6 drop
+	}
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		ip saddr %[2]s oifname != "%[1]s" masquerade
+	}
+}
+table bridge %[1]s {
+	chain forward {
+		type filter hook forward priority filter; policy accept;
+		iifname "%[3]sh*" oifname "%[3]sh*" drop
+	}
+}
+`, br, sub, pre)
+}
+
+func (p *Pool) installRules(ctx context.Context) error {
+	if err := nft(ctx, p.rules()); err != nil {
+		return fmt.Errorf("network: install nftables rules: %w", err)
+	}
+	// Forwarding is needed for outbound NAT; it is what every container engine sets.
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("network: enable ip_forward: %w", err)
+	}
+	return nil
+}
+
+func (p *Pool) removeRules(ctx context.Context) error {
+	br := p.cfg.Bridge
+	script := fmt.Sprintf("table inet %[1]s {}\ndelete table inet %[1]s\ntable bridge %[1]s {}\ndelete table bridge %[1]s\n", br)
+	if err := nft(ctx, script); err != nil {
+		return fmt.Errorf("network: remove nftables rules: %w", err)
+	}
+	return nil
+}
+
+// setInternet adds (allow=false) or removes (allow=true) the slot's address in the
+// blocked set.
+func (p *Pool) setInternet(ctx context.Context, s *Slot, allow bool) error {
+	op := "add"
+	if allow {
+		// "destroy" would not fail on a missing element but needs nft >= 1.0.8; add first so
+		// delete always finds it.
+		if err := nft(ctx, fmt.Sprintf("add element inet %s blocked { %s }\ndelete element inet %s blocked { %s }\n",
+			p.cfg.Bridge, s.IP, p.cfg.Bridge, s.IP)); err != nil {
+			return fmt.Errorf("network: allow internet for %s: %w", s.IP, err)
+		}
+		return nil
+	}
+	if err := nft(ctx, fmt.Sprintf("%s element inet %s blocked { %s }\n", op, p.cfg.Bridge, s.IP)); err != nil {
+		return fmt.Errorf("network: block internet for %s: %w", s.IP, err)
+	}
+	return nil
+}
+
+func nft(ctx context.Context, script string) error {
+	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("nft: %w: %s", err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}

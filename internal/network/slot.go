@@ -1,0 +1,148 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// create builds the slot's namespace: a named netns, a veth pair whose host end is an
+// isolated port of the bridge and whose other end is eth0 inside, addresses and routes.
+func (p *Pool) create(s *Slot) error {
+	ns, err := newNamedNetns(s.Netns)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+
+	br, err := netlink.LinkByName(p.cfg.Bridge)
+	if err != nil {
+		return fmt.Errorf("network: bridge %s: %w", p.cfg.Bridge, err)
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: s.HostVeth, MTU: p.cfg.MTU, MasterIndex: br.Attrs().Index},
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsFd(int(ns)),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("network: veth %s: %w", s.HostVeth, err)
+	}
+	host, err := netlink.LinkByName(s.HostVeth)
+	if err != nil {
+		return fmt.Errorf("network: veth %s: %w", s.HostVeth, err)
+	}
+	// Isolated bridge ports can only talk to non-isolated ones (the bridge itself), so
+	// sandboxes never see each other at layer 2.
+	if err := netlink.LinkSetIsolated(host, true); err != nil {
+		return fmt.Errorf("network: isolate %s: %w", s.HostVeth, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("network: up %s: %w", s.HostVeth, err)
+	}
+
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("network: netlink in %s: %w", s.Netns, err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("network: lo in %s: %w", s.Netns, err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("network: up lo in %s: %w", s.Netns, err)
+	}
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("network: eth0 in %s: %w", s.Netns, err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: s.IP.AsSlice(), Mask: net.CIDRMask(s.PrefixLen, 32)}}
+	if err := h.AddrAdd(eth, addr); err != nil {
+		return fmt.Errorf("network: address in %s: %w", s.Netns, err)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("network: up eth0 in %s: %w", s.Netns, err)
+	}
+	route := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: s.Gateway.AsSlice()}
+	if err := h.RouteAdd(route); err != nil {
+		return fmt.Errorf("network: default route in %s: %w", s.Netns, err)
+	}
+	return nil
+}
+
+// newNamedNetns creates a network namespace bind-mounted at /run/netns/name without
+// moving the calling goroutine's thread for longer than the creation itself.
+func newNamedNetns(name string) (netns.NsHandle, error) {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return netns.None(), fmt.Errorf("network: current netns: %w", err)
+	}
+	defer orig.Close()
+	ns, nerr := netns.NewNamed(name)
+	if nerr == nil {
+		nerr = tuneNetns()
+	}
+	if serr := netns.Set(orig); serr != nil {
+		// The thread is stuck in the wrong namespace: leave it locked so Go discards it.
+		if nerr == nil {
+			ns.Close()
+		}
+		return netns.None(), fmt.Errorf("network: restore netns: %w", serr)
+	}
+	runtime.UnlockOSThread()
+	if nerr != nil {
+		if ns.IsOpen() {
+			ns.Close()
+		}
+		return netns.None(), fmt.Errorf("network: create netns %s: %w", name, nerr)
+	}
+	return ns, nil
+}
+
+// netnsSysctls are set inside every sandbox namespace. The namespace belongs to the host's
+// user namespace, so a sandbox root (even in its own user namespace) holds no network
+// capability over it: it cannot change addresses, routes or MACs, send raw frames or spoof
+// ARP. These let it still do what users expect: bind ports below 1024 (web servers on :80)
+// and ping through unprivileged ICMP sockets.
+var netnsSysctls = map[string]string{
+	"net/ipv4/ip_unprivileged_port_start": "0",
+	"net/ipv4/ping_group_range":           "0 2147483647",
+}
+
+// tuneNetns writes netnsSysctls; the calling thread must be in the target namespace
+// (/proc/thread-self/net/... files follow the opening thread's namespace).
+func tuneNetns() error {
+	for k, v := range netnsSysctls {
+		if err := os.WriteFile("/proc/sys/"+k, []byte(v), 0o644); err != nil {
+			return fmt.Errorf("sysctl %s: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// destroy removes the slot's veth (both ends go at once) and its namespace. Missing parts
+// are not errors, so it is idempotent and sweeps half-built slots.
+func (p *Pool) destroy(s *Slot) error {
+	var errs []error
+	if l, err := netlink.LinkByName(s.HostVeth); err == nil {
+		if err := netlink.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("network: delete %s: %w", s.HostVeth, err))
+		}
+	}
+	if _, err := os.Lstat(s.NetnsPath); err == nil {
+		if err := netns.DeleteNamed(s.Netns); err != nil && !errors.Is(err, os.ErrNotExist) {
+			// Not a mountpoint any more (half-built): just remove the file.
+			if rerr := os.Remove(s.NetnsPath); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("network: delete netns %s: %w", s.Netns, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

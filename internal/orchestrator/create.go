@@ -1,0 +1,227 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// Create starts a sandbox from a template or snapshot (by id or alias) and returns
+// once envd has been initialised and the sandbox is Running with its TTL armed. Any
+// failure leaves nothing behind: the instance is stopped and no record remains.
+//
+// Errors: ErrInvalid (bad request), ErrTemplateNotFound, ErrCapacity (limit reached
+// or shutting down), anything else is a backend or envd failure.
+func (o *Orchestrator) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	start := time.Now()
+	sb, err := o.create(ctx, req)
+	o.m.observe(opCreate, stageTotal, start, err)
+	if err != nil {
+		o.m.creates.WithLabelValues("error").Inc()
+		if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTemplateNotFound) && !errors.Is(err, ErrCapacity) {
+			o.m.failures.WithLabelValues(opCreate).Inc()
+			o.log.Error("create sandbox", "template", req.TemplateID, "err", err)
+		}
+		return nil, err
+	}
+	o.m.creates.WithLabelValues("ok").Inc()
+	o.log.Debug("sandbox created", "sandbox", sb.ID, "template", sb.TemplateID, "took", time.Since(start))
+	return sb, nil
+}
+
+func validateCreate(req CreateRequest) error {
+	if req.TemplateID == "" {
+		return fmt.Errorf("%w: templateID is required", ErrInvalid)
+	}
+	r := req.Resources
+	if r.CPUCount < 0 || r.MemoryMB < 0 || r.DiskSizeMB < 0 {
+		return fmt.Errorf("%w: cpuCount, memoryMB and diskSizeMB must not be negative", ErrInvalid)
+	}
+	for k := range req.EnvVars {
+		if k == "" {
+			return fmt.Errorf("%w: environment variable with an empty name", ErrInvalid)
+		}
+	}
+	for k := range req.Metadata {
+		if k == "" {
+			return fmt.Errorf("%w: metadata key is empty", ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// pick returns the first positive value.
+func pick(vals ...int) int {
+	for _, v := range vals {
+		if v > 0 {
+			return v
+		}
+	}
+	return 0
+}
+
+func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	if err := validateCreate(req); err != nil {
+		return nil, err
+	}
+	timeout, err := o.validTimeout(req.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	var tpl catalog.Template
+	err = o.m.timeStage(opCreate, stageResolve, func() (err error) {
+		tpl, err = o.cat.Templates().Resolve(req.TemplateID)
+		return err
+	})
+	if errors.Is(err, catalog.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %q", ErrTemplateNotFound, req.TemplateID)
+	} else if err != nil {
+		return nil, fmt.Errorf("resolve template %q: %w", req.TemplateID, err)
+	}
+	id, err := newID()
+	if err != nil {
+		return nil, err
+	}
+	alias := req.TemplateID
+	if alias == tpl.ID {
+		alias = ""
+		if len(tpl.Aliases) > 0 {
+			alias = tpl.Aliases[0]
+		}
+	}
+	rec := Sandbox{
+		ID:         id,
+		TemplateID: tpl.ID,
+		Alias:      alias,
+		State:      StateCreating,
+		Resources: sandbox.Resources{
+			CPUCount:   pick(req.Resources.CPUCount, tpl.Resources.CPUCount, o.cfg.DefaultResources.CPUCount),
+			MemoryMB:   pick(req.Resources.MemoryMB, tpl.Resources.MemoryMB, o.cfg.DefaultResources.MemoryMB),
+			DiskSizeMB: pick(req.Resources.DiskSizeMB, tpl.Resources.DiskSizeMB, o.cfg.DefaultResources.DiskSizeMB),
+		},
+		Metadata:           maps.Clone(req.Metadata),
+		EnvVars:            maps.Clone(req.EnvVars),
+		TrafficAccessToken: o.TrafficAccessToken(id),
+		AutoPause:          req.AutoPause,
+		AutoResume:         req.AutoResume,
+		AllowInternet:      req.AllowInternet,
+		Backend:            o.backend.Name(),
+		Launch: LaunchInfo{
+			RootFS:          sandbox.RootFS{LowerDir: tpl.RootFSDir},
+			TemplateEnvVars: maps.Clone(tpl.EnvVars),
+			DefaultUser:     tpl.DefaultUser,
+			DefaultWorkdir:  tpl.DefaultWorkdir,
+		},
+	}
+	if req.Secure {
+		rec.EnvdAccessToken = o.EnvdAccessToken(id)
+	}
+	kind := sandbox.LaunchFresh
+	if tpl.Kind == catalog.KindSnapshot {
+		kind = sandbox.LaunchFromSnapshot
+	}
+
+	e := &entry{rec: rec}
+	p := &op{kind: StateCreating, done: make(chan struct{})}
+	e.op = p
+	o.mu.Lock()
+	if err := o.admitLocked(); err != nil {
+		o.mu.Unlock()
+		return nil, err
+	}
+	if _, dup := o.entries[id]; dup {
+		o.mu.Unlock()
+		return nil, fmt.Errorf("sandbox id collision on %s", id)
+	}
+	o.entries[id] = e
+	o.mu.Unlock()
+
+	octx, cancel := o.opContext(ctx)
+	defer cancel()
+	plan := sandbox.LaunchPlan{Kind: kind, SandboxID: id, RootFS: rec.Launch.RootFS,
+		Resources: rec.Resources, AllowInternet: rec.AllowInternet}
+	inst, version, err := o.launch(octx, opCreate, plan, &rec, false)
+	if err != nil {
+		o.remove(e, p, err)
+		return nil, err
+	}
+	now := o.clock.Now()
+	o.mu.Lock()
+	e.inst = inst
+	e.rec.EnvdVersion = version
+	e.rec.StartedAt = now.UTC()
+	e.rec.EndAt = now.Add(timeout).UTC()
+	o.mu.Unlock()
+	if err := o.m.timeStage(opCreate, stagePersist, func() error { return o.persist(e) }); err != nil {
+		o.stopQuietly(octx, inst)
+		o.remove(e, p, err)
+		return nil, err
+	}
+	o.mu.Lock()
+	o.armLocked(e)
+	o.mu.Unlock()
+	return o.finish(e, p, StateRunning, nil), nil
+}
+
+// admitLocked refuses new sandboxes when shutting down or at the configured limit.
+func (o *Orchestrator) admitLocked() error {
+	if o.closing {
+		return fmt.Errorf("%w: node is shutting down", ErrCapacity)
+	}
+	if o.cfg.MaxSandboxes <= 0 {
+		return nil
+	}
+	releases := o.backend.Capabilities().PauseReleasesMemory
+	n := 0
+	for _, e := range o.entries {
+		if e.rec.State == StatePaused && releases {
+			continue
+		}
+		n++
+	}
+	if n >= o.cfg.MaxSandboxes {
+		return fmt.Errorf("%w: %d of %d sandboxes in use", ErrCapacity, n, o.cfg.MaxSandboxes)
+	}
+	return nil
+}
+
+// launch runs the backend launch, waits for envd and initialises it, timing each
+// stage under operation. On failure the instance is stopped before returning.
+func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbox.LaunchPlan, rec *Sandbox, resume bool) (sandbox.Instance, string, error) {
+	var inst sandbox.Instance
+	err := o.m.timeStage(operation, stageLaunch, func() (err error) {
+		inst, err = o.backend.Launch(ctx, plan)
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("launch sandbox %s: %w", plan.SandboxID, err)
+	}
+	ep := inst.Endpoint()
+	if err := o.m.timeStage(operation, stageEnvdWait, func() error { return o.waitEnvd(ctx, ep) }); err != nil {
+		o.stopQuietly(ctx, inst)
+		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
+	}
+	var version string
+	err = o.m.timeStage(operation, stageEnvdInit, func() (err error) {
+		version, err = o.initEnvd(ctx, ep, rec, resume)
+		return err
+	})
+	if err != nil {
+		o.stopQuietly(ctx, inst)
+		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
+	}
+	return inst, version, nil
+}
+
+// stopQuietly stops an instance during rollback; the original error is what matters
+// to the caller, a failed stop is logged for the operator (Start reconciles it later).
+func (o *Orchestrator) stopQuietly(ctx context.Context, inst sandbox.Instance) {
+	if err := inst.Stop(context.WithoutCancel(ctx)); err != nil {
+		o.log.Error("stop sandbox during rollback", "sandbox", inst.ID(), "err", err)
+	}
+}

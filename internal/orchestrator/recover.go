@@ -1,0 +1,172 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// Start loads the persisted records and reconciles them with what the backend still
+// has. The backend removes every instance and artefact it finds that no record knows
+// (containers, mounts, netns left by a crash). Then:
+//   - a running record whose instance survived is adopted and its TTL re-armed (an
+//     already elapsed TTL expires at once);
+//   - a running record without an instance died with the node: its record is deleted;
+//   - a paused record is kept with its instance if the backend still has one (pause in
+//     place), else if the backend can decode its paused state; otherwise deleted.
+//
+// Start must be called once, before the orchestrator serves requests.
+func (o *Orchestrator) Start(ctx context.Context) error {
+	o.mu.Lock()
+	if len(o.entries) > 0 || o.closing {
+		o.mu.Unlock()
+		return errors.New("orchestrator: Start called twice or after Shutdown")
+	}
+	o.mu.Unlock()
+
+	all, err := o.records.All()
+	if err != nil {
+		return fmt.Errorf("orchestrator start: %w", err)
+	}
+	recs := map[string]*Sandbox{}
+	for id, raw := range all {
+		rec, err := decodeRecord(raw)
+		if err != nil || rec.ID != id {
+			o.log.Error("dropping unreadable sandbox record", "sandbox", id, "err", err)
+			o.dropRecord(id)
+			continue
+		}
+		recs[id] = rec
+	}
+	ids := slices.Sorted(func(yield func(string) bool) {
+		for id := range recs {
+			if !yield(id) {
+				return
+			}
+		}
+	})
+	alive, err := o.backend.Reconcile(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("orchestrator start: reconcile backend: %w", err)
+	}
+
+	kept, dropped := 0, 0
+	for _, id := range ids {
+		rec, inst := recs[id], alive[id]
+		e := &entry{rec: *rec, inst: inst}
+		if rec.State == StatePaused {
+			if inst == nil {
+				ps, err := o.backend.DecodePaused(rec.Paused)
+				if err != nil {
+					o.log.Warn("dropping paused sandbox whose state the backend cannot use", "sandbox", id, "err", err)
+					o.dropRecord(id)
+					dropped++
+					continue
+				}
+				e.paused = ps
+			}
+		} else {
+			if inst == nil {
+				o.log.Warn("dropping sandbox that did not survive the restart", "sandbox", id)
+				o.dropRecord(id)
+				dropped++
+				continue
+			}
+			e.rec.State = StateRunning
+		}
+		o.mu.Lock()
+		o.entries[id] = e
+		o.armLocked(e)
+		o.mu.Unlock()
+		kept++
+	}
+	o.log.Info("orchestrator started", "sandboxes", kept, "dropped", dropped)
+	return nil
+}
+
+func (o *Orchestrator) dropRecord(id string) {
+	if err := o.records.Delete(id); err != nil {
+		o.log.Error("delete sandbox record", "sandbox", id, "err", err)
+	}
+}
+
+// shutdownParallelism bounds concurrent pauses or stops during Shutdown.
+const shutdownParallelism = 8
+
+// Shutdown stops accepting creates and TTL expiries, waits for operations in flight,
+// then applies Config.ShutdownAction to every running sandbox: pause (resumable after
+// the restart), stop (killed and forgotten) or keep (left running for Start to adopt).
+// It returns when done or when ctx ends, joining the errors of sandboxes it could not
+// handle. The catalog stays open; the caller closes it afterwards.
+func (o *Orchestrator) Shutdown(ctx context.Context) error {
+	o.mu.Lock()
+	if o.closing {
+		o.mu.Unlock()
+		return nil
+	}
+	o.closing = true
+	ids := make([]string, 0, len(o.entries))
+	for id, e := range o.entries {
+		ids = append(ids, id)
+		if e.timer != nil {
+			e.timer.Stop()
+			e.timer = nil
+		}
+	}
+	o.mu.Unlock()
+
+	// Expiries already running finish first so they do not race the shutdown action.
+	done := make(chan struct{})
+	go func() { o.bg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("orchestrator shutdown: %w", ctx.Err())
+	}
+
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, shutdownParallelism)
+	)
+	for _, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := o.shutdownOne(ctx, id); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("orchestrator shutdown: %w", err)
+	}
+	return nil
+}
+
+func (o *Orchestrator) shutdownOne(ctx context.Context, id string) error {
+	e, _, err := o.acquire(ctx, id, waitOpts{})
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if e.rec.State != StateRunning || o.cfg.ShutdownAction == ShutdownKeep {
+		o.mu.Unlock()
+		return nil
+	}
+	if o.cfg.ShutdownAction == ShutdownStop {
+		return o.killLocked(ctx, e, "shutdown")
+	}
+	return o.pauseLocked(ctx, e, sandbox.PauseOptions{KeepMemory: true})
+}

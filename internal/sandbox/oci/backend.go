@@ -1,0 +1,367 @@
+// Package oci runs sandboxes as OCI containers with an OCI runtime binary (runc, crun or
+// runsc) from bundles it generates: own pid, mount, ipc, uts, cgroup and network namespaces
+// (and a user namespace where the host allows), a per-sandbox overlay over a template
+// directory, a seccomp profile, reduced capabilities and cgroup limits. envd, bind-mounted
+// read-only from the host, is every sandbox's init.
+package oci
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// ErrUnsupported is returned for operations this backend does not do (yet).
+var ErrUnsupported = errors.New("oci: not supported on this backend yet")
+
+// ErrExists means a sandbox with that id already has a bundle on this node.
+var ErrExists = errors.New("oci: sandbox already exists")
+
+// ErrNoRuntime means no OCI runtime could run a container on this host.
+var ErrNoRuntime = errors.New("oci: no working OCI runtime")
+
+// User namespace modes for Config.UserNamespace.
+const (
+	UserNSAuto = "auto" // use one when the probe shows runtime and kernel support it
+	UserNSOn   = "on"   // require one
+	UserNSOff  = "off"  // never
+)
+
+// Config configures the backend. Zero values take the defaults shown.
+type Config struct {
+	// DataDir holds bundles (DataDir/sandboxes/<id>) and the runtime state (DataDir/<runtime>).
+	DataDir string
+	// EnvdPath is the host's envd binary, bind-mounted read-only into every sandbox.
+	EnvdPath string
+	// EnvdArgs follow envdMount in the init's argv. Default: none.
+	EnvdArgs []string
+	// InitArgs replaces the init's whole argv (default: envdMount followed by EnvdArgs), for
+	// tests and custom inits; envd is still mounted.
+	InitArgs []string
+	// EnvdPort is where envd listens inside the sandbox. Default 49983.
+	EnvdPort int
+	// Runtime is "auto" (or ""), "runc", "crun", "runsc" or a path to one of them.
+	Runtime string
+	// UserNamespace is auto (default), on or off.
+	UserNamespace string
+	// UIDBase is the first host uid of the ranges sandbox roots map to; each sandbox gets
+	// its own 65536 ids (by network slot). Default 100000.
+	UIDBase uint32
+	// PidsLimit caps processes per sandbox. Default 1024.
+	PidsLimit int64
+	// CgroupParent is the cgroup under which sandboxes live. Default "aenv".
+	CgroupParent string
+	// Network configures the slot pool (bridge, subnet, warm pool size).
+	Network network.Config
+	// Busybox is a static busybox used to probe the runtime. Default /bin/busybox.
+	Busybox string
+	Logger  *slog.Logger
+}
+
+const idRangeSize = 65536
+
+func (c *Config) defaults() error {
+	if c.DataDir == "" {
+		return errors.New("oci: Config.DataDir is required")
+	}
+	if c.EnvdPath == "" {
+		return errors.New("oci: Config.EnvdPath is required")
+	}
+	if fi, err := os.Stat(c.EnvdPath); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return fmt.Errorf("oci: envd %s is not an executable file: %v", c.EnvdPath, err)
+	}
+	if c.EnvdPort == 0 {
+		c.EnvdPort = 49983
+	}
+	if c.Runtime == "" {
+		c.Runtime = "auto"
+	}
+	switch c.UserNamespace {
+	case "":
+		c.UserNamespace = UserNSAuto
+	case UserNSAuto, UserNSOn, UserNSOff:
+	default:
+		return fmt.Errorf("oci: UserNamespace %q is not auto, on or off", c.UserNamespace)
+	}
+	if c.UIDBase == 0 {
+		c.UIDBase = 100000
+	}
+	if c.PidsLimit == 0 {
+		c.PidsLimit = 1024
+	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = "aenv"
+	}
+	if c.Busybox == "" {
+		c.Busybox = "/bin/busybox"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	abs, err := filepath.Abs(c.DataDir)
+	if err != nil {
+		return fmt.Errorf("oci: data dir: %w", err)
+	}
+	c.DataDir = abs
+	return nil
+}
+
+// Backend is the OCI container backend. Safe for concurrent use.
+type Backend struct {
+	cfg    Config
+	rt     runtimeCLI
+	userns bool
+	v2     bool
+	memsw  bool
+	pool   *network.Pool
+	log    *slog.Logger
+
+	mu        sync.Mutex
+	instances map[string]*Instance
+}
+
+var _ sandbox.Backend = (*Backend)(nil)
+
+// New probes the host (which runtime runs a container, whether user namespaces work),
+// creates the network pool and returns the backend. Call Reconcile before the first Launch
+// so leftovers of an earlier run are cleaned and the warm pool starts.
+func New(ctx context.Context, cfg Config) (*Backend, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	// Sandbox roots in a user namespace are "others" on the host: they must be able to
+	// traverse the data dir down to their rootfs (nothing is listable or readable).
+	for _, d := range []string{cfg.DataDir, filepath.Join(cfg.DataDir, "sandboxes")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("oci: data dir: %w", err)
+		}
+		if fi, err := os.Stat(d); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(d, fi.Mode().Perm()|0o011); err != nil {
+				return nil, fmt.Errorf("oci: data dir: %w", err)
+			}
+		}
+	}
+	b := &Backend{cfg: cfg, v2: unifiedOnly(), log: cfg.Logger, instances: map[string]*Instance{}}
+	b.memsw = hostAccountsSwap(b.v2)
+	rt, userns, err := b.probe(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.rt, b.userns = rt, userns
+	pool, err := network.New(ctx, cfg.Network)
+	if err != nil {
+		return nil, err
+	}
+	b.pool = pool
+	b.log.Info("oci backend ready", "runtime", rt.name, "bin", rt.bin, "userns", userns, "cgroup_v2_only", b.v2)
+	return b, nil
+}
+
+// Name implements sandbox.Backend.
+func (b *Backend) Name() string { return "oci" }
+
+// Runtime is the OCI runtime the probe chose ("runc", "crun", "runsc").
+func (b *Backend) Runtime() string { return b.rt.name }
+
+// UserNamespaces reports whether sandboxes run in their own user namespace.
+func (b *Backend) UserNamespaces() bool { return b.userns }
+
+// Capabilities implements sandbox.Backend: pause freezes the cgroup, so processes survive
+// and memory stays allocated; nothing is captured.
+func (b *Backend) Capabilities() sandbox.Capabilities {
+	return sandbox.Capabilities{PauseKeepsProcesses: true}
+}
+
+// Close stops the network pool's warm slots. Running sandboxes keep running.
+func (b *Backend) Close(ctx context.Context) error { return b.pool.Close(ctx) }
+
+// Pool exposes the network pool (for tests and diagnostics).
+func (b *Backend) Pool() *network.Pool { return b.pool }
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
+
+// savedState is written next to the bundle so Reconcile can adopt a sandbox after a restart.
+type savedState struct {
+	ID            string            `json:"id"`
+	LowerDir      string            `json:"lowerDir"`
+	Resources     sandbox.Resources `json:"resources"`
+	SlotIndex     int               `json:"slotIndex"`
+	AllowInternet bool              `json:"allowInternet"`
+	IDMap         *idMap            `json:"idmap,omitempty"`
+	Created       time.Time         `json:"created"`
+}
+
+func (b *Backend) layout(id string) layout {
+	return layout{dir: filepath.Join(b.cfg.DataDir, "sandboxes", id)}
+}
+
+func (b *Backend) cgroupsPath(id string) string { return "/" + b.cfg.CgroupParent + "/" + id }
+
+// Launch implements sandbox.Backend. Fresh creates a sandbox; Resume thaws a sandbox paused
+// in place (this backend's pause keeps it on the node); snapshots are not supported yet.
+func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {
+	if !idRE.MatchString(plan.SandboxID) {
+		return nil, fmt.Errorf("oci: invalid sandbox id %q", plan.SandboxID)
+	}
+	switch plan.Kind {
+	case sandbox.LaunchFresh:
+	case sandbox.LaunchResume:
+		return b.resumeInPlace(ctx, plan)
+	default:
+		return nil, fmt.Errorf("%w: launch from snapshot", ErrUnsupported)
+	}
+	if plan.RootFS.LowerDir == "" {
+		return nil, errors.New("oci: launch plan has no RootFS.LowerDir")
+	}
+	if fi, err := os.Stat(plan.RootFS.LowerDir); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("oci: template rootfs %q is not a directory: %v", plan.RootFS.LowerDir, err)
+	}
+	if plan.Resources.CPUCount < 0 || plan.Resources.MemoryMB < 0 {
+		return nil, fmt.Errorf("oci: negative resources %+v", plan.Resources)
+	}
+	b.mu.Lock()
+	if _, ok := b.instances[plan.SandboxID]; ok {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("%w: %s", ErrExists, plan.SandboxID)
+	}
+	l := b.layout(plan.SandboxID)
+	if err := os.Mkdir(l.dir, 0o711); err != nil {
+		b.mu.Unlock()
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("%w: %s", ErrExists, plan.SandboxID)
+		}
+		return nil, fmt.Errorf("oci: bundle dir: %w", err)
+	}
+	inst := &Instance{b: b, id: plan.SandboxID, l: l, res: plan.Resources, started: time.Now()}
+	b.instances[plan.SandboxID] = inst
+	b.mu.Unlock()
+
+	if err := b.start(ctx, inst, plan); err != nil {
+		// Clean with a fresh context: a cancelled launch must still leave nothing behind.
+		if cerr := inst.Stop(context.WithoutCancel(ctx)); cerr != nil {
+			b.log.Warn("oci: cleanup after failed launch", "id", plan.SandboxID, "err", cerr)
+		}
+		return nil, err
+	}
+	return inst, nil
+}
+
+func (b *Backend) start(ctx context.Context, inst *Instance, plan sandbox.LaunchPlan) error {
+	slot, err := b.pool.Acquire(ctx, plan.AllowInternet)
+	if err != nil {
+		return fmt.Errorf("oci: network slot: %w", err)
+	}
+	inst.setSlot(slot)
+	var m *idMap
+	userns := -1
+	if b.userns {
+		m = &idMap{HostID: b.cfg.UIDBase + uint32(slot.Index)*idRangeSize, Size: idRangeSize}
+		if userns, err = usernsFD(*m); err != nil {
+			return err
+		}
+		defer closeFD(userns)
+	}
+	inst.idmap = m
+	st := savedState{
+		ID: plan.SandboxID, LowerDir: plan.RootFS.LowerDir, Resources: plan.Resources,
+		SlotIndex: slot.Index, AllowInternet: plan.AllowInternet, IDMap: m, Created: inst.started,
+	}
+	if err := writeJSON(inst.l.state(), st); err != nil {
+		return err
+	}
+	if err := mountRootfs(inst.l, plan.RootFS.LowerDir, m, userns); err != nil {
+		return err
+	}
+	spec := buildSpec(specParams{
+		rootfs: inst.l.rootfs(), hostname: hostname(plan.SandboxID), netnsPath: slot.NetnsPath,
+		envdPath: b.cfg.EnvdPath, args: b.initArgs(),
+		env: []string{
+			"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+			"HOME=/root", "E2B_SANDBOX=true", "E2B_SANDBOX_ID=" + plan.SandboxID,
+			"AENV_ENVD_PORT=" + strconv.Itoa(b.cfg.EnvdPort),
+		},
+		cgroupsPath: b.cgroupsPath(plan.SandboxID), cpuCount: plan.Resources.CPUCount,
+		memoryMB: plan.Resources.MemoryMB, pidsLimit: b.cfg.PidsLimit, idmap: m, memsw: b.memsw,
+	})
+	if err := writeJSON(filepath.Join(inst.l.dir, "config.json"), spec); err != nil {
+		return err
+	}
+	if err := b.rt.runDetached(ctx, plan.SandboxID, inst.l.dir, inst.l.pid(), inst.l.log()); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (b *Backend) initArgs() []string {
+	if len(b.cfg.InitArgs) > 0 {
+		return b.cfg.InitArgs
+	}
+	return append([]string{envdMount}, b.cfg.EnvdArgs...)
+}
+
+func hostname(id string) string {
+	if len(id) > 63 {
+		return id[:63]
+	}
+	return id
+}
+
+// pausedState is this backend's PausedState: the sandbox stays frozen on this node.
+type pausedState struct {
+	ID string `json:"id"`
+}
+
+func (p pausedState) Encode() ([]byte, error) { return json.Marshal(p) }
+
+// DecodePaused implements sandbox.Backend.
+func (b *Backend) DecodePaused(raw []byte) (sandbox.PausedState, error) {
+	var p pausedState
+	if err := json.Unmarshal(raw, &p); err != nil || p.ID == "" {
+		return nil, fmt.Errorf("oci: bad paused state %q: %v", raw, err)
+	}
+	return p, nil
+}
+
+func (b *Backend) resumeInPlace(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {
+	b.mu.Lock()
+	inst := b.instances[plan.SandboxID]
+	b.mu.Unlock()
+	if inst == nil {
+		return nil, fmt.Errorf("%w: %s is not on this node", sandbox.ErrGone, plan.SandboxID)
+	}
+	if err := inst.Resume(ctx); err != nil {
+		return nil, err
+	}
+	return inst, nil
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("oci: encode %s: %w", filepath.Base(path), err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return fmt.Errorf("oci: write %s: %w", filepath.Base(path), err)
+	}
+	return nil
+}
+
+func lookRuntime(name string) (string, error) {
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("oci: runtime %s not found: %w", name, err)
+	}
+	return p, nil
+}

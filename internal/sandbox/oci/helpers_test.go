@@ -1,0 +1,321 @@
+package oci
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/template/base"
+	"github.com/vishvananda/netlink"
+)
+
+// Names no other package's tests use, so parallel test binaries never sweep each other.
+const (
+	testBridge = "aenvocit0"
+	testPrefix = "aenvot"
+	testSubnet = "10.89.16.0/24"
+	testCgroup = "aenv-ocitest"
+)
+
+func testNetwork(pool int) network.Config {
+	return network.Config{Bridge: testBridge, Subnet: testSubnet, Prefix: testPrefix, PoolSize: pool}
+}
+
+func needRuntime(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (runc, netns, overlayfs)")
+	}
+	if _, err := exec.LookPath("runc"); err != nil {
+		if _, err := exec.LookPath("crun"); err != nil {
+			t.Skip("needs an OCI runtime (Debian package runc)")
+		}
+	}
+	for _, p := range []string{"/bin/busybox", "/bin/bash-static"} {
+		if _, err := os.Stat(p); err != nil {
+			t.Skipf("needs %s (busybox-static, bash-static)", p)
+		}
+	}
+}
+
+var (
+	backendSeq   atomic.Int64
+	templateOnce sync.Once
+	templateDir  string
+	templateErr  error
+	envdOnce     sync.Once
+	envdBin      string
+)
+
+// testTemplate builds the base template once per test binary (removed by TestMain).
+func testTemplate(t testing.TB) string {
+	t.Helper()
+	templateOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "aenv-oci-template-")
+		if err != nil {
+			templateErr = err
+			return
+		}
+		templateDir = filepath.Join(dir, "base")
+		templateErr = base.Build(context.Background(), base.Options{Out: templateDir})
+	})
+	if templateErr != nil {
+		t.Fatal(templateErr)
+	}
+	return templateDir
+}
+
+// testEnvd returns the real envd if it builds and answers --help, else "" (tests then use
+// a busybox httpd init that serves /health on the envd port).
+func testEnvd(t testing.TB) string {
+	t.Helper()
+	envdOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		repo := filepath.Join(filepath.Dir(file), "..", "..", "..")
+		out := filepath.Join(os.TempDir(), fmt.Sprintf("aenv-oci-envd-%d", os.Getpid()))
+		cmd := exec.Command("go", "build", "-o", out, "./cmd/envd")
+		cmd.Dir = repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if err := cmd.Run(); err != nil {
+			return
+		}
+		if err := exec.Command(out, "--help").Run(); err != nil {
+			os.Remove(out)
+			return
+		}
+		envdBin = out
+	})
+	return envdBin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if templateDir != "" {
+		os.RemoveAll(filepath.Dir(templateDir))
+	}
+	if envdBin != "" {
+		os.Remove(envdBin)
+	}
+	os.Exit(code)
+}
+
+// cmdPort is where the test init serves a shell (see httpdInit).
+const cmdPort = 5000
+
+// httpdInit stands in for envd: it serves GET /health on the envd port and, as PID 1, a
+// shell per connection on cmdPort, so tests run commands as children of the sandbox's init
+// with all its restrictions (user namespace, seccomp, capabilities, cgroup). `runc exec`
+// cannot be used: runc 1.1 joins the user namespace before the network namespace, which the
+// host owns, and fails (see the package docs).
+var httpdInit = []string{"/bin/busybox", "sh", "-c",
+	"mkdir -p /run/www && echo ok > /run/www/health && /bin/busybox httpd -p 49983 -h /run/www && " +
+		"exec /bin/busybox nc -ll -p 5000 -e /bin/sh"}
+
+type testEnv struct {
+	b        *Backend
+	cfg      Config
+	template string
+}
+
+// newTestBackend makes a backend in a temp data dir and, when the test ends, stops
+// everything it launched and checks that nothing (mounts, netns, veths, containers,
+// cgroups, nft tables) is left.
+func newTestBackend(t *testing.T, mod func(*Config)) *testEnv {
+	t.Helper()
+	needRuntime(t)
+	tmpl := testTemplate(t)
+	dataDir := t.TempDir()
+	// t.TempDir's parents are 0700; user-namespaced sandbox roots must traverse them.
+	for d := dataDir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		os.Chmod(d, 0o711)
+	}
+	cfg := Config{
+		DataDir:      dataDir,
+		EnvdPath:     "/bin/busybox",
+		InitArgs:     httpdInit,
+		CgroupParent: fmt.Sprintf("%s/%d-%d", testCgroup, os.Getpid(), backendSeq.Add(1)),
+		PidsLimit:    256,
+		Network:      testNetwork(2),
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	ctx := context.Background()
+	b, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cleanupBackend(t, b) })
+	if _, err := b.Reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	return &testEnv{b: b, cfg: b.cfg, template: tmpl}
+}
+
+func cleanupBackend(t *testing.T, b *Backend) {
+	ctx := context.Background()
+	b.mu.Lock()
+	var insts []*Instance
+	for _, i := range b.instances {
+		insts = append(insts, i)
+	}
+	b.mu.Unlock()
+	for _, i := range insts {
+		if err := i.Stop(ctx); err != nil {
+			t.Errorf("stop %s: %v", i.id, err)
+		}
+	}
+	if err := b.pool.Teardown(ctx); err != nil {
+		t.Errorf("network teardown: %v", err)
+	}
+	assertClean(t, b)
+	for _, d := range cgroupDirs("/"+b.cfg.CgroupParent, b.v2) {
+		os.Remove(d) // the (empty) parent cgroup; its parent testCgroup is shared and stays
+	}
+}
+
+// assertClean checks the host holds nothing of this backend.
+func assertClean(t *testing.T, b *Backend) {
+	t.Helper()
+	if m, _ := mountsUnder(b.cfg.DataDir); len(m) > 0 {
+		t.Errorf("mounts left: %v", m)
+	}
+	if cs, _ := b.rt.list(context.Background()); len(cs) > 0 {
+		t.Errorf("containers left: %v", cs)
+	}
+	for _, d := range cgroupDirs("/"+b.cfg.CgroupParent, b.v2) {
+		if ents, err := os.ReadDir(d); err == nil && len(ents) > 0 {
+			for _, e := range ents {
+				if e.IsDir() {
+					t.Errorf("cgroup left: %s/%s", d, e.Name())
+				}
+			}
+		}
+	}
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), b.cfg.Network.Prefix+"-") {
+			t.Errorf("netns left: %s", e.Name())
+		}
+	}
+	links, _ := netlink.LinkList()
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, b.cfg.Network.Prefix+"h") {
+			t.Errorf("veth left: %s", l.Attrs().Name)
+		}
+	}
+}
+
+// assertGone checks that a stopped instance left nothing: container, cgroups, mounts,
+// bundle, netns, veth.
+func assertGone(t *testing.T, b *Backend, id string, slot *network.Slot) {
+	t.Helper()
+	if _, err := b.rt.state(context.Background(), id); err == nil {
+		t.Errorf("container %s still exists", id)
+	}
+	for _, d := range cgroupDirs(b.cgroupsPath(id), b.v2) {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("cgroup left: %s", d)
+		}
+	}
+	l := b.layout(id)
+	if m, _ := mountsUnder(l.dir); len(m) > 0 {
+		t.Errorf("mounts left: %v", m)
+	}
+	if _, err := os.Stat(l.dir); err == nil {
+		t.Errorf("bundle left: %s", l.dir)
+	}
+	if slot != nil {
+		if _, err := os.Stat(slot.NetnsPath); err == nil {
+			t.Errorf("netns left: %s", slot.NetnsPath)
+		}
+		if _, err := netlink.LinkByName(slot.HostVeth); err == nil {
+			t.Errorf("veth left: %s", slot.HostVeth)
+		}
+	}
+}
+
+func (e *testEnv) launch(t *testing.T, id string, res sandbox.Resources) *Instance {
+	t.Helper()
+	inst, err := e.b.Launch(context.Background(), sandbox.LaunchPlan{
+		Kind: sandbox.LaunchFresh, SandboxID: id, RootFS: sandbox.RootFS{LowerDir: e.template},
+		Resources: res, AllowInternet: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := inst.(*Instance)
+	e.waitReady(t, i)
+	return i
+}
+
+// waitReady polls the init's HTTP port from the host, as the orchestrator does with envd.
+func (e *testEnv) waitReady(t testing.TB, i *Instance) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := probeHealth(i, 200*time.Millisecond); err == nil {
+			return
+		} else if time.Now().After(deadline) {
+			log, _ := os.ReadFile(i.l.log())
+			t.Fatalf("init of %s not ready: %v; log: %s", i.id, err, log)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func probeHealth(i *Instance, timeout time.Duration) error {
+	ep := i.Endpoint()
+	c := http.Client{Timeout: timeout}
+	resp, err := c.Get(fmt.Sprintf("http://%s:%d/health", ep.Host, ep.EnvdPort))
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("health: %s", resp.Status)
+	}
+	return nil
+}
+
+// sh runs a shell script inside the sandbox through the test init's command port and
+// returns its combined output and exit code.
+func (e *testEnv) sh(t *testing.T, i *Instance, script string) (string, int) {
+	t.Helper()
+	addr := net.JoinHostPort(i.Endpoint().Host, strconv.Itoa(cmdPort))
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("command port: %v", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	if _, err := io.WriteString(c, "exec 2>&1\n"+script+"\necho \"__EXIT:$?\"\n"); err != nil {
+		t.Fatal(err)
+	}
+	c.(*net.TCPConn).CloseWrite()
+	out, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("command output: %v", err)
+	}
+	s := string(out)
+	k := strings.LastIndex(s, "__EXIT:")
+	if k < 0 {
+		t.Fatalf("no exit status in %q", s)
+	}
+	code, _ := strconv.Atoi(strings.TrimSpace(s[k+7:]))
+	return s[:k], code
+}

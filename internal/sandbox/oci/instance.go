@@ -1,0 +1,202 @@
+package oci
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// Instance is one container sandbox.
+type Instance struct {
+	b       *Backend
+	id      string
+	l       layout
+	res     sandbox.Resources
+	started time.Time
+
+	mu      sync.Mutex
+	slot    *network.Slot
+	idmap   *idMap
+	stopped bool
+	lastCPU uint64
+	lastAt  time.Time
+}
+
+var _ sandbox.Instance = (*Instance)(nil)
+
+func (i *Instance) setSlot(s *network.Slot) {
+	i.mu.Lock()
+	i.slot = s
+	i.mu.Unlock()
+}
+
+// ID implements sandbox.Instance.
+func (i *Instance) ID() string { return i.id }
+
+// Endpoint implements sandbox.Instance: the slot's address, reachable from the host only.
+func (i *Instance) Endpoint() sandbox.Endpoint {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.slot == nil {
+		return sandbox.Endpoint{EnvdPort: i.b.cfg.EnvdPort}
+	}
+	return sandbox.Endpoint{Host: i.slot.IP.String(), EnvdPort: i.b.cfg.EnvdPort}
+}
+
+// InitPID is the host pid of the sandbox's init (envd), or 0.
+func (i *Instance) InitPID(ctx context.Context) int {
+	st, err := i.b.rt.state(ctx, i.id)
+	if err != nil {
+		return 0
+	}
+	return st.Pid
+}
+
+// Status is the runtime's view: running, paused, stopped, or an error wrapping ErrGone.
+func (i *Instance) Status(ctx context.Context) (string, error) {
+	st, err := i.b.rt.state(ctx, i.id)
+	if errors.Is(err, errNoContainer) {
+		return "", fmt.Errorf("%w: %s", sandbox.ErrGone, i.id)
+	}
+	if err != nil {
+		return "", err
+	}
+	return st.Status, nil
+}
+
+func (i *Instance) live() error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.stopped {
+		return fmt.Errorf("%w: %s was stopped", sandbox.ErrGone, i.id)
+	}
+	return nil
+}
+
+// Pause implements sandbox.Instance by freezing the cgroup: CPU is released, memory and
+// processes stay. KeepMemory is thus always honoured.
+func (i *Instance) Pause(ctx context.Context, _ sandbox.PauseOptions) (sandbox.PausedState, error) {
+	if err := i.live(); err != nil {
+		return nil, err
+	}
+	st, err := i.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if st != "paused" {
+		if st != "running" {
+			return nil, fmt.Errorf("%w: %s is %s", sandbox.ErrGone, i.id, st)
+		}
+		if err := i.b.rt.pause(ctx, i.id); err != nil {
+			return nil, err
+		}
+	}
+	return pausedState{ID: i.id}, nil
+}
+
+// Resume implements sandbox.Instance by thawing the cgroup. Resuming a running sandbox is
+// a no-op.
+func (i *Instance) Resume(ctx context.Context) error {
+	if err := i.live(); err != nil {
+		return err
+	}
+	st, err := i.Status(ctx)
+	if err != nil {
+		return err
+	}
+	switch st {
+	case "running":
+		return nil
+	case "paused":
+		return i.b.rt.resume(ctx, i.id)
+	default:
+		return fmt.Errorf("%w: %s is %s", sandbox.ErrGone, i.id, st)
+	}
+}
+
+// Snapshot implements sandbox.Instance.
+func (i *Instance) Snapshot(context.Context) (sandbox.Captured, error) {
+	return nil, fmt.Errorf("%w: snapshot", ErrUnsupported)
+}
+
+// Fork implements sandbox.Instance.
+func (i *Instance) Fork(context.Context, []sandbox.ForkSpec) ([]sandbox.ForkResult, error) {
+	return nil, fmt.Errorf("%w: fork", ErrUnsupported)
+}
+
+// Stop implements sandbox.Instance: kill every process, delete the container and its
+// cgroups, unmount the rootfs, release the network slot, remove the bundle. Idempotent;
+// each step runs even if an earlier one failed, so nothing is left that can be removed.
+func (i *Instance) Stop(ctx context.Context) error {
+	i.mu.Lock()
+	slot := i.slot
+	i.slot = nil
+	i.stopped = true
+	i.mu.Unlock()
+	errs := []error{i.b.rt.remove(ctx, i.id)}
+	errs = append(errs, removeCgroups(i.b.cgroupsPath(i.id), i.b.v2))
+	errs = append(errs, unmountAll(i.l.dir))
+	if slot != nil {
+		errs = append(errs, i.b.pool.Release(ctx, slot))
+	}
+	if err := os.RemoveAll(i.l.dir); err != nil {
+		errs = append(errs, fmt.Errorf("oci: remove bundle: %w", err))
+	}
+	i.b.mu.Lock()
+	if i.b.instances[i.id] == i {
+		delete(i.b.instances, i.id)
+	}
+	i.b.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// Stats implements sandbox.Instance from the cgroup's counters. CPU use is averaged since
+// the previous call (or since start on the first).
+func (i *Instance) Stats(ctx context.Context) (sandbox.Stats, error) {
+	if err := i.live(); err != nil {
+		return sandbox.Stats{}, err
+	}
+	c, err := readCounters(i.b.cgroupsPath(i.id), i.b.v2)
+	if err != nil {
+		if _, serr := i.Status(ctx); errors.Is(serr, sandbox.ErrGone) {
+			return sandbox.Stats{}, serr
+		}
+		return sandbox.Stats{}, err
+	}
+	now := time.Now()
+	i.mu.Lock()
+	prevCPU, prevAt := i.lastCPU, i.lastAt
+	if prevAt.IsZero() {
+		prevAt = i.started
+	}
+	i.lastCPU, i.lastAt = c.cpuNanos, now
+	i.mu.Unlock()
+	cpus := i.res.CPUCount
+	if cpus <= 0 {
+		cpus = 1
+	}
+	var pct float64
+	if el := now.Sub(prevAt); el > 0 && c.cpuNanos >= prevCPU {
+		pct = float64(c.cpuNanos-prevCPU) / float64(el.Nanoseconds()) / float64(cpus) * 100
+	}
+	memTotal := c.memLimit
+	if i.res.MemoryMB > 0 && (memTotal <= 0 || memTotal > int64(i.res.MemoryMB)<<20) {
+		memTotal = int64(i.res.MemoryMB) << 20
+	}
+	return sandbox.Stats{
+		Timestamp:  now,
+		CPUCount:   cpus,
+		CPUUsedPct: pct,
+		MemUsed:    c.memUsage,
+		MemTotal:   memTotal,
+		MemCache:   c.memCache,
+		DiskUsed:   diskUsage(i.l.upper()),
+		DiskTotal:  int64(i.res.DiskSizeMB) << 20,
+	}, nil
+}

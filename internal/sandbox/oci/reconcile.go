@@ -1,0 +1,146 @@
+package oci
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// Reconcile implements sandbox.Backend. It adopts the containers of known ids that are
+// still running or paused and removes everything else this backend owns: other containers
+// in its runtime root, bundle directories and their mounts, cgroups under CgroupParent, and
+// network slots. Call it once at startup, before Launch.
+func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]sandbox.Instance, error) {
+	want := map[string]bool{}
+	for _, id := range known {
+		want[id] = true
+	}
+	containers, err := b.rt.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	adopt := map[string]*Instance{}
+	states := map[string]savedState{}
+	for _, c := range containers {
+		if want[c.ID] && (c.Status == "running" || c.Status == "paused") {
+			l := b.layout(c.ID)
+			if st, err := readState(l.state()); err == nil && st.ID == c.ID {
+				adopt[c.ID] = &Instance{b: b, id: c.ID, l: l, res: st.Resources, started: st.Created, idmap: st.IDMap}
+				states[c.ID] = st
+				continue
+			}
+		}
+		if err := b.rt.remove(ctx, c.ID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Bundles without an adopted container: a crash between mount and run, or after the
+	// container died.
+	ents, err := os.ReadDir(filepath.Join(b.cfg.DataDir, "sandboxes"))
+	if err != nil {
+		return nil, fmt.Errorf("oci: list bundles: %w", err)
+	}
+	for _, e := range ents {
+		if adopt[e.Name()] != nil {
+			continue
+		}
+		l := b.layout(e.Name())
+		errs = append(errs, unmountAll(l.dir), os.RemoveAll(l.dir))
+	}
+	errs = append(errs, b.sweepCgroups(adopt))
+
+	keep := map[int]bool{}
+	for _, st := range states {
+		keep[st.SlotIndex] = st.AllowInternet
+	}
+	slots, err := b.pool.Reconcile(ctx, keep)
+	errs = append(errs, err)
+
+	alive := map[string]sandbox.Instance{}
+	for id, inst := range adopt {
+		slot := slots[states[id].SlotIndex]
+		if slot == nil {
+			// Its network namespace is gone: the sandbox is unreachable, remove it.
+			b.log.Warn("oci: reconcile: sandbox lost its network slot", "id", id)
+			errs = append(errs, inst.Stop(ctx))
+			continue
+		}
+		inst.slot = slot
+		b.mu.Lock()
+		b.instances[id] = inst
+		b.mu.Unlock()
+		alive[id] = inst
+	}
+	return alive, errors.Join(errs...)
+}
+
+func readState(path string) (savedState, error) {
+	var st savedState
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return st, fmt.Errorf("oci: %s: %w", path, err)
+	}
+	return st, nil
+}
+
+// sweepCgroups kills the processes of, and removes, every cgroup under CgroupParent that
+// does not belong to an adopted sandbox (runc normally removes them; a crash of runc itself
+// or a lost state dir can leave them behind).
+func (b *Backend) sweepCgroups(adopt map[string]*Instance) error {
+	var errs []error
+	seen := map[string]bool{}
+	for _, parent := range cgroupDirs("/"+b.cfg.CgroupParent, b.v2) {
+		ents, err := os.ReadDir(parent)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if e.IsDir() && adopt[e.Name()] == nil {
+				seen[e.Name()] = true
+			}
+		}
+	}
+	for id := range seen {
+		rel := b.cgroupsPath(id)
+		for _, d := range cgroupDirs(rel, b.v2) {
+			killCgroupProcs(d)
+		}
+		var err error
+		for range 50 { // killed processes take a moment to leave the cgroup
+			if err = removeCgroups(rel, b.v2); err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func killCgroupProcs(dir string) {
+	raw, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return
+	}
+	// A frozen cgroup would keep killed processes from exiting.
+	_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0o644)
+	_ = os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0o644)
+	for _, f := range strings.Fields(string(raw)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}

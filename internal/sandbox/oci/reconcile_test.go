@@ -1,0 +1,86 @@
+package oci
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+// TestCrashRecovery drops a backend without stopping its sandboxes (as a node crash does),
+// then checks that a new backend adopts the sandboxes it is told about, still reachable, and
+// removes everything else: containers, cgroups, overlay mounts, bundles, network slots.
+func TestCrashRecovery(t *testing.T) {
+	// The first backend has no warm-pool goroutine, so "crashing" it leaves nothing running
+	// in this process that could race the new backend.
+	e := newTestBackend(t, func(c *Config) { c.Network.PoolSize = -1 })
+	ctx := context.Background()
+	keep := e.launch(t, "crash-keep", sandbox.Resources{CPUCount: 1, MemoryMB: 128})
+	lost := e.launch(t, "crash-lost", sandbox.Resources{CPUCount: 1, MemoryMB: 128})
+	lostSlot := lost.slot
+	e.sh(t, keep, "echo kept > /root/mark")
+	// A launch that crashed half-way: a bundle with a mounted rootfs and no container.
+	ghost := e.b.layout("crash-ghost")
+	if err := os.MkdirAll(ghost.rootfs(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", ghost.rootfs(), "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+
+	// No warm pool here either: it would refill freed slot indexes, and the checks below
+	// look for the old slots' names.
+	cfg := e.cfg
+	b2, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive, err := b2.Reconcile(ctx, []string{"crash-keep", "crash-unknown"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(alive) != 1 || alive["crash-keep"] == nil {
+		t.Fatalf("alive %v, want only crash-keep", alive)
+	}
+	adopted := alive["crash-keep"].(*Instance)
+	if adopted.Endpoint() != keep.Endpoint() {
+		t.Fatalf("adopted endpoint %v, was %v", adopted.Endpoint(), keep.Endpoint())
+	}
+	if err := probeHealth(adopted, 2e9); err != nil {
+		t.Fatalf("adopted sandbox unreachable: %v", err)
+	}
+	env2 := &testEnv{b: b2, cfg: b2.cfg, template: e.template}
+	if out, _ := env2.sh(t, adopted, "cat /root/mark"); out != "kept\n" {
+		t.Fatalf("adopted sandbox lost its files: %q", out)
+	}
+	assertGone(t, b2, "crash-lost", lostSlot)
+	assertGone(t, b2, "crash-ghost", nil)
+
+	// Second crash, and this time the node knows nothing: everything goes.
+	keepSlot := adopted.slot
+	b3, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive, err = b3.Reconcile(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(alive) != 0 {
+		t.Fatalf("alive %v after Reconcile(nil)", alive)
+	}
+	assertGone(t, b3, "crash-keep", keepSlot)
+	if err := b2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b3.pool.Teardown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertClean(t, b3)
+	if ents, _ := os.ReadDir(filepath.Join(cfg.DataDir, "sandboxes")); len(ents) != 0 {
+		t.Fatalf("bundles left: %v", ents)
+	}
+}

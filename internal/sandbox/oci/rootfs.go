@@ -1,0 +1,173 @@
+package oci
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// idMap maps sandbox ids 0..Size-1 to host ids HostID..HostID+Size-1 (uid and gid alike).
+type idMap struct {
+	HostID uint32 `json:"hostID"`
+	Size   uint32 `json:"size"`
+}
+
+// usernsFD creates a user namespace with the mapping m and returns an fd to it; the
+// namespace lives as long as the fd. A short-lived child holds it while we open it, because
+// Go cannot unshare a user namespace in a multithreaded process.
+func usernsFD(m idMap) (int, error) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		return -1, fmt.Errorf("oci: user namespace helper needs sleep(1): %w", err)
+	}
+	cmd := exec.Command(sleep, "3600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(m.HostID), Size: int(m.Size)}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(m.HostID), Size: int(m.Size)}},
+		Pdeathsig:   syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		return -1, fmt.Errorf("oci: user namespace helper: %w", err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("oci: open user namespace: %w", err)
+	}
+	return fd, nil
+}
+
+// idmappedBind bind-mounts src at dst with ownership shifted by the user namespace usernsFd
+// (host id 0 appears as the namespace's root), so a shared template directory owned by host
+// root is owned by root inside a user-namespaced sandbox without copying or chowning it.
+func idmappedBind(src, dst string, userns int) error {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("oci: open_tree %s: %w", src, err)
+	}
+	defer unix.Close(fd)
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY, Userns_fd: uint64(userns)}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
+		return fmt.Errorf("oci: idmap %s: %w", src, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("oci: move_mount %s: %w", dst, err)
+	}
+	return nil
+}
+
+// layout is a sandbox's directory under the data dir.
+type layout struct{ dir string }
+
+func (l layout) upper() string  { return filepath.Join(l.dir, "upper") }
+func (l layout) work() string   { return filepath.Join(l.dir, "work") }
+func (l layout) lower() string  { return filepath.Join(l.dir, "lower") } // idmapped view of the template
+func (l layout) rootfs() string { return filepath.Join(l.dir, "rootfs") }
+func (l layout) state() string  { return filepath.Join(l.dir, "state.json") }
+func (l layout) log() string    { return filepath.Join(l.dir, "init.log") }
+func (l layout) pid() string    { return filepath.Join(l.dir, "init.pid") }
+
+// mountRootfs mounts the overlay: the template (idmapped when userns >= 0) as the read-only
+// lower, and a per-sandbox upper owned by the sandbox's root so its writes never reach the
+// template or another sandbox.
+func mountRootfs(l layout, lowerDir string, m *idMap, userns int) error {
+	for _, d := range []string{l.upper(), l.work(), l.rootfs()} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("oci: mkdir %s: %w", d, err)
+		}
+	}
+	lower := lowerDir
+	if m != nil {
+		if err := os.MkdirAll(l.lower(), 0o755); err != nil {
+			return fmt.Errorf("oci: mkdir %s: %w", l.lower(), err)
+		}
+		if err := idmappedBind(lowerDir, l.lower(), userns); err != nil {
+			return err
+		}
+		lower = l.lower()
+		// The upper's root directory carries the rootfs root's ownership.
+		for _, d := range []string{l.upper(), l.work()} {
+			if err := os.Chown(d, int(m.HostID), int(m.HostID)); err != nil {
+				return fmt.Errorf("oci: chown %s: %w", d, err)
+			}
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", escapeOverlay(lower), escapeOverlay(l.upper()), escapeOverlay(l.work()))
+	if err := unix.Mount("overlay", l.rootfs(), "overlay", 0, opts); err != nil {
+		return fmt.Errorf("oci: mount overlay on %s: %w", l.rootfs(), err)
+	}
+	return nil
+}
+
+func escapeOverlay(p string) string {
+	return strings.NewReplacer(`\`, `\\`, `,`, `\,`, `:`, `\:`).Replace(p)
+}
+
+// unmountAll detaches every mount at or below dir (deepest first). Missing mounts are fine.
+func unmountAll(dir string) error {
+	mounts, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if err := unix.Unmount(mounts[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("oci: unmount %s: %w", mounts[i], err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mountsUnder lists mountpoints at or below dir from /proc/self/mountinfo, in mount order.
+func mountsUnder(dir string) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("oci: mountinfo: %w", err)
+	}
+	defer f.Close()
+	dir = filepath.Clean(dir)
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	return out, sc.Err()
+}
+
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v int
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

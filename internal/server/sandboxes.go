@@ -1,0 +1,337 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/orchestrator"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/server/api"
+)
+
+// createParams is what v1 and v2 creates have in common, before validation.
+type createParams struct {
+	templateID    string
+	timeout       *int32
+	metadata      *api.SandboxMetadata
+	envVars       *api.EnvVars
+	autoPause     *bool
+	autoResume    *api.SandboxAutoResumeConfig
+	allowInternet *bool
+	cpuCount      *int32
+	memoryMB      *int32
+	secure        bool
+}
+
+func (h *handlers) CreateSandboxV2(w http.ResponseWriter, r *http.Request) {
+	var body api.NewSandboxV2
+	if !decodeRequired(w, r, &body) {
+		return
+	}
+	h.create(w, r, createParams{
+		templateID: body.TemplateID, timeout: body.Timeout, metadata: body.Metadata, envVars: body.EnvVars,
+		autoPause: body.AutoPause, autoResume: body.AutoResume, allowInternet: body.AllowInternetAccess,
+		cpuCount: body.CpuCount, memoryMB: body.MemoryMB,
+		// v2 creates are always secure: the SDK expects an envd access token.
+		secure: true,
+	}, h.s.defaultTimeout)
+}
+
+func (h *handlers) CreateSandboxV1(w http.ResponseWriter, r *http.Request) {
+	var body api.NewSandbox
+	if !decodeRequired(w, r, &body) {
+		return
+	}
+	h.create(w, r, createParams{
+		templateID: body.TemplateID, timeout: body.Timeout, metadata: body.Metadata, envVars: body.EnvVars,
+		autoPause: body.AutoPause, autoResume: body.AutoResume, allowInternet: body.AllowInternetAccess,
+		cpuCount: body.CpuCount, memoryMB: body.MemoryMB,
+		secure: body.Secure != nil && *body.Secure,
+	}, h.s.defaultTimeoutV1)
+}
+
+func (h *handlers) create(w http.ResponseWriter, r *http.Request, p createParams, defTimeout time.Duration) {
+	req, err := h.s.createRequest(p, defTimeout)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%s", err.Error())
+		return
+	}
+	sb, err := h.s.orch.Create(r.Context(), req)
+	if err != nil {
+		writeOrchError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, h.s.sandboxBody(sb))
+}
+
+// createRequest validates a create at the API edge so nothing is started for bad input.
+func (s *Server) createRequest(p createParams, defTimeout time.Duration) (orchestrator.CreateRequest, error) {
+	var req orchestrator.CreateRequest
+	tpl := strings.TrimSpace(p.templateID)
+	if tpl == "" {
+		return req, fmt.Errorf("templateID is required")
+	}
+	timeout, err := s.timeoutSeconds(p.timeout, defTimeout)
+	if err != nil {
+		return req, err
+	}
+	req = orchestrator.CreateRequest{
+		TemplateID:    tpl,
+		Timeout:       timeout,
+		AllowInternet: p.allowInternet == nil || *p.allowInternet,
+		AutoPause:     p.autoPause != nil && *p.autoPause,
+		AutoResume:    p.autoResume != nil && p.autoResume.Enabled,
+		Secure:        p.secure,
+	}
+	if p.metadata != nil {
+		if err := checkStringMap("metadata", *p.metadata); err != nil {
+			return req, err
+		}
+		req.Metadata = *p.metadata
+	}
+	if p.envVars != nil {
+		if err := checkStringMap("envVars", *p.envVars); err != nil {
+			return req, err
+		}
+		req.EnvVars = *p.envVars
+	}
+	if p.cpuCount != nil {
+		if *p.cpuCount < 1 || *p.cpuCount > 256 {
+			return req, fmt.Errorf("cpuCount must be between 1 and 256, got %d", *p.cpuCount)
+		}
+		req.Resources.CPUCount = int(*p.cpuCount)
+	}
+	if p.memoryMB != nil {
+		if *p.memoryMB < 64 {
+			return req, fmt.Errorf("memoryMB must be at least 64, got %d", *p.memoryMB)
+		}
+		req.Resources.MemoryMB = int(*p.memoryMB)
+	}
+	return req, nil
+}
+
+func checkStringMap(field string, m map[string]string) error {
+	for k := range m {
+		if k == "" {
+			return fmt.Errorf("%s keys must not be empty", field)
+		}
+		if field == "envVars" && strings.ContainsAny(k, "=\x00") {
+			return fmt.Errorf("envVars key %q must not contain '=' or NUL", k)
+		}
+	}
+	return nil
+}
+
+func (h *handlers) ConnectSandboxV2(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	var body api.ConnectSandboxV2
+	if !decodeOptional(w, r, &body) {
+		return
+	}
+	h.connect(w, r, id, body.Timeout, false)
+}
+
+func (h *handlers) ConnectSandboxV1(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	var body api.ConnectSandbox
+	// The v1 body requires timeout; decode into pointers to tell "absent" from 0.
+	var raw struct {
+		Timeout *int32 `json:"timeout"`
+		Memory  *bool  `json:"memory"`
+	}
+	if !decodeRequired(w, r, &raw) {
+		return
+	}
+	if raw.Timeout == nil {
+		writeError(w, http.StatusBadRequest, "timeout is required")
+		return
+	}
+	body.Timeout = *raw.Timeout
+	h.connect(w, r, id, &body.Timeout, false)
+}
+
+func (h *handlers) ResumeSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	var body api.ResumedSandbox
+	if !decodeOptional(w, r, &body) {
+		return
+	}
+	h.connect(w, r, id, body.Timeout, true)
+}
+
+// connect serves connect (v1, v2) and the deprecated resume: 200 when the sandbox was
+// running (TTL extended only), 201 when it was resumed. resumeOnly answers 409 for a
+// sandbox that was not paused, as E2B's resume does.
+func (h *handlers) connect(w http.ResponseWriter, r *http.Request, id string, timeout *int32, resumeOnly bool) {
+	d, err := h.s.timeoutSeconds(timeout, h.s.defaultTimeout)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%s", err.Error())
+		return
+	}
+	if resumeOnly {
+		sb, err := h.s.orch.Get(r.Context(), id)
+		if err != nil {
+			writeOrchError(w, r, err)
+			return
+		}
+		if sb.State.Public() != "paused" {
+			writeError(w, http.StatusConflict, "sandbox %s is already running", id)
+			return
+		}
+	}
+	sb, resumed, err := h.s.orch.Connect(r.Context(), id, orchestrator.ConnectOptions{Timeout: d})
+	if err != nil {
+		writeOrchError(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if resumed || resumeOnly {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, h.s.sandboxBody(sb))
+}
+
+func (h *handlers) GetSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	sb, err := h.s.orch.Get(r.Context(), id)
+	if err != nil {
+		writeOrchError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, h.s.detailBody(sb))
+}
+
+func (h *handlers) KillSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	if err := h.s.orch.Kill(r.Context(), id); err != nil {
+		writeOrchError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *handlers) SetSandboxTimeout(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	var raw struct {
+		Timeout *int32 `json:"timeout"`
+	}
+	if !decodeRequired(w, r, &raw) {
+		return
+	}
+	if raw.Timeout == nil {
+		writeError(w, http.StatusBadRequest, "timeout is required")
+		return
+	}
+	d := time.Duration(*raw.Timeout) * time.Second
+	if d > h.s.maxTimeout {
+		writeError(w, http.StatusBadRequest, "timeout must be at most %d seconds, got %d", int(h.s.maxTimeout/time.Second), *raw.Timeout)
+		return
+	}
+	// A zero or negative timeout expires the sandbox now, as in E2B.
+	if err := h.s.orch.SetTimeout(r.Context(), id, d); err != nil {
+		writeOrchError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *handlers) RefreshSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	var body api.SandboxRefreshRequest
+	if !decodeOptional(w, r, &body) {
+		return
+	}
+	d := h.s.defaultTimeout
+	if body.Duration != nil {
+		if *body.Duration < 0 || *body.Duration > 3600 {
+			writeError(w, http.StatusBadRequest, "duration must be between 0 and 3600 seconds, got %d", *body.Duration)
+			return
+		}
+		d = time.Duration(*body.Duration) * time.Second
+	}
+	if err := h.s.orch.Refresh(r.Context(), id, d); err != nil {
+		writeOrchError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *handlers) PauseSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
+	var body api.SandboxPauseRequest
+	if !decodeOptional(w, r, &body) {
+		return
+	}
+	keep := body.Memory == nil || *body.Memory
+	if err := h.s.orch.Pause(r.Context(), id, sandbox.PauseOptions{KeepMemory: keep}); err != nil {
+		writeOrchError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// sandboxBody is the Sandbox schema (create, connect, resume).
+func (s *Server) sandboxBody(sb *orchestrator.Sandbox) api.Sandbox {
+	out := api.Sandbox{
+		SandboxID:   sb.ID,
+		TemplateID:  sb.TemplateID,
+		ClientID:    "",
+		EnvdVersion: sb.EnvdVersion,
+		Domain:      s.domain(),
+	}
+	if sb.EnvdAccessToken != "" {
+		tok := sb.EnvdAccessToken
+		out.EnvdAccessToken = &tok
+	}
+	if sb.TrafficAccessToken != "" {
+		tok := sb.TrafficAccessToken
+		out.TrafficAccessToken = &tok
+	}
+	if sb.Alias != "" {
+		a := sb.Alias
+		out.Alias = &a
+	}
+	return out
+}
+
+// listedBody is the ListedSandbox schema.
+func listedBody(sb *orchestrator.Sandbox) api.ListedSandbox {
+	out := api.ListedSandbox{
+		SandboxID:   sb.ID,
+		TemplateID:  sb.TemplateID,
+		ClientID:    "",
+		StartedAt:   sb.StartedAt.UTC(),
+		EndAt:       sb.EndAt.UTC(),
+		CpuCount:    int32(sb.Resources.CPUCount),
+		MemoryMB:    int32(sb.Resources.MemoryMB),
+		DiskSizeMB:  int32(sb.Resources.DiskSizeMB),
+		EnvdVersion: sb.EnvdVersion,
+		State:       api.SandboxState(sb.State.Public()),
+	}
+	if sb.Alias != "" {
+		a := sb.Alias
+		out.Alias = &a
+	}
+	if len(sb.Metadata) > 0 {
+		md := api.SandboxMetadata(sb.Metadata)
+		out.Metadata = &md
+	}
+	return out
+}
+
+// detailBody is the SandboxDetail schema (GET /sandboxes/{id}).
+func (s *Server) detailBody(sb *orchestrator.Sandbox) api.SandboxDetail {
+	l := listedBody(sb)
+	allow := sb.AllowInternet
+	onTimeout := api.Kill
+	if sb.AutoPause {
+		onTimeout = api.Pause
+	}
+	out := api.SandboxDetail{
+		SandboxID: l.SandboxID, TemplateID: l.TemplateID, ClientID: l.ClientID, Alias: l.Alias,
+		StartedAt: l.StartedAt, EndAt: l.EndAt, CpuCount: l.CpuCount, MemoryMB: l.MemoryMB,
+		DiskSizeMB: l.DiskSizeMB, EnvdVersion: l.EnvdVersion, State: l.State, Metadata: l.Metadata,
+		Domain:              s.domain(),
+		AllowInternetAccess: &allow,
+		Lifecycle:           &api.SandboxLifecycle{AutoResume: sb.AutoResume, OnTimeout: onTimeout},
+	}
+	if sb.EnvdAccessToken != "" {
+		tok := sb.EnvdAccessToken
+		out.EnvdAccessToken = &tok
+	}
+	return out
+}

@@ -1,0 +1,227 @@
+// Package blockdev exposes a virtual block device (e.g. a *stack.Stack) to
+// the kernel: as a single file in a FUSE filesystem, and as a loop device
+// over that file that ext4 or a VMM can open. It also sweeps what a crashed
+// process left behind.
+package blockdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// Device is what the frontend serves. *stack.Stack implements it.
+type Device interface {
+	ReadAt(p []byte, off int64) (int, error)
+	WriteAt(p []byte, off int64) (int, error)
+	Discard(off, n int64) error
+	Sync() error
+	Size() int64
+}
+
+// FileName is the name of the device file inside a FUSE mount.
+const FileName = "disk"
+
+// fsName marks our mounts in /proc/self/mountinfo so Sweep finds them.
+const fsName = "aenv-blockdev"
+
+// Mount is a FUSE filesystem serving one device as the file FileName.
+type Mount struct {
+	dir    string
+	server *fuse.Server
+}
+
+// MountOptions tune the FUSE mount.
+type MountOptions struct {
+	ReadOnly bool
+	// NoWritebackCache disables the kernel's FUSE writeback cache (on by
+	// default: it batches small writes into larger ones).
+	NoWritebackCache bool
+}
+
+// MountFile mounts dir (created if missing) with go-fuse directly via
+// mount(2), as root, without fusermount.
+func MountFile(ctx context.Context, dir string, dev Device, o MountOptions) (*Mount, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("blockdev: %w", err)
+	}
+	root := &rootNode{dev: dev, ro: o.ReadOnly}
+	sec := time.Hour
+	mo := fuse.MountOptions{
+		DirectMountStrict: true,
+		FsName:            fsName,
+		Name:              "aenv",
+		AllowOther:        true,
+		MaxWrite:          1 << 20,
+		MaxReadAhead:      1 << 20,
+		DisableXAttrs:     true,
+	}
+	if !o.NoWritebackCache && !o.ReadOnly {
+		mo.ExtraCapabilities = fuse.CAP_WRITEBACK_CACHE
+	}
+	if o.ReadOnly {
+		mo.Options = append(mo.Options, "ro")
+	}
+	server, err := fs.Mount(dir, root, &fs.Options{MountOptions: mo, AttrTimeout: &sec, EntryTimeout: &sec})
+	if err != nil {
+		return nil, fmt.Errorf("blockdev: mount fuse at %s: %w", dir, err)
+	}
+	slog.Debug("blockdev: fuse mounted", "dir", dir)
+	return &Mount{dir: dir, server: server}, nil
+}
+
+// Path is the device file's path.
+func (m *Mount) Path() string { return filepath.Join(m.dir, FileName) }
+
+// Close unmounts the filesystem (lazily if it is busy) and waits for the
+// server to stop.
+func (m *Mount) Close() error {
+	err := m.server.Unmount()
+	if err != nil {
+		// A busy mount (e.g. a loop device still attached) is detached lazily
+		// so that nothing stays mounted.
+		if e := syscall.Unmount(m.dir, syscall.MNT_DETACH); e != nil {
+			return fmt.Errorf("blockdev: unmount %s: %v (lazy: %w)", m.dir, err, e)
+		}
+	}
+	m.server.Wait()
+	return nil
+}
+
+type rootNode struct {
+	fs.Inode
+	dev Device
+	ro  bool
+}
+
+var _ = (fs.NodeOnAdder)((*rootNode)(nil))
+
+func (r *rootNode) OnAdd(ctx context.Context) {
+	ch := r.NewPersistentInode(ctx, &fileNode{dev: r.dev, ro: r.ro}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: 2})
+	r.AddChild(FileName, ch, false)
+}
+
+type fileNode struct {
+	fs.Inode
+	dev Device
+	ro  bool
+}
+
+var (
+	_ = (fs.NodeGetattrer)((*fileNode)(nil))
+	_ = (fs.NodeSetattrer)((*fileNode)(nil))
+	_ = (fs.NodeOpener)((*fileNode)(nil))
+	_ = (fs.NodeReader)((*fileNode)(nil))
+	_ = (fs.NodeWriter)((*fileNode)(nil))
+	_ = (fs.NodeFsyncer)((*fileNode)(nil))
+	_ = (fs.NodeFlusher)((*fileNode)(nil))
+	_ = (fs.NodeAllocater)((*fileNode)(nil))
+)
+
+func (f *fileNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = 0o600
+	if f.ro {
+		out.Mode = 0o400
+	}
+	out.Size = uint64(f.dev.Size())
+	out.Blocks = (out.Size + 511) / 512
+	out.Blksize = 4096
+	out.SetTimeout(time.Hour)
+	return 0
+}
+
+// Setattr accepts only no-op size changes: a block device cannot be resized
+// through its file.
+func (f *fileNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if sz, ok := in.GetSize(); ok && sz != uint64(f.dev.Size()) {
+		return syscall.EINVAL
+	}
+	return f.Getattr(ctx, fh, out)
+}
+
+func (f *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if f.ro && flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+func (f *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	n, err := f.dev.ReadAt(dest, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		slog.Error("blockdev: read", "off", off, "len", len(dest), "err", err)
+		return nil, syscall.EIO
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+func (f *fileNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	if f.ro {
+		return 0, syscall.EROFS
+	}
+	if off+int64(len(data)) > f.dev.Size() {
+		return 0, syscall.ENOSPC
+	}
+	n, err := f.dev.WriteAt(data, off)
+	if err != nil {
+		slog.Error("blockdev: write", "off", off, "len", len(data), "err", err)
+		return uint32(n), syscall.EIO
+	}
+	return uint32(n), 0
+}
+
+func (f *fileNode) Fsync(ctx context.Context, fh fs.FileHandle, flags uint32) syscall.Errno {
+	if f.ro {
+		return 0
+	}
+	if err := f.dev.Sync(); err != nil {
+		slog.Error("blockdev: fsync", "err", err)
+		return syscall.EIO
+	}
+	return 0
+}
+
+// Flush (close(2)) syncs too, so that detaching a loop device makes every
+// write durable.
+func (f *fileNode) Flush(ctx context.Context, fh fs.FileHandle) syscall.Errno {
+	return f.Fsync(ctx, fh, 0)
+}
+
+const (
+	fallocKeepSize  = 0x01
+	fallocPunchHole = 0x02
+)
+
+// Allocate maps hole punching (what a loop device sends for discard) to
+// Discard; plain preallocation is a no-op because the device is always
+// fully addressable.
+func (f *fileNode) Allocate(ctx context.Context, fh fs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
+	if f.ro {
+		return syscall.EROFS
+	}
+	switch mode {
+	case 0, fallocKeepSize:
+		return 0
+	case fallocPunchHole | fallocKeepSize:
+		if end := uint64(f.dev.Size()); off >= end {
+			return 0
+		} else if off+size > end {
+			size = end - off
+		}
+		if err := f.dev.Discard(int64(off), int64(size)); err != nil {
+			slog.Error("blockdev: discard", "off", off, "len", size, "err", err)
+			return syscall.EIO
+		}
+		return 0
+	}
+	return syscall.EOPNOTSUPP
+}

@@ -1,0 +1,506 @@
+package lsmt
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// groupCommitEntries is how many index entries are buffered before they are
+// appended to the index file without an explicit Sync.
+const groupCommitEntries = 4096
+
+// RWLayer is a writable LSMT layer: a log-structured data file plus an
+// append-only index file, or a single sparse file (reference 1.8, 1.9).
+// Writes are durable after Sync. It is safe for concurrent use.
+type RWLayer struct {
+	name      string
+	dataPath  string
+	indexPath string // "" for sparse layers
+	data      *os.File
+	idx       *os.File
+
+	mu      sync.RWMutex
+	header  *Header
+	index   *MutableIndex
+	eof     int64 // next append position in the data file (512-aligned)
+	idxEOF  int64
+	pending []byte // buffered index entries not yet in the index file
+	closed  bool
+}
+
+// CreateOptions describe a new writable layer.
+type CreateOptions struct {
+	VirtualSize uint64 // bytes; must be a multiple of 512
+	UUID        string // generated when empty
+	ParentUUID  string
+	UserTag     string
+	Sparse      bool // one sparse file, no index file
+}
+
+// CreateRW creates a new writable layer. indexPath is ignored for sparse
+// layers. Existing files are not overwritten.
+func CreateRW(dataPath, indexPath string, o CreateOptions) (*RWLayer, error) {
+	if o.VirtualSize%SectorSize != 0 || o.VirtualSize > maxVirtualSize {
+		return nil, fmt.Errorf("create %s: virtual size %d: %w", dataPath, o.VirtualSize, ErrAlignment)
+	}
+	if o.UUID == "" {
+		o.UUID = NewUUID()
+	}
+	h := &Header{Flags: FlagHeader | FlagData, VirtualSize: o.VirtualSize, UUID: o.UUID,
+		ParentUUID: o.ParentUUID, UserTag: o.UserTag, Version: 1, SubVersion: 1}
+	if o.Sparse {
+		h.Flags |= FlagSparseRW
+		indexPath = ""
+	}
+	hb, err := h.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", dataPath, err)
+	}
+	data, err := os.OpenFile(dataPath, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("create layer: %w", err)
+	}
+	l := &RWLayer{name: dataPath, dataPath: dataPath, indexPath: indexPath, data: data, header: h,
+		index: NewMutableIndex(), eof: HeaderSize, idxEOF: HeaderSize}
+	fail := func(err error) (*RWLayer, error) {
+		data.Close()
+		os.Remove(dataPath)
+		if l.idx != nil {
+			l.idx.Close()
+			os.Remove(indexPath)
+		}
+		return nil, fmt.Errorf("create %s: %w", dataPath, err)
+	}
+	if _, err := data.WriteAt(hb, 0); err != nil {
+		return fail(err)
+	}
+	if o.Sparse {
+		if err := data.Truncate(HeaderSize + int64(o.VirtualSize)); err != nil {
+			return fail(err)
+		}
+	} else {
+		ih := *h
+		ih.Flags = FlagHeader
+		ih.IndexOffset = HeaderSize
+		ib, _ := ih.MarshalBinary()
+		if l.idx, err = os.OpenFile(indexPath, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644); err != nil {
+			return fail(err)
+		}
+		if _, err := l.idx.WriteAt(ib, 0); err != nil {
+			return fail(err)
+		}
+	}
+	if err := l.syncFiles(); err != nil {
+		return fail(err)
+	}
+	return l, nil
+}
+
+// OpenRW opens an existing writable layer, replaying its index file in order
+// (or rebuilding a sparse layer's index from the file's extents). A torn tail
+// left by a crash (a partial entry, or entries pointing past the data that
+// reached the disk) is dropped: those writes were never synced.
+func OpenRW(dataPath, indexPath string) (*RWLayer, error) {
+	data, err := os.OpenFile(dataPath, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open layer: %w", err)
+	}
+	l, err := openRW(data, dataPath, indexPath)
+	if err != nil {
+		data.Close()
+		if l != nil && l.idx != nil {
+			l.idx.Close()
+		}
+		return nil, err
+	}
+	return l, nil
+}
+
+func openRW(data *os.File, dataPath, indexPath string) (*RWLayer, error) {
+	st, err := data.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dataPath, err)
+	}
+	hb := make([]byte, HeaderSize)
+	if _, err := data.ReadAt(hb, 0); err != nil {
+		return nil, fmt.Errorf("%s: read header at offset 0: %w", dataPath, err)
+	}
+	h, err := ParseHeader(hb)
+	if err != nil {
+		return nil, fmt.Errorf("%s: header at offset 0: %w", dataPath, err)
+	}
+	if !h.IsHeader() || h.Flags&FlagData == 0 || h.IsSealed() {
+		return nil, fmt.Errorf("%s: %w: header flags %#x are not a writable data file", dataPath, ErrFormat, h.Flags)
+	}
+	if st.Size() >= 2*HeaderSize {
+		if _, err := data.ReadAt(hb, st.Size()-HeaderSize); err == nil {
+			if t, err := ParseHeader(hb); err == nil && !t.IsHeader() && t.IsSealed() {
+				return nil, fmt.Errorf("%s: %w: has a sealed trailer", dataPath, ErrSealed)
+			}
+		}
+	}
+	l := &RWLayer{name: dataPath, dataPath: dataPath, data: data, header: h, index: NewMutableIndex()}
+	if h.IsSparse() {
+		return l, l.rebuildSparse(st.Size())
+	}
+	l.indexPath = indexPath
+	l.eof = (st.Size() + SectorSize - 1) / SectorSize * SectorSize
+	if l.idx, err = os.OpenFile(indexPath, os.O_RDWR, 0); err != nil {
+		return l, fmt.Errorf("open index: %w", err)
+	}
+	return l, l.replay(uint64(st.Size()))
+}
+
+func (l *RWLayer) replay(dataSize uint64) error {
+	raw, err := io.ReadAll(l.idx)
+	if err != nil {
+		return fmt.Errorf("%s: read index: %w", l.indexPath, err)
+	}
+	if len(raw) < HeaderSize {
+		return fmt.Errorf("%s: %w: index file is %d bytes, shorter than its header", l.indexPath, ErrFormat, len(raw))
+	}
+	ih, err := ParseHeader(raw)
+	if err != nil {
+		return fmt.Errorf("%s: header at offset 0: %w", l.indexPath, err)
+	}
+	if ih.Flags&FlagData != 0 || ih.IsSealed() || ih.IndexOffset != HeaderSize {
+		return fmt.Errorf("%s: %w: index header flags %#x index_offset %d", l.indexPath, ErrFormat, ih.Flags, ih.IndexOffset)
+	}
+	entries := raw[HeaderSize:]
+	n := len(entries) / entrySize
+	l.idxEOF = HeaderSize + int64(n*entrySize)
+	dataEnd := dataSize / SectorSize
+	for i := 0; i < n; i++ {
+		m := DecodeMapping(entries[i*entrySize:])
+		if m.IsPadding() {
+			continue
+		}
+		m.Tag = 0
+		if m.MOffset < HeaderSize/SectorSize || (!m.Zeroed && m.MEnd() > dataEnd) {
+			slog.Warn("lsmt: dropping torn index tail", "index", l.indexPath,
+				"entry", i, "offset", HeaderSize+i*entrySize, "dropped", n-i)
+			l.idxEOF = HeaderSize + int64(i*entrySize)
+			break
+		}
+		if h := l.header.VirtualSize; h > 0 && m.End() > (h+SectorSize-1)/SectorSize {
+			return fmt.Errorf("%s: %w: index entry %d at offset %d: sectors [%d, %d) beyond virtual size %d",
+				l.indexPath, ErrFormat, i, HeaderSize+i*entrySize, m.Offset, m.End(), h)
+		}
+		l.index.Insert(m)
+	}
+	if l.idxEOF != int64(len(raw)) {
+		if err := l.idx.Truncate(l.idxEOF); err != nil {
+			return fmt.Errorf("%s: drop torn tail: %w", l.indexPath, err)
+		}
+	}
+	return nil
+}
+
+func (l *RWLayer) rebuildSparse(size int64) error {
+	fd := int(l.data.Fd())
+	l.eof = HeaderSize + int64(l.header.VirtualSize)
+	pos := int64(HeaderSize)
+	for pos < size {
+		b, err := unix.Seek(fd, pos, unix.SEEK_DATA)
+		if err != nil {
+			if errors.Is(err, unix.ENXIO) {
+				break
+			}
+			return fmt.Errorf("%s: seek data at %d: %w", l.name, pos, err)
+		}
+		e, err := unix.Seek(fd, b, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("%s: seek hole at %d: %w", l.name, b, err)
+		}
+		e = min(e, l.eof)
+		b = b / SectorSize * SectorSize
+		for s := b; s < e; {
+			n := min((e-s+SectorSize-1)/SectorSize, MaxLength)
+			l.index.Insert(Mapping{Offset: uint64(s-HeaderSize) / SectorSize, Length: uint32(n), MOffset: uint64(s) / SectorSize})
+			s += n * SectorSize
+		}
+		pos = e
+		if pos >= l.eof {
+			break
+		}
+	}
+	return nil
+}
+
+// Name is the data file path.
+func (l *RWLayer) Name() string { return l.name }
+
+// Header returns the data file header.
+func (l *RWLayer) Header() Header {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return *l.header
+}
+
+// VirtualSize is the virtual device size in bytes.
+func (l *RWLayer) VirtualSize() uint64 { return l.Header().VirtualSize }
+
+// Mappings returns a copy of the layer's own index.
+func (l *RWLayer) Mappings() []Mapping {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.index.Snapshot()
+}
+
+// Lookup collects the mappings intersecting sectors [off, off+n), clipped,
+// appending them to buf. Physical data behind a returned mapping is never
+// rewritten by a log-structured layer, so callers may read it after Lookup
+// returns.
+func (l *RWLayer) Lookup(off, n uint64, buf []Mapping) []Mapping {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	l.index.Lookup(off, n, func(m Mapping) bool {
+		buf = append(buf, m)
+		return true
+	})
+	return buf
+}
+
+// ReadPhysical reads the data file at byte offset off.
+func (l *RWLayer) ReadPhysical(p []byte, off int64) error {
+	return readFull(l.data, p, off, l.name)
+}
+
+// ReadAt reads the layer's own virtual device (no lowers).
+func (l *RWLayer) ReadAt(p []byte, off int64) (int, error) {
+	if err := l.checkOpen(); err != nil {
+		return 0, err
+	}
+	return readVirtual(p, off, l.VirtualSize(), func(q []byte, sect uint64) error {
+		ms := l.Lookup(sect, uint64(len(q))/SectorSize, nil)
+		return fillFromIndex(q, sect, func(_, _ uint64, fn func(Mapping) bool) {
+			for _, m := range ms {
+				if !fn(m) {
+					return
+				}
+			}
+		}, func(m Mapping, dst []byte) error { return l.ReadPhysical(dst, int64(m.MOffset*SectorSize)) })
+	})
+}
+
+func (l *RWLayer) checkOpen() error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return fmt.Errorf("%s: %w", l.name, ErrClosed)
+	}
+	return nil
+}
+
+// WriteAt writes p at virtual offset off; both must be 512-aligned.
+func (l *RWLayer) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 || off%SectorSize != 0 || len(p)%SectorSize != 0 {
+		return 0, fmt.Errorf("%s: write %d bytes at %d: %w", l.name, len(p), off, ErrAlignment)
+	}
+	if vs := l.VirtualSize(); uint64(off)+uint64(len(p)) > vs {
+		return 0, fmt.Errorf("%s: write [%d, %d) beyond virtual size %d: %w", l.name, off, off+int64(len(p)), vs, io.ErrShortWrite)
+	}
+	done := 0
+	for done < len(p) {
+		k := min(len(p)-done, MaxIOSize)
+		if err := l.writePiece(p[done:done+k], off+int64(done)); err != nil {
+			return done, err
+		}
+		done += k
+	}
+	return done, nil
+}
+
+func (l *RWLayer) writePiece(p []byte, off int64) error {
+	sparse := l.indexPath == ""
+	var phys int64
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return fmt.Errorf("%s: %w", l.name, ErrClosed)
+	}
+	if sparse {
+		phys = HeaderSize + off
+	} else {
+		phys = l.eof
+		l.eof += int64(len(p))
+	}
+	l.mu.Unlock()
+	if _, err := l.data.WriteAt(p, phys); err != nil {
+		return fmt.Errorf("%s: write data at %d: %w", l.name, phys, err)
+	}
+	return l.record(Mapping{Offset: uint64(off) / SectorSize, Length: uint32(len(p) / SectorSize), MOffset: uint64(phys) / SectorSize})
+}
+
+// record inserts m and queues its index entry, in one critical section so
+// the index file replays in the order the in-memory index saw.
+func (l *RWLayer) record(m Mapping) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return fmt.Errorf("%s: %w", l.name, ErrClosed)
+	}
+	l.index.Insert(m)
+	if l.indexPath == "" {
+		return nil
+	}
+	var e [entrySize]byte
+	EncodeMapping(e[:], m)
+	l.pending = append(l.pending, e[:]...)
+	if len(l.pending) >= groupCommitEntries*entrySize {
+		return l.flushLocked()
+	}
+	return nil
+}
+
+func (l *RWLayer) flushLocked() error {
+	if len(l.pending) == 0 {
+		return nil
+	}
+	if _, err := l.idx.WriteAt(l.pending, l.idxEOF); err != nil {
+		return fmt.Errorf("%s: append index at %d: %w", l.indexPath, l.idxEOF, err)
+	}
+	l.idxEOF += int64(len(l.pending))
+	l.pending = l.pending[:0]
+	return nil
+}
+
+// Discard makes [off, off+n) read as zeros without writing data: it appends
+// zeroed mappings (log-structured) or punches a hole (sparse).
+func (l *RWLayer) Discard(off, n int64) error {
+	if off < 0 || n < 0 || off%SectorSize != 0 || n%SectorSize != 0 {
+		return fmt.Errorf("%s: discard %d bytes at %d: %w", l.name, n, off, ErrAlignment)
+	}
+	if vs := l.VirtualSize(); uint64(off+n) > vs {
+		return fmt.Errorf("%s: discard [%d, %d) beyond virtual size %d: %w", l.name, off, off+n, vs, io.ErrShortWrite)
+	}
+	sparse := l.indexPath == ""
+	if sparse {
+		if err := unix.Fallocate(int(l.data.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, HeaderSize+off, n); err != nil {
+			return fmt.Errorf("%s: punch hole at %d: %w", l.name, HeaderSize+off, err)
+		}
+	}
+	for s := uint64(off) / SectorSize; n > 0; {
+		k := min(uint64(n)/SectorSize, MaxLength)
+		l.mu.RLock()
+		mo := uint64(l.eof) / SectorSize
+		l.mu.RUnlock()
+		if sparse {
+			mo = (HeaderSize + s*SectorSize) / SectorSize
+		}
+		if err := l.record(Mapping{Offset: s, Length: uint32(k), MOffset: mo, Zeroed: true}); err != nil {
+			return err
+		}
+		s += k
+		n -= int64(k * SectorSize)
+	}
+	return nil
+}
+
+// Sync makes every completed write and discard durable.
+func (l *RWLayer) Sync() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return fmt.Errorf("%s: %w", l.name, ErrClosed)
+	}
+	err := l.flushLocked()
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return l.syncFiles()
+}
+
+func (l *RWLayer) syncFiles() error {
+	if err := l.data.Sync(); err != nil {
+		return fmt.Errorf("%s: fsync: %w", l.name, err)
+	}
+	if l.idx != nil {
+		if err := l.idx.Sync(); err != nil {
+			return fmt.Errorf("%s: fsync: %w", l.indexPath, err)
+		}
+	}
+	return nil
+}
+
+// SealInfo describes a layer sealed in place.
+type SealInfo struct {
+	Path string // the data file, now a sealed layer
+	Size int64
+	UUID string
+}
+
+// Seal turns the data file into a sealed layer in place (upstream
+// close_seal): the layer's own index and a trailer are appended after the
+// data, nothing is copied, and the index file is removed. The layer is closed
+// afterwards. It costs O(index entries), not O(data).
+func (l *RWLayer) Seal() (SealInfo, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return SealInfo{}, fmt.Errorf("%s: %w", l.name, ErrClosed)
+	}
+	ms := l.index.Snapshot()
+	e := l.eof
+	buf := make([]byte, (len(ms)*entrySize+SectorSize-1)/SectorSize*SectorSize+HeaderSize)
+	for i, m := range ms {
+		m.Tag = 0
+		EncodeMapping(buf[i*entrySize:], m)
+	}
+	t := *l.header
+	t.Flags = FlagData | FlagSealed | l.header.Flags&(FlagSparseRW|FlagHybridRW)
+	t.IndexOffset = uint64(e)
+	t.IndexSize = uint64(len(ms))
+	tb, err := t.MarshalBinary()
+	if err != nil {
+		return SealInfo{}, err
+	}
+	copy(buf[len(buf)-HeaderSize:], tb)
+	end := e + int64(len(buf))
+	if err := l.data.Truncate(e); err != nil {
+		return SealInfo{}, fmt.Errorf("%s: seal: %w", l.name, err)
+	}
+	if _, err := l.data.WriteAt(buf, e); err != nil {
+		return SealInfo{}, fmt.Errorf("%s: seal: write index at %d: %w", l.name, e, err)
+	}
+	if err := l.data.Sync(); err != nil {
+		return SealInfo{}, fmt.Errorf("%s: seal: fsync: %w", l.name, err)
+	}
+	l.closed = true
+	l.data.Close()
+	if l.idx != nil {
+		l.idx.Close()
+		if err := os.Remove(l.indexPath); err != nil {
+			slog.Warn("lsmt: remove index after seal", "index", l.indexPath, "err", err)
+		}
+	}
+	return SealInfo{Path: l.dataPath, Size: end, UUID: l.header.UUID}, nil
+}
+
+// Close flushes buffered index entries and closes the files without
+// sealing; the layer can be reopened with OpenRW.
+func (l *RWLayer) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	err := l.flushLocked()
+	if e := l.data.Close(); err == nil {
+		err = e
+	}
+	if l.idx != nil {
+		if e := l.idx.Close(); err == nil {
+			err = e
+		}
+	}
+	return err
+}

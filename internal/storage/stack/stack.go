@@ -1,0 +1,423 @@
+// Package stack composes sealed LSMT lowers and one writable upper into a
+// virtual block device, with snapshots by seal-and-restack and compaction
+// (reference sections 1.11-1.14 and 5.2).
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	"github.com/aenv-dev/aenv/internal/storage/blob"
+	"github.com/aenv-dev/aenv/internal/storage/lsmt"
+)
+
+// Sentinel errors.
+var (
+	// ErrReadOnly marks writes to a stack without an upper.
+	ErrReadOnly = errors.New("stack: read-only (no upper layer)")
+	// ErrBroken marks a stack whose restack failed after the upper was
+	// sealed; it cannot be used any more and must be reopened from its
+	// manifest.
+	ErrBroken = errors.New("stack: broken by a failed restack")
+	// ErrClosed marks use after Close.
+	ErrClosed = errors.New("stack: closed")
+)
+
+// Source is a sealed layer's bytes, as a Resolver returns them.
+type Source interface {
+	io.ReaderAt
+	Size() int64
+	Close() error
+}
+
+// Resolver opens lowers that have no local path (e.g. remote blobs by
+// digest, behind a block cache).
+type Resolver interface {
+	OpenLayer(ctx context.Context, ref LayerRef) (Source, error)
+}
+
+// Options tune Open.
+type Options struct {
+	Resolver Resolver // required only for lowers without a path
+}
+
+type lower struct {
+	ref LayerRef
+	l   *blob.Layer
+	src Source
+}
+
+// Stack is a virtual block device of N sealed lowers and an optional
+// writable upper. All methods are safe for concurrent use; SealAndRestack
+// waits for in-flight I/O and blocks new I/O only while it swaps layers.
+type Stack struct {
+	opts Options
+
+	mu     sync.RWMutex
+	m      Manifest
+	lowers []*lower      // bottom first
+	merged *lsmt.Index   // tag 0 = newest lower
+	byTag  []*lower      // byTag[tag]
+	upper  *lsmt.RWLayer // nil when read-only
+	vsize  uint64
+	broken error
+	closed bool
+
+	rmw     sync.Mutex // serializes unaligned read-modify-write
+	compact sync.Mutex // one compaction at a time
+}
+
+// Open opens the stack a manifest describes, creating the upper's files when
+// they do not exist. m is copied; Manifest returns the live description.
+func Open(ctx context.Context, m *Manifest, o Options) (*Stack, error) {
+	if err := m.validate(); err != nil {
+		return nil, fmt.Errorf("stack: %w", err)
+	}
+	s := &Stack{opts: o, m: m.clone()}
+	ok := false
+	defer func() {
+		if !ok {
+			s.closeLayers()
+		}
+	}()
+	for _, ref := range s.m.Lowers {
+		lw, err := s.openLower(ctx, ref)
+		if err != nil {
+			return nil, err
+		}
+		s.lowers = append(s.lowers, lw)
+	}
+	s.rebuild()
+	s.vsize = s.m.VirtualSize
+	if s.vsize == 0 && len(s.lowers) > 0 {
+		s.vsize = s.lowers[len(s.lowers)-1].l.VirtualSize()
+	}
+	if u := s.m.Upper; u != nil {
+		d, i := s.m.abs(u.Data), s.m.abs(u.Index)
+		up, err := lsmt.OpenRW(d, i)
+		if errors.Is(err, os.ErrNotExist) {
+			if _, serr := os.Stat(d); os.IsNotExist(serr) {
+				up, err = lsmt.CreateRW(d, i, lsmt.CreateOptions{VirtualSize: s.vsize, ParentUUID: s.topUUID(), Sparse: u.Sparse})
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("stack upper: %w", err)
+		}
+		s.upper = up
+		if s.vsize == 0 {
+			s.vsize = up.VirtualSize()
+		}
+	}
+	if s.vsize == 0 {
+		return nil, fmt.Errorf("stack: virtual size unknown (no manifest size, lowers or upper)")
+	}
+	s.m.VirtualSize = s.vsize
+	ok = true
+	return s, nil
+}
+
+func (s *Stack) topUUID() string {
+	if n := len(s.lowers); n > 0 {
+		return s.lowers[n-1].l.UUID()
+	}
+	return ""
+}
+
+func (s *Stack) openLower(ctx context.Context, ref LayerRef) (*lower, error) {
+	var src Source
+	var err error
+	if ref.Path != "" {
+		src, err = openFileSource(s.m.abs(ref.Path))
+	} else if s.opts.Resolver != nil {
+		src, err = s.opts.Resolver.OpenLayer(ctx, ref)
+	} else {
+		err = fmt.Errorf("stack: lower %s has no path and no resolver is configured", ref.Digest)
+	}
+	if err != nil {
+		return nil, err
+	}
+	name := ref.Path
+	if name == "" {
+		name = ref.Digest
+	}
+	l, err := blob.Open(src, src.Size(), name)
+	if err != nil {
+		src.Close()
+		return nil, fmt.Errorf("stack lower: %w", err)
+	}
+	return &lower{ref: ref, l: l, src: src}, nil
+}
+
+// rebuild recomputes the merged lower index from scratch.
+func (s *Stack) rebuild() {
+	idx := make([]*lsmt.Index, len(s.lowers))
+	s.byTag = make([]*lower, len(s.lowers))
+	for i, lw := range s.lowers {
+		t := len(s.lowers) - 1 - i
+		idx[t] = lw.l.Index()
+		s.byTag[t] = lw
+	}
+	s.merged = lsmt.Merge(idx)
+}
+
+// Size is the virtual device size in bytes.
+func (s *Stack) Size() int64 { return int64(s.vsize) }
+
+// Depth is the number of lowers.
+func (s *Stack) Depth() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.lowers)
+}
+
+// Manifest returns a copy of the current description (lowers grow with each
+// SealAndRestack).
+func (s *Stack) Manifest() Manifest {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.m.clone()
+}
+
+func (s *Stack) usable() error {
+	switch {
+	case s.closed:
+		return ErrClosed
+	case s.broken != nil:
+		return fmt.Errorf("%w: %v", ErrBroken, s.broken)
+	}
+	return nil
+}
+
+// ReadAt reads the virtual device: upper first, then lowers newest first;
+// holes and discarded ranges read as zeros. Any offset and length work.
+func (s *Stack) ReadAt(p []byte, off int64) (int, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if err := s.usable(); err != nil {
+		return 0, err
+	}
+	if off < 0 {
+		return 0, fmt.Errorf("stack: negative offset %d", off)
+	}
+	if uint64(off) >= s.vsize {
+		return 0, io.EOF
+	}
+	want := p
+	if rem := s.vsize - uint64(off); uint64(len(p)) > rem {
+		want = p[:rem]
+	}
+	if off%lsmt.SectorSize != 0 || len(want)%lsmt.SectorSize != 0 {
+		a := off / lsmt.SectorSize * lsmt.SectorSize
+		e := (off + int64(len(want)) + lsmt.SectorSize - 1) / lsmt.SectorSize * lsmt.SectorSize
+		buf := make([]byte, e-a)
+		if err := s.readAligned(buf, a); err != nil {
+			return 0, err
+		}
+		copy(want, buf[off-a:])
+	} else if err := s.readAligned(want, off); err != nil {
+		return 0, err
+	}
+	if len(want) < len(p) {
+		return len(want), io.EOF
+	}
+	return len(p), nil
+}
+
+// readAligned reads sector-aligned bytes inside the device; s.mu is held.
+func (s *Stack) readAligned(p []byte, off int64) error {
+	var ums []lsmt.Mapping
+	for done := 0; done < len(p); done += lsmt.MaxIOSize {
+		q := p[done:min(len(p), done+lsmt.MaxIOSize)]
+		sect := uint64(off+int64(done)) / lsmt.SectorSize
+		n := uint64(len(q)) / lsmt.SectorSize
+		pos := sect
+		if s.upper != nil {
+			ums = s.upper.Lookup(sect, n, ums[:0])
+		}
+		for _, m := range ums {
+			if err := s.readLowers(q[(pos-sect)*lsmt.SectorSize:(m.Offset-sect)*lsmt.SectorSize], pos); err != nil {
+				return err
+			}
+			dst := q[(m.Offset-sect)*lsmt.SectorSize : (m.End()-sect)*lsmt.SectorSize]
+			if m.Zeroed {
+				clear(dst)
+			} else if err := s.upper.ReadPhysical(dst, int64(m.MOffset*lsmt.SectorSize)); err != nil {
+				return err
+			}
+			pos = m.End()
+		}
+		if err := s.readLowers(q[(pos-sect)*lsmt.SectorSize:], pos); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readLowers fills q, starting at sector sect, from the merged lower index.
+func (s *Stack) readLowers(q []byte, sect uint64) error {
+	if len(q) == 0 {
+		return nil
+	}
+	pos := sect
+	var err error
+	s.merged.Lookup(sect, uint64(len(q))/lsmt.SectorSize, func(m lsmt.Mapping) bool {
+		clear(q[(pos-sect)*lsmt.SectorSize : (m.Offset-sect)*lsmt.SectorSize])
+		dst := q[(m.Offset-sect)*lsmt.SectorSize : (m.End()-sect)*lsmt.SectorSize]
+		if m.Zeroed {
+			clear(dst)
+		} else if err = s.byTag[m.Tag].l.ReadPhysical(dst, int64(m.MOffset*lsmt.SectorSize)); err != nil {
+			return false
+		}
+		pos = m.End()
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	clear(q[(pos-sect)*lsmt.SectorSize:])
+	return nil
+}
+
+// WriteAt writes p at off into the upper. Unaligned edges are handled by
+// read-modify-write of the partial sectors.
+func (s *Stack) WriteAt(p []byte, off int64) (int, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if err := s.writable(); err != nil {
+		return 0, err
+	}
+	if off < 0 || uint64(off)+uint64(len(p)) > s.vsize {
+		return 0, fmt.Errorf("stack: write [%d, %d) outside device of %d bytes", off, off+int64(len(p)), s.vsize)
+	}
+	if off%lsmt.SectorSize == 0 && len(p)%lsmt.SectorSize == 0 {
+		return s.upper.WriteAt(p, off)
+	}
+	s.rmw.Lock()
+	defer s.rmw.Unlock()
+	a := off / lsmt.SectorSize * lsmt.SectorSize
+	e := (off + int64(len(p)) + lsmt.SectorSize - 1) / lsmt.SectorSize * lsmt.SectorSize
+	buf := make([]byte, e-a)
+	// Only the partial edge sectors need their old contents.
+	if err := s.readAligned(buf[:lsmt.SectorSize], a); err != nil {
+		return 0, err
+	}
+	if len(buf) > lsmt.SectorSize {
+		if err := s.readAligned(buf[len(buf)-lsmt.SectorSize:], e-lsmt.SectorSize); err != nil {
+			return 0, err
+		}
+	}
+	copy(buf[off-a:], p)
+	if _, err := s.upper.WriteAt(buf, a); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (s *Stack) writable() error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if s.upper == nil {
+		return ErrReadOnly
+	}
+	return nil
+}
+
+// Discard makes [off, off+n) read as zeros (TRIM). Whole sectors get zeroed
+// mappings; partial edge sectors are overwritten with zeros.
+func (s *Stack) Discard(off, n int64) error {
+	if n <= 0 {
+		return nil
+	}
+	s.mu.RLock()
+	if err := s.writable(); err != nil {
+		s.mu.RUnlock()
+		return err
+	}
+	if off < 0 || uint64(off+n) > s.vsize {
+		s.mu.RUnlock()
+		return fmt.Errorf("stack: discard [%d, %d) outside device of %d bytes", off, off+n, s.vsize)
+	}
+	a := (off + lsmt.SectorSize - 1) / lsmt.SectorSize * lsmt.SectorSize
+	e := (off + n) / lsmt.SectorSize * lsmt.SectorSize
+	var err error
+	if a < e {
+		err = s.upper.Discard(a, e-a)
+	}
+	s.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	if a >= e {
+		_, err = s.WriteAt(make([]byte, n), off)
+		return err
+	}
+	if a > off {
+		if _, err := s.WriteAt(make([]byte, a-off), off); err != nil {
+			return err
+		}
+	}
+	if e < off+n {
+		_, err = s.WriteAt(make([]byte, off+n-e), e)
+	}
+	return err
+}
+
+// Sync makes all completed writes and discards durable.
+func (s *Stack) Sync() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if err := s.writable(); err != nil {
+		return err
+	}
+	return s.upper.Sync()
+}
+
+// Close closes every layer; the upper is left unsealed and reopenable.
+func (s *Stack) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.closeLayers()
+}
+
+func (s *Stack) closeLayers() error {
+	var err error
+	if s.upper != nil {
+		err = s.upper.Close()
+	}
+	for _, lw := range s.lowers {
+		lw.l.Close()
+		if e := lw.src.Close(); err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+type fileSource struct {
+	*os.File
+	size int64
+}
+
+func (f *fileSource) Size() int64 { return f.size }
+
+func openFileSource(path string) (Source, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("stack lower: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("stack lower: %w", err)
+	}
+	return &fileSource{File: f, size: st.Size()}, nil
+}
