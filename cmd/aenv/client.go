@@ -67,7 +67,7 @@ func (g *globals) resolve() (string, string, error) {
 	u := firstNonEmpty(g.url, os.Getenv("AENV_URL"), creds.URL, defaultURL)
 	key := firstNonEmpty(g.apiKey, os.Getenv("AENV_API_KEY"), creds.APIKey)
 	if key == "" {
-		dataDir := firstNonEmpty(os.Getenv("AENV_DATA_DIR"), config.Default().DataDir)
+		dataDir := firstNonEmpty(g.dataDir, os.Getenv("AENV_DATA_DIR"), config.Default().DataDir)
 		if raw, err := os.ReadFile(filepath.Join(dataDir, apikey.AdminKeyFile)); err == nil {
 			key = strings.TrimSpace(string(raw))
 		}

@@ -139,6 +139,8 @@ func (e *envdClient) run(ctx context.Context, cmdline string, envs map[string]st
 			_, _ = e.proc.SendSignal(sctx, sig)
 			scancel()
 		}
+		// A command that ignores SIGTERM must not hold the CLI forever.
+		time.AfterFunc(10*time.Second, cancel)
 	}()
 	for stream.Receive() {
 		ev := stream.Msg().GetEvent()

@@ -10,10 +10,13 @@ import (
 	"net/textproto"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/aenv-dev/aenv/internal/envd/gen/filesystem"
 )
 
 func encodeBase64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
@@ -40,7 +43,7 @@ func (e *envdClient) upload(cmd *cobra.Command, local, remote, user string) erro
 	if fi, err := f.Stat(); err != nil {
 		return err
 	} else if fi.IsDir() {
-		return fmt.Errorf("%s is a directory: upload files one at a time (or tar them and upload the archive)", local)
+		return e.uploadDir(cmd, local, remote, user)
 	}
 	pr, pw := io.Pipe()
 	mw := multipart.NewWriter(pw)
@@ -81,7 +84,7 @@ func (e *envdClient) upload(cmd *cobra.Command, local, remote, user string) erro
 
 // download writes the sandbox file remote to local ("-" = stdout) through a temporary
 // file, so an interrupted download never leaves a truncated file behind.
-func (e *envdClient) download(cmd *cobra.Command, remote, local, user string, force bool) error {
+func (e *envdClient) download(cmd *cobra.Command, remote, local, user string, force, report bool) error {
 	if local != "-" {
 		if fi, err := os.Stat(local); err == nil {
 			if fi.IsDir() {
@@ -124,15 +127,17 @@ func (e *envdClient) download(cmd *cobra.Command, remote, local, user string, fo
 	if err := os.Rename(tmp.Name(), local); err != nil {
 		return err
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "downloaded %s:%s to %s\n", e.id, remote, local)
+	if report {
+		fmt.Fprintf(cmd.ErrOrStderr(), "downloaded %s:%s to %s\n", e.id, remote, local)
+	}
 	return nil
 }
 
 func newUploadCmd(g *globals) *cobra.Command {
 	var user string
 	cmd := &cobra.Command{
-		Use:     "upload ID LOCAL_FILE REMOTE_PATH",
-		Short:   "Copy a file into a sandbox",
+		Use:     "upload ID LOCAL_PATH REMOTE_PATH",
+		Short:   "Copy a file or directory (recursively) into a sandbox",
 		Example: "  aenv upload sbx123 ./data.csv /home/user/data.csv",
 		Args:    cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -158,16 +163,13 @@ func newDownloadCmd(g *globals) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:     "download ID REMOTE_PATH [LOCAL_PATH|-]",
-		Short:   "Copy a file out of a sandbox (\"-\" writes it to stdout)",
+		Short:   "Copy a file or directory (recursively) out of a sandbox (\"-\" writes a file to stdout)",
 		Example: "  aenv download sbx123 /home/user/out.txt .",
 		Args:    cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			local := filepath.Base(args[1])
+			local := filepath.Base(strings.TrimRight(args[1], "/"))
 			if len(args) == 3 {
 				local = args[2]
-			}
-			if strings.HasSuffix(args[1], "/") {
-				return fmt.Errorf("%s is a directory: download files one at a time", args[1])
 			}
 			c, err := g.client()
 			if err != nil {
@@ -177,7 +179,20 @@ func newDownloadCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return e.download(cmd, args[1], local, user, force)
+			ent, err := e.statRemote(cmd, args[1], user)
+			if err != nil {
+				return err
+			}
+			if ent.GetType() == filesystem.FileType_FILE_TYPE_DIRECTORY {
+				if local == "-" {
+					return fmt.Errorf("%s is a directory: give a local directory instead of -", args[1])
+				}
+				if fi, err := os.Stat(local); err == nil && fi.IsDir() && len(args) == 3 {
+					local = filepath.Join(local, path.Base(ent.GetPath())) // like cp -r
+				}
+				return e.downloadDir(cmd, ent.GetPath(), local, user, force)
+			}
+			return e.download(cmd, args[1], local, user, force, true)
 		},
 	}
 	cmd.Flags().StringVar(&user, "user", "", "read as this user (default: the sandbox's default user)")

@@ -27,6 +27,7 @@ type keyStore struct {
 }
 
 func openKeyStore(g *globals, dataDir string) (*keyStore, error) {
+	g.dataDir = dataDir
 	path := filepath.Join(dataDir, catalogFile)
 	if _, err := os.Stat(path); err == nil {
 		cat, err := catalog.Open(path)

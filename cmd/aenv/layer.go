@@ -18,6 +18,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/storage/blob"
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
+	"github.com/aenv-dev/aenv/internal/storage/tarwrap"
 	"github.com/aenv-dev/aenv/internal/storage/zfile"
 )
 
@@ -71,6 +72,7 @@ func layerCreateCmd() *cobra.Command {
 
 func layerImportCmd() *cobra.Command {
 	var algo, parent, tag string
+	var tarWrap bool
 	c := &cobra.Command{
 		Use:   "import RAW OUT",
 		Short: "Convert a raw disk image into one sealed layer (holes stay holes); prints digest and size",
@@ -81,7 +83,7 @@ func layerImportCmd() *cobra.Command {
 				return err
 			}
 			defer raw.Close()
-			return writeLayer(cmd, args[1], algo, func(w io.Writer) error {
+			return writeLayer(cmd, args[1], algo, tarWrap, func(w io.Writer) error {
 				_, err := lsmt.Import(w, raw, lsmt.CommitOptions{ParentUUID: parent, UserTag: tag})
 				return err
 			})
@@ -90,12 +92,13 @@ func layerImportCmd() *cobra.Command {
 	c.Flags().StringVarP(&algo, "compress", "z", "", "wrap in a ZFile: lz4 or zstd")
 	c.Flags().StringVarP(&parent, "parent", "p", "", "parent layer uuid")
 	c.Flags().StringVarP(&tag, "message", "m", "", "user tag")
+	c.Flags().BoolVarP(&tarWrap, "tar", "t", false, "add the tar wrapper registries serve")
 	return c
 }
 
 func layerCommitCmd() *cobra.Command {
 	var algo, index, parent, tag string
-	var seal bool
+	var seal, tarWrap bool
 	c := &cobra.Command{
 		Use:   "commit RW OUT",
 		Short: "Compact a writable layer into a sealed layer (or --seal it in place and move it to OUT)",
@@ -112,14 +115,14 @@ func layerCommitCmd() *cobra.Command {
 				return err
 			}
 			if seal {
-				return sealTo(cmd, l, args[1], algo)
+				return sealTo(cmd, l, args[1], algo, tarWrap)
 			}
 			defer l.Close()
 			h := l.Header()
 			if parent == "" {
 				parent = h.ParentUUID
 			}
-			return writeLayer(cmd, args[1], algo, func(w io.Writer) error {
+			return writeLayer(cmd, args[1], algo, tarWrap, func(w io.Writer) error {
 				ms := l.Mappings()
 				_, err := lsmt.Commit(w, lsmt.CommitSource{Mappings: ms, VirtualSize: h.VirtualSize,
 					Read: func(_ uint8, p []byte, off int64) error { return l.ReadPhysical(p, off) }},
@@ -133,17 +136,18 @@ func layerCommitCmd() *cobra.Command {
 	c.Flags().StringVarP(&parent, "parent", "p", "", "parent uuid (default: the RW layer's parent)")
 	c.Flags().StringVarP(&tag, "message", "m", "", "user tag")
 	c.Flags().BoolVar(&seal, "seal", false, "seal in place (no data copy; garbage kept) and rename RW to OUT")
+	c.Flags().BoolVarP(&tarWrap, "tar", "t", false, "add the tar wrapper registries serve")
 	return c
 }
 
 // sealTo seals l in place and moves it to out, compressing into out when
 // algo is set (the sealed source is then removed).
-func sealTo(cmd *cobra.Command, l *lsmt.RWLayer, out, algo string) error {
+func sealTo(cmd *cobra.Command, l *lsmt.RWLayer, out, algo string, tarWrap bool) error {
 	info, err := l.Seal()
 	if err != nil {
 		return err
 	}
-	if algo == "" {
+	if algo == "" && !tarWrap {
 		if err := os.Rename(info.Path, out); err != nil {
 			return err
 		}
@@ -154,7 +158,7 @@ func sealTo(cmd *cobra.Command, l *lsmt.RWLayer, out, algo string) error {
 		return err
 	}
 	defer src.Close()
-	err = writeLayer(cmd, out, algo, func(w io.Writer) error {
+	err = writeLayer(cmd, out, algo, tarWrap, func(w io.Writer) error {
 		_, err := io.Copy(w, src)
 		return err
 	})
@@ -164,9 +168,10 @@ func sealTo(cmd *cobra.Command, l *lsmt.RWLayer, out, algo string) error {
 	return err
 }
 
-// writeLayer writes a layer to out through an optional ZFile, via a
-// temporary file renamed into place, and prints "sha256:<hex> <size>".
-func writeLayer(cmd *cobra.Command, out, algo string, fill func(io.Writer) error) error {
+// writeLayer writes a layer to out through an optional ZFile and tar
+// wrapper, via a temporary file renamed into place, and prints
+// "sha256:<hex> <size>".
+func writeLayer(cmd *cobra.Command, out, algo string, tarWrap bool, fill func(io.Writer) error) error {
 	var opts zfile.WriterOptions
 	if algo != "" {
 		a, err := zfile.ParseAlgorithm(algo)
@@ -200,13 +205,42 @@ func writeLayer(cmd *cobra.Command, out, algo string, fill func(io.Writer) error
 			return err
 		}
 	}
-	if err := tmp.Sync(); err != nil {
+	final := tmp
+	if tarWrap {
+		if final, err = wrapTar(tmp, out); err != nil {
+			return err
+		}
+		defer os.Remove(final.Name())
+		defer final.Close()
+	}
+	if err := final.Sync(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), out); err != nil {
+	if err := os.Rename(final.Name(), out); err != nil {
 		return err
 	}
 	return printDigest(cmd, out)
+}
+
+// wrapTar copies src into a new temporary file inside the tar wrapper.
+func wrapTar(src *os.File, out string) (*os.File, error) {
+	st, err := src.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	dst, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tar*")
+	if err != nil {
+		return nil, err
+	}
+	if err := tarwrap.Wrap(dst, src, st.Size()); err != nil {
+		dst.Close()
+		os.Remove(dst.Name())
+		return nil, err
+	}
+	return dst, nil
 }
 
 func printDigest(cmd *cobra.Command, path string) error {
@@ -325,6 +359,9 @@ func inspect(path, index string) (*layerInfo, error) {
 	}
 	if l.ZFile != nil {
 		zi := &zfileInfo{Header: l.ZFile.Header(), Trailer: l.ZFile.Trailer(), Algorithm: l.ZFile.Trailer().Algo.String(), CRC: "ok"}
+		if rt, ok := l.ZFile.RawTrailer(); ok {
+			zi.Trailer = rt
+		}
 		if err := l.ZFile.Verify(); err != nil {
 			zi.CRC = err.Error()
 		}
@@ -447,8 +484,14 @@ func openForCat(ctx context.Context, path string) (virtualReader, uint64, func()
 		if err != nil {
 			return nil, 0, nil, err
 		}
-		// Reading must not create or modify an upper.
-		m.Upper = nil
+		// Reading must not create an upper: include it only when it exists.
+		if m.Upper != nil {
+			if _, err := os.Stat(filepath.Join(m.Dir, m.Upper.Data)); err != nil && !filepath.IsAbs(m.Upper.Data) {
+				m.Upper = nil
+			} else if _, err := os.Stat(m.Upper.Data); err != nil && filepath.IsAbs(m.Upper.Data) {
+				m.Upper = nil
+			}
+		}
 		s, err := stack.Open(ctx, m, stack.Options{})
 		if err != nil {
 			return nil, 0, nil, err

@@ -36,11 +36,13 @@ func TestLayerImportInspectCat(t *testing.T) {
 	f.WriteAt(data, 3<<20+17)
 	f.Close()
 	want, _ := os.ReadFile(raw)
-	for _, z := range []string{"", "lz4", "zstd"} {
+	for _, z := range []string{"", "lz4", "zstd", "lz4+tar"} {
 		t.Run("z="+z, func(t *testing.T) {
 			out := filepath.Join(dir, "layer-"+z)
 			args := []string{"import", raw, out}
-			if z != "" {
+			if z, ok := strings.CutSuffix(z, "+tar"); ok {
+				args = append(args, "-t", "-z", z)
+			} else if z != "" {
 				args = append(args, "-z", z)
 			}
 			res, err := runLayer(t, args...)
@@ -56,7 +58,7 @@ func TestLayerImportInspectCat(t *testing.T) {
 				t.Fatal(err)
 			}
 			if info.VirtualSize != 8<<20 || info.Entries == 0 || info.Trailer == nil || info.Trailer.Flags != 0x06 ||
-				(z != "") != (info.ZFile != nil) {
+				(z != "") != (info.ZFile != nil) || strings.HasSuffix(z, "+tar") != (info.Tar != nil) {
 				t.Fatalf("inspect: %+v", info)
 			}
 			// Holes stay holes: only the written range (rounded to 4 KiB) is mapped.

@@ -41,6 +41,9 @@ func (e exitCodeError) Error() string { return fmt.Sprintf("exit status %d", e.c
 type globals struct {
 	url    string
 	apiKey string
+	// dataDir is where a node on this machine keeps admin.key, the last fallback for the key
+	// (set by commands that take --data-dir; default $AENV_DATA_DIR, then /var/lib/aenv).
+	dataDir string
 }
 
 func newRootCmd() *cobra.Command {
@@ -55,8 +58,8 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.PersistentFlags().StringVar(&g.url, "url", "", "node URL (default $AENV_URL, then `aenv login`, then http://127.0.0.1:8000)")
-	root.PersistentFlags().StringVar(&g.apiKey, "api-key", "", "API key (default $AENV_API_KEY, then `aenv login`, then the local node's admin.key)")
+	root.PersistentFlags().StringVar(&g.url, "url", "", "node URL (default $AENV_URL, then aenv login (its saved URL), then http://127.0.0.1:8000)")
+	root.PersistentFlags().StringVar(&g.apiKey, "api-key", "", "API key (default $AENV_API_KEY, then aenv login (its saved key), then the local node's admin.key)")
 	root.AddCommand(
 		newServeCmd(),
 		newStartCmd(g),
@@ -73,6 +76,7 @@ func newRootCmd() *cobra.Command {
 		newKeysCmd(g),
 		newLoginCmd(g),
 		newTemplateCmd(),
+		newLayerCmd(),
 	)
 	return root
 }

@@ -211,6 +211,9 @@ func serve(ctx context.Context, cfg config.Config) error {
 	log.Info("aenv serving", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "runtime", backend.Runtime(),
 		"userns", backend.UserNamespaces())
 	fmt.Fprintf(os.Stderr, "aenv: serving on http://%s\n", ln.Addr())
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
+		log.Warn("the API is reachable from the network over plain HTTP; put a TLS-terminating proxy in front", "listen", ln.Addr().String())
+	}
 
 	select {
 	case err := <-errc:
@@ -254,10 +257,12 @@ func findEnvd(path string) (string, error) {
 func ensureBaseTemplate(ctx context.Context, cat *catalog.Catalog, cfg config.Config, log *slog.Logger) error {
 	dir := filepath.Join(cfg.DataDir, "templates", baseTemplateID, "rootfs")
 	if t, err := cat.Templates().Get(baseTemplateID); err == nil {
-		if fi, err := os.Stat(t.RootFSDir); err == nil && fi.IsDir() {
+		if base.Built(t.RootFSDir) {
 			return nil
 		}
-		log.Warn("base template's rootfs is missing; reinstalling it", "dir", t.RootFSDir)
+		// Missing, or built by an older aenv: sandboxes already running keep the old
+		// tree's inodes, new ones get the new build.
+		log.Warn("base template's rootfs is missing or outdated; reinstalling it", "dir", t.RootFSDir)
 	} else if !errors.Is(err, catalog.ErrNotFound) {
 		return fmt.Errorf("look up the base template: %w", err)
 	}

@@ -170,3 +170,35 @@ func fmtConfig(c Config) string {
 	return strings.Join([]string{c.Listen, c.DataDir, c.APIKey, c.LogLevel, c.LogFormat, c.Envd.Path, c.Envd.Version,
 		c.Backend.Kind, c.Backend.Runtime, c.Templates.BaseRootFS, c.Sandbox.ShutdownAction, strings.Join(c.Proxy.Domains, ",")}, " ")
 }
+
+// TestDocumented keeps docs/configuration.md in step with the settings.
+func TestDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Skipf("docs not available: %v", err)
+	}
+	for _, v := range EnvVars() {
+		if !strings.Contains(string(doc), "`"+v+"`") {
+			t.Errorf("docs/configuration.md does not document %s", v)
+		}
+	}
+}
+
+// FuzzLoad: any file content either loads into a valid config or fails with an error.
+func FuzzLoad(f *testing.F) {
+	f.Add(DefaultTOML())
+	f.Add("listen = \"x\"\n[sandbox]\nmax_sandboxes = -1\n")
+	f.Add("[proxy]\ndomains = [1, 2]\n")
+	f.Fuzz(func(t *testing.T, body string) {
+		p := filepath.Join(t.TempDir(), "c.toml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := Load(p, nil)
+		if err == nil {
+			if verr := c.Validate(); verr != nil {
+				t.Fatalf("Load accepted an invalid config: %v", verr)
+			}
+		}
+	})
+}

@@ -26,7 +26,7 @@ const testUID = 4242 // the `user` account of the test passwd file
 
 // env is one envd under test: a real HTTP server on loopback and Connect clients for it.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	srv   *envd.Server
 	hs    *httptest.Server
 	url   string
@@ -46,7 +46,11 @@ func isRoot() bool { return os.Geteuid() == 0 }
 
 // newEnv starts envd with its own passwd/group: root plus, when the tests run as root, `user`
 // (uid 4242) with a home under a temp dir, which is the default user.
-func newEnv(t *testing.T, o envOpts) *env {
+func newEnv(t *testing.T, o envOpts) *env { return newEnvOpts(t, o) }
+
+func newEnvTB(tb testing.TB) *env { return newEnvOpts(tb, envOpts{}) }
+
+func newEnvOpts(t testing.TB, o envOpts) *env {
 	t.Helper()
 	dir := t.TempDir()
 	// t.TempDir's parent is 0700; the test user must be able to reach its home.
@@ -157,12 +161,6 @@ type result struct {
 	err        error
 }
 
-type eventStream interface {
-	Receive() bool
-	Err() error
-	Close() error
-}
-
 // collect drains a stream of events.
 func collect[T interface{ GetEvent() *pb.ProcessEvent }](s interface {
 	Receive() bool
@@ -211,3 +209,6 @@ func (e *env) run(ctx context.Context, script string, mods ...func(*connect.Requ
 }
 
 func codeOf(err error) connect.Code { return connect.CodeOf(err) }
+
+func mkdir(p string) error              { return os.MkdirAll(p, 0o755) }
+func writeFile(p, content string) error { return os.WriteFile(p, []byte(content), 0o644) }

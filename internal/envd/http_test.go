@@ -238,7 +238,7 @@ func TestFilesUploadDownload(t *testing.T) {
 	if cd := resp.Header.Get("Content-Disposition"); cd != `inline; filename=z.txt` {
 		t.Fatalf("content-disposition %q", cd)
 	}
-	resp, b = e.do("GET", "/files?path=z.txt", nil, map[string]string{"If-Modified-Since": time.Now().Add(time.Hour).UTC().Format(http.TimeFormat)})
+	resp, _ = e.do("GET", "/files?path=z.txt", nil, map[string]string{"If-Modified-Since": time.Now().Add(time.Hour).UTC().Format(http.TimeFormat)})
 	if resp.StatusCode != 304 {
 		t.Fatalf("conditional: %d", resp.StatusCode)
 	}

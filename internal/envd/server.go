@@ -3,6 +3,7 @@ package envd
 import (
 	"encoding/json"
 	"log/slog"
+	"math"
 	"net/http"
 
 	"connectrpc.com/connect"
@@ -57,8 +58,12 @@ func New(cfg Config) *Server {
 	s.files = &files.Handler{Defaults: cfg.Defaults, Users: cfg.Users, Logger: cfg.Logger}
 
 	opts := []connect.HandlerOption{
-		connect.WithCompressMinBytes(4096),
+		// Accept gzip-compressed requests but never compress responses: envd is reached over
+		// loopback or a local proxy, where compressing process output only costs CPU (a Go client
+		// asking for gzip cut stdout throughput by more than half).
+		connect.WithCompressMinBytes(math.MaxInt),
 		connect.WithReadMaxBytes(64 << 20),
+		connect.WithCodec(jsonCodec{}),
 	}
 	pp, ph := processconnect.NewProcessHandler(s.Process, opts...)
 	fp, fh := filesystemconnect.NewFilesystemHandler(s.FS, opts...)

@@ -72,6 +72,15 @@ func (p *Pool) create(s *Slot) error {
 	if err := h.RouteAdd(route); err != nil {
 		return fmt.Errorf("network: default route in %s: %w", s.Netns, err)
 	}
+	// A permanent neighbour entry on the bridge: a reused address never hits a stale ARP
+	// entry of the slot's previous owner, and no sandbox can claim another's address by ARP.
+	neigh := &netlink.Neigh{
+		LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: s.IP.AsSlice(), HardwareAddr: eth.Attrs().HardwareAddr,
+	}
+	if err := netlink.NeighSet(neigh); err != nil {
+		return fmt.Errorf("network: neighbour entry for %s: %w", s.IP, err)
+	}
 	return nil
 }
 
@@ -131,6 +140,9 @@ func tuneNetns() error {
 // are not errors, so it is idempotent and sweeps half-built slots.
 func (p *Pool) destroy(s *Slot) error {
 	var errs []error
+	if br, err := netlink.LinkByName(p.cfg.Bridge); err == nil {
+		_ = netlink.NeighDel(&netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, IP: s.IP.AsSlice()})
+	}
 	if l, err := netlink.LinkByName(s.HostVeth); err == nil {
 		if err := netlink.LinkDel(l); err != nil {
 			errs = append(errs, fmt.Errorf("network: delete %s: %w", s.HostVeth, err))

@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/orchestrator"
@@ -68,9 +70,22 @@ func newSandboxProxy(orch Orchestrator, transport http.RoundTripper, log *slog.L
 		Transport:     transport,
 		FlushInterval: -1,
 		ErrorHandler:  p.upstreamError,
+		BufferPool:    &bufferPool{},
 	}
 	return p
 }
+
+// bufferPool reuses the proxy's copy buffers instead of allocating 32 KiB per request.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, 32*1024)
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 
 // defaultTransport reaches sandboxes on their private addresses. No response-header or idle
 // read timeout: background commands keep envd streams open for as long as they run.
@@ -242,7 +257,7 @@ func (p *sandboxProxy) forward(w http.ResponseWriter, r *http.Request, t target)
 	}
 	u := &upstream{path: t.path, rawPath: t.rawPath}
 	if t.port == EnvdPort {
-		if envdInternalPaths[t.path] {
+		if envdInternalPaths[path.Clean("/"+t.path)] {
 			writeError(w, http.StatusForbidden, "%s is internal to the node and not reachable through the proxy", t.path)
 			return
 		}
@@ -257,10 +272,8 @@ func (p *sandboxProxy) forward(w http.ResponseWriter, r *http.Request, t target)
 		u.hostPort = net.JoinHostPort(ep.Host, strconv.Itoa(port))
 		u.envd = true
 	} else {
-		if !tokenMatches(r.Header.Get(headerTrafficToken), sb.TrafficAccessToken) {
-			writeError(w, http.StatusUnauthorized, "sandbox %s is private: missing or invalid %s header", t.id, headerTrafficToken)
-			return
-		}
+		// User ports are public, as in E2B for sandboxes created without
+		// allowPublicTraffic=false (which the API refuses for now).
 		u.hostPort = net.JoinHostPort(ep.Host, strconv.Itoa(t.port))
 	}
 	ctx := context.WithValue(r.Context(), upstreamKey{}, u)

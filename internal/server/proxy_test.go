@@ -129,6 +129,7 @@ func TestProxyEnvdAuth(t *testing.T) {
 		{"envs needs the token", "GET", "/envs", "", 401},
 		{"init is internal", "POST", "/init", "tok1", 403},
 		{"freeze is internal", "POST", "/freeze", "tok1", 403},
+		{"unclean internal path", "POST", "//init/", "tok1", 403},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -209,15 +210,15 @@ func TestProxyPathRouting(t *testing.T) {
 	wantError(t, e.doWith("GET", "/proxy/sb1/99999/", "", nil), 400, "port")
 }
 
-func TestProxyTrafficToken(t *testing.T) {
+func TestProxyUserPortsArePublic(t *testing.T) {
 	e, ch, port := proxyEnv(t)
 	e.orch.sandboxes["sb1"].TrafficAccessToken = "traffic"
 	path := "/proxy/sb1/" + strconv.Itoa(port) + "/"
-	wantError(t, e.doWith("GET", path, "", nil), 401, "private")
 	s := wantUpstream(t, e.doWith("GET", path, "", map[string]string{"E2b-Traffic-Access-Token": "traffic"}), ch)
 	if s.Header.Get("E2b-Traffic-Access-Token") != "" {
 		t.Fatal("traffic token forwarded to the app")
 	}
+	wantUpstream(t, e.doWith("GET", path, "", nil), ch)
 }
 
 func TestProxyHostRouting(t *testing.T) {

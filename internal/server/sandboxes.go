@@ -22,6 +22,7 @@ type createParams struct {
 	allowInternet *bool
 	cpuCount      *int32
 	memoryMB      *int32
+	network       *api.SandboxNetworkConfig
 	secure        bool
 }
 
@@ -33,7 +34,7 @@ func (h *handlers) CreateSandboxV2(w http.ResponseWriter, r *http.Request) {
 	h.create(w, r, createParams{
 		templateID: body.TemplateID, timeout: body.Timeout, metadata: body.Metadata, envVars: body.EnvVars,
 		autoPause: body.AutoPause, autoResume: body.AutoResume, allowInternet: body.AllowInternetAccess,
-		cpuCount: body.CpuCount, memoryMB: body.MemoryMB,
+		cpuCount: body.CpuCount, memoryMB: body.MemoryMB, network: body.Network,
 		// v2 creates are always secure: the SDK expects an envd access token.
 		secure: true,
 	}, h.s.defaultTimeout)
@@ -47,7 +48,7 @@ func (h *handlers) CreateSandboxV1(w http.ResponseWriter, r *http.Request) {
 	h.create(w, r, createParams{
 		templateID: body.TemplateID, timeout: body.Timeout, metadata: body.Metadata, envVars: body.EnvVars,
 		autoPause: body.AutoPause, autoResume: body.AutoResume, allowInternet: body.AllowInternetAccess,
-		cpuCount: body.CpuCount, memoryMB: body.MemoryMB,
+		cpuCount: body.CpuCount, memoryMB: body.MemoryMB, network: body.Network,
 		secure: body.Secure != nil && *body.Secure,
 	}, h.s.defaultTimeoutV1)
 }
@@ -76,6 +77,11 @@ func (s *Server) createRequest(p createParams, defTimeout time.Duration) (orches
 	timeout, err := s.timeoutSeconds(p.timeout, defTimeout)
 	if err != nil {
 		return req, err
+	}
+	// A private sandbox would need its traffic token enforced on every user port, and the
+	// sandbox record cannot say yet that it is private: refuse rather than serve it publicly.
+	if p.network != nil && p.network.AllowPublicTraffic != nil && !*p.network.AllowPublicTraffic {
+		return req, fmt.Errorf("network.allowPublicTraffic=false (private sandboxes) is not supported by aenv yet")
 	}
 	req = orchestrator.CreateRequest{
 		TemplateID:    tpl,
@@ -133,8 +139,7 @@ func (h *handlers) ConnectSandboxV2(w http.ResponseWriter, r *http.Request, id a
 }
 
 func (h *handlers) ConnectSandboxV1(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
-	var body api.ConnectSandbox
-	// The v1 body requires timeout; decode into pointers to tell "absent" from 0.
+	// The v1 body requires timeout; decode into a pointer to tell "absent" from 0.
 	var raw struct {
 		Timeout *int32 `json:"timeout"`
 		Memory  *bool  `json:"memory"`
@@ -146,8 +151,7 @@ func (h *handlers) ConnectSandboxV1(w http.ResponseWriter, r *http.Request, id a
 		writeError(w, http.StatusBadRequest, "timeout is required")
 		return
 	}
-	body.Timeout = *raw.Timeout
-	h.connect(w, r, id, &body.Timeout, false)
+	h.connect(w, r, id, raw.Timeout, false)
 }
 
 func (h *handlers) ResumeSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
@@ -277,10 +281,8 @@ func (s *Server) sandboxBody(sb *orchestrator.Sandbox) api.Sandbox {
 		tok := sb.EnvdAccessToken
 		out.EnvdAccessToken = &tok
 	}
-	if sb.TrafficAccessToken != "" {
-		tok := sb.TrafficAccessToken
-		out.TrafficAccessToken = &tok
-	}
+	// trafficAccessToken stays null: sandboxes are public (private ones are refused at
+	// create), and E2B reports null for public sandboxes.
 	if sb.Alias != "" {
 		a := sb.Alias
 		out.Alias = &a

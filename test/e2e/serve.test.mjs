@@ -101,7 +101,8 @@ after(async () => {
   node.proc.kill('SIGTERM')
   const exited = await Promise.race([
     new Promise((resolve) => node.proc.once('exit', () => resolve(true))),
-    sleep(60_000).then(() => false),
+    // unref'd, so a pending timer does not hold the test process open after the node exits
+    sleep(60_000, false, { ref: false }),
   ])
   if (!exited) {
     node.proc.kill('SIGKILL')

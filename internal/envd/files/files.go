@@ -4,6 +4,7 @@
 package files
 
 import (
+	"bufio"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
@@ -310,7 +311,9 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 			Error(w, http.StatusBadRequest, "multipart body without boundary")
 			return
 		}
-		err = up.multipart(multipart.NewReader(body, params["boundary"]), reqPath)
+		// multipart.NewReader keeps a *bufio.Reader that is large enough instead of adding its own
+		// 4 KiB one; a big buffer roughly doubles upload throughput.
+		err = up.multipart(multipart.NewReader(bufio.NewReaderSize(body, 1<<20), params["boundary"]), reqPath)
 	case "application/octet-stream", "":
 		if reqPath == "" {
 			Error(w, http.StatusBadRequest, "the path query parameter is required for an octet-stream upload")

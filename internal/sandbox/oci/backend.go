@@ -3,6 +3,23 @@
 // (and a user namespace where the host allows), a per-sandbox overlay over a template
 // directory, a seccomp profile, reduced capabilities and cgroup limits. envd, bind-mounted
 // read-only from the host, is every sandbox's init.
+//
+// User namespaces: when the probe at New shows the runtime and kernel allow it (runc 1.1.5
+// on Linux 6.18 does), each sandbox's root is mapped to its own unprivileged 65536-id host
+// range (UIDBase + slot*65536). The shared template directory is not chowned: it is
+// bind-mounted with an id-mapping (mount_setattr MOUNT_ATTR_IDMAP) as the overlay's lower,
+// and the per-sandbox upper is owned by the mapped root. Where the probe fails (old kernel,
+// runtime without user-namespace support, a data dir that others cannot traverse) and
+// UserNamespace is "auto", sandboxes run without one, with a warning: root inside is then
+// host root, still confined by namespaces, seccomp, the reduced capability set,
+// no-new-privileges and cgroups.
+//
+// The network namespace is made by the host (package network), so it belongs to the host's
+// user namespace: a sandbox root holds no network capability over it (cannot change its
+// address, routes or MAC, send raw frames, or spoof ARP). A consequence is that `runc exec`
+// into a user-namespaced sandbox fails (runc 1.1 joins the user namespace first and may
+// then not join the host-owned network namespace); nothing here needs it, since envd starts
+// every process in the sandbox.
 package oci
 
 import (
@@ -11,11 +28,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -65,6 +84,10 @@ type Config struct {
 	CgroupParent string
 	// Network configures the slot pool (bridge, subnet, warm pool size).
 	Network network.Config
+	// ResolvConf is bind-mounted read-only at /etc/resolv.conf in every sandbox: "" (auto)
+	// uses the host's /etc/resolv.conf unless its nameservers are loopback addresses (which
+	// a sandbox cannot reach), "none" keeps the template's file, anything else is a path.
+	ResolvConf string
 	// Busybox is a static busybox used to probe the runtime. Default /bin/busybox.
 	Busybox string
 	Logger  *slog.Logger
@@ -109,6 +132,16 @@ func (c *Config) defaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	switch c.ResolvConf {
+	case "":
+		c.ResolvConf = hostResolvConf("/etc/resolv.conf")
+	case "none":
+		c.ResolvConf = ""
+	default:
+		if fi, err := os.Stat(c.ResolvConf); err != nil || !fi.Mode().IsRegular() {
+			return fmt.Errorf("oci: ResolvConf %s is not a file: %v", c.ResolvConf, err)
+		}
 	}
 	abs, err := filepath.Abs(c.DataDir)
 	if err != nil {
@@ -259,6 +292,7 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 }
 
 func (b *Backend) start(ctx context.Context, inst *Instance, plan sandbox.LaunchPlan) error {
+	t0 := time.Now()
 	slot, err := b.pool.Acquire(ctx, plan.AllowInternet)
 	if err != nil {
 		return fmt.Errorf("oci: network slot: %w", err)
@@ -281,9 +315,11 @@ func (b *Backend) start(ctx context.Context, inst *Instance, plan sandbox.Launch
 	if err := writeJSON(inst.l.state(), st); err != nil {
 		return err
 	}
+	t1 := time.Now()
 	if err := mountRootfs(inst.l, plan.RootFS.LowerDir, m, userns); err != nil {
 		return err
 	}
+	t2 := time.Now()
 	spec := buildSpec(specParams{
 		rootfs: inst.l.rootfs(), hostname: hostname(plan.SandboxID), netnsPath: slot.NetnsPath,
 		envdPath: b.cfg.EnvdPath, args: b.initArgs(),
@@ -294,6 +330,7 @@ func (b *Backend) start(ctx context.Context, inst *Instance, plan sandbox.Launch
 		},
 		cgroupsPath: b.cgroupsPath(plan.SandboxID), cpuCount: plan.Resources.CPUCount,
 		memoryMB: plan.Resources.MemoryMB, pidsLimit: b.cfg.PidsLimit, idmap: m, memsw: b.memsw,
+		resolvConf: b.cfg.ResolvConf,
 	})
 	if err := writeJSON(filepath.Join(inst.l.dir, "config.json"), spec); err != nil {
 		return err
@@ -301,6 +338,8 @@ func (b *Backend) start(ctx context.Context, inst *Instance, plan sandbox.Launch
 	if err := b.rt.runDetached(ctx, plan.SandboxID, inst.l.dir, inst.l.pid(), inst.l.log()); err != nil {
 		return err
 	}
+	b.log.Debug("oci: launched", "id", plan.SandboxID, "slot", slot.Index,
+		"network", t1.Sub(t0), "rootfs", t2.Sub(t1), "runtime", time.Since(t2))
 	return nil
 }
 
@@ -309,6 +348,30 @@ func (b *Backend) initArgs() []string {
 		return b.cfg.InitArgs
 	}
 	return append([]string{envdMount}, b.cfg.EnvdArgs...)
+}
+
+// hostResolvConf returns path when it names at least one nameserver and none on loopback.
+func hostResolvConf(path string) string {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	n := 0
+	for _, l := range strings.Split(string(raw), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 || f[0] != "nameserver" {
+			continue
+		}
+		ip, err := netip.ParseAddr(f[1])
+		if err != nil || ip.IsLoopback() {
+			return ""
+		}
+		n++
+	}
+	if n == 0 {
+		return ""
+	}
+	return path
 }
 
 func hostname(id string) string {

@@ -6,11 +6,11 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -149,7 +149,8 @@ func newTestBackend(t *testing.T, mod func(*Config)) *testEnv {
 		InitArgs:     httpdInit,
 		CgroupParent: fmt.Sprintf("%s/%d-%d", testCgroup, os.Getpid(), backendSeq.Add(1)),
 		PidsLimit:    256,
-		Network:      testNetwork(2),
+		// No warm pool: it could refill a freed slot index before assertGone looks at it.
+		Network: testNetwork(-1),
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -297,9 +298,15 @@ func probeHealth(i *Instance, timeout time.Duration) error {
 func (e *testEnv) sh(t *testing.T, i *Instance, script string) (string, int) {
 	t.Helper()
 	addr := net.JoinHostPort(i.Endpoint().Host, strconv.Itoa(cmdPort))
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		t.Fatalf("command port: %v", err)
+	// The init starts the command server just after httpd, so it may trail readiness.
+	var c net.Conn
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if c, err = net.DialTimeout("tcp", addr, 5*time.Second); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("command port: %v", err)
+		}
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(60 * time.Second))

@@ -22,7 +22,13 @@ func httpGet(ip string, port int, path string) string {
 }
 
 func TestIsolation(t *testing.T) {
-	e := newTestBackend(t, nil)
+	for _, mode := range []string{UserNSAuto, UserNSOff} {
+		t.Run("userns="+mode, func(t *testing.T) { testIsolation(t, mode) })
+	}
+}
+
+func testIsolation(t *testing.T, mode string) {
+	e := newTestBackend(t, func(c *Config) { c.UserNamespace = mode })
 	a := e.launch(t, "iso-a", sandbox.Resources{CPUCount: 1, MemoryMB: 128})
 	b := e.launch(t, "iso-b", sandbox.Resources{CPUCount: 1, MemoryMB: 128})
 	aIP, bIP := a.Endpoint().Host, b.Endpoint().Host

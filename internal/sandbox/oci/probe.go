@@ -47,6 +47,10 @@ func (b *Backend) probe(ctx context.Context) (runtimeCLI, bool, error) {
 		for _, userns := range usernsModes {
 			err := b.tryRuntime(ctx, rt, userns)
 			if err == nil {
+				if !userns && b.cfg.UserNamespace == UserNSAuto {
+					b.log.Warn("oci: sandboxes run WITHOUT user namespaces (sandbox root is host root, confined by seccomp, capabilities and namespaces)",
+						"hint", untraversable(b.cfg.DataDir))
+				}
 				return rt, userns, nil
 			}
 			b.log.Info("oci: runtime probe failed", "runtime", name, "userns", userns, "err", err)
@@ -114,6 +118,19 @@ func (b *Backend) tryRuntime(ctx context.Context, rt runtimeCLI, userns bool) (e
 		return fmt.Errorf("probe container printed %q", out)
 	}
 	return nil
+}
+
+// untraversable names the first ancestor of dir that others cannot traverse: a sandbox
+// root mapped to an unprivileged host uid must reach its rootfs below dir.
+func untraversable(dir string) string {
+	for d := dir; ; d = filepath.Dir(d) {
+		if fi, err := os.Stat(d); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Sprintf("%s is not traversable by others (chmod o+x %s enables user namespaces)", d, d)
+		}
+		if d == "/" || d == "." {
+			return "the runtime or kernel refused user namespaces; see the probe errors above"
+		}
+	}
 }
 
 func copyExecutable(src, dst string) error {

@@ -22,6 +22,7 @@ type specParams struct {
 	pidsLimit   int64
 	idmap       *idMap // nil = no user namespace
 	memsw       bool   // the host accounts swap (v1 memory.memsw.*): pin swap to the limit
+	resolvConf  string // host file bind-mounted at /etc/resolv.conf; "" = none
 }
 
 // envdMount is where the host's envd appears inside every sandbox.
@@ -79,6 +80,20 @@ func buildSpec(p specParams) *specs.Spec {
 	}
 	pids := &specs.LinuxPids{Limit: p.pidsLimit}
 	noFile := nofileLimit()
+	mounts := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		sysMount,
+		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+		{Destination: envdMount, Type: "none", Source: p.envdPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+	}
+	if p.resolvConf != "" {
+		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "none", Source: p.resolvConf,
+			Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+	}
 	return &specs.Spec{
 		Version:  specs.Version,
 		Hostname: p.hostname,
@@ -94,16 +109,7 @@ func buildSpec(p specParams) *specs.Spec {
 			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: noFile, Soft: noFile}},
 			NoNewPrivileges: true,
 		},
-		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
-			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
-			sysMount,
-			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
-			{Destination: envdMount, Type: "none", Source: p.envdPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
-		},
+		Mounts: mounts,
 		Linux: &specs.Linux{
 			Namespaces:  ns,
 			UIDMappings: uidMaps,

@@ -121,7 +121,7 @@ type NewSandbox struct {
 	MemoryMB *int32           `json:"memoryMB,omitempty"`
 	Metadata *SandboxMetadata `json:"metadata,omitempty"`
 
-	// Network Accepted for compatibility; aenv applies allowPublicTraffic and ignores the rest for now.
+	// Network Accepted for compatibility. allowPublicTraffic=false (private sandboxes) is refused with 400 for now; the other fields are not acted on yet.
 	Network *SandboxNetworkConfig `json:"network,omitempty"`
 
 	// Secure Issue an envd access token.
@@ -150,7 +150,7 @@ type NewSandboxV2 struct {
 	MemoryMB *int32           `json:"memoryMB,omitempty"`
 	Metadata *SandboxMetadata `json:"metadata,omitempty"`
 
-	// Network Accepted for compatibility; aenv applies allowPublicTraffic and ignores the rest for now.
+	// Network Accepted for compatibility. allowPublicTraffic=false (private sandboxes) is refused with 400 for now; the other fields are not acted on yet.
 	Network    *SandboxNetworkConfig `json:"network,omitempty"`
 	TemplateID string                `json:"templateID"`
 
@@ -205,7 +205,7 @@ type SandboxDetail struct {
 	MemoryMB        int32             `json:"memoryMB"`
 	Metadata        *SandboxMetadata  `json:"metadata,omitempty"`
 
-	// Network Accepted for compatibility; aenv applies allowPublicTraffic and ignores the rest for now.
+	// Network Accepted for compatibility. allowPublicTraffic=false (private sandboxes) is refused with 400 for now; the other fields are not acted on yet.
 	Network    *SandboxNetworkConfig `json:"network,omitempty"`
 	SandboxID  string                `json:"sandboxID"`
 	StartedAt  time.Time             `json:"startedAt"`
@@ -240,7 +240,7 @@ type SandboxMetric struct {
 	TimestampUnix int64     `json:"timestampUnix"`
 }
 
-// SandboxNetworkConfig Accepted for compatibility; aenv applies allowPublicTraffic and ignores the rest for now.
+// SandboxNetworkConfig Accepted for compatibility. allowPublicTraffic=false (private sandboxes) is refused with 400 for now; the other fields are not acted on yet.
 type SandboxNetworkConfig struct {
 	AllowOut           *[]string `json:"allowOut,omitempty"`
 	AllowPublicTraffic *bool     `json:"allowPublicTraffic,omitempty"`

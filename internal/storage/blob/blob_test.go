@@ -68,6 +68,9 @@ func TestGoldenHWLayer(t *testing.T) {
 	if !tr.Verify || tr.DictSize != 0 {
 		t.Errorf("verify %v dict %d", tr.Verify, tr.DictSize)
 	}
+	if rt, ok := z.RawTrailer(); !ok || rt.Flags != 0x16 || rt.Digest != 0xFFDFE161 {
+		t.Errorf("raw trailer %+v %v", rt, ok)
+	}
 	// The real trailer block at payload offset 638979.
 	trl, err := zfile.ParseHeader(raw[1536+638979 : 1536+638979+512])
 	if err != nil || trl.Flags != 0x16 || trl.Digest != 0xFFDFE161 {
@@ -174,5 +177,61 @@ func TestZFileBlockCRCs(t *testing.T) {
 	l, _ := openHW(t)
 	if err := l.ZFile.Verify(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRecommitByteIdentical re-commits the vector's mappings with our
+// writer: the result must equal the C++-written LSMT byte for byte (index
+// piece size, merge rule, padding, trailer placement, uuid text).
+func TestRecommitByteIdentical(t *testing.T) {
+	l, _ := openHW(t)
+	tr := l.Trailer()
+	h := sha256.New()
+	info, err := lsmt.Commit(h, lsmt.CommitSource{
+		Mappings:    l.Index().Mappings(),
+		VirtualSize: tr.VirtualSize,
+		Read:        func(_ uint8, p []byte, off int64) error { return l.ReadPhysical(p, off) },
+	}, lsmt.CommitOptions{UUID: tr.UUID, ParentUUID: tr.ParentUUID, UserTag: tr.UserTag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Size != 71528448 || info.Entries != 515 {
+		t.Fatalf("commit info %+v", info)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != "39195424aa10572fe002262190877b4306a66be9c62c8f1594141b01dc79c2ea" {
+		t.Fatalf("recommitted sha256 %s differs from the C++ layer", got)
+	}
+}
+
+// TestRecompressByteIdentical re-compresses the decompressed vector with our
+// ZFile writer (LZ4, 4 KiB, verify, header overwrite) and compares it with
+// the C++-written payload.
+func TestRecompressByteIdentical(t *testing.T) {
+	l, raw := openHW(t)
+	dec := make([]byte, l.ZFile.Size())
+	if _, err := l.ZFile.ReadAt(dec, 0); err != nil && err != io.EOF {
+		t.Fatal(err)
+	}
+	f, err := os.Create(t.TempDir() + "/z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w, err := zfile.NewWriter(f, zfile.WriterOptions{Algo: zfile.AlgoLZ4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(dec)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(f.Name())
+	want := raw[1536 : 1536+639491]
+	if !bytes.Equal(got, want) {
+		i := 0
+		for i < len(got) && i < len(want) && got[i] == want[i] {
+			i++
+		}
+		t.Fatalf("re-compressed ZFile differs from the C++ payload at byte %d (sizes %d / %d)", i, len(got), len(want))
 	}
 }

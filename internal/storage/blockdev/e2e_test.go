@@ -3,9 +3,11 @@ package blockdev
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
@@ -39,9 +41,18 @@ func run(t *testing.T, name string, args ...string) {
 	t.Logf("%s %v: %s", name, args, out)
 }
 
+// countingDev records which Device operations the kernel sent.
+type countingDev struct {
+	*stack.Stack
+	discards, syncs atomic.Int64
+}
+
+func (c *countingDev) Discard(off, n int64) error { c.discards.Add(1); return c.Stack.Discard(off, n) }
+func (c *countingDev) Sync() error                { c.syncs.Add(1); return c.Stack.Sync() }
+
 // expose mounts the stack through FUSE, attaches a loop device and, unless
 // noMount, mounts ext4 from it; cleanup is registered in reverse order.
-func expose(t *testing.T, s *stack.Stack, dir string, noMount bool) (loop *Loop, mnt string, done func()) {
+func expose(t *testing.T, s Device, dir string, noMount bool) (loop *Loop, mnt string, done func()) {
 	t.Helper()
 	ctx := context.Background()
 	m, err := MountFile(ctx, filepath.Join(dir, "fuse"), s, MountOptions{})
@@ -113,7 +124,8 @@ func TestExt4EndToEnd(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 
-	_, mnt, done := expose(t, s, dir, false)
+	dev := &countingDev{Stack: s}
+	_, mnt, done := expose(t, dev, dir, false)
 	got, err := os.ReadFile(filepath.Join(mnt, "etc", "motd"))
 	if err != nil || !bytes.Equal(got, payload) {
 		t.Fatalf("read back: %v", err)
@@ -126,6 +138,9 @@ func TestExt4EndToEnd(t *testing.T) {
 	run(t, "fstrim", mnt)
 	run(t, "sync")
 	done()
+	if dev.discards.Load() == 0 || dev.syncs.Load() == 0 {
+		t.Fatalf("kernel sent %d discards and %d syncs; want both", dev.discards.Load(), dev.syncs.Load())
+	}
 
 	if _, err := s.SealAndRestack(ctx, filepath.Join(dir, "snap1.sealed")); err != nil {
 		t.Fatal(err)
@@ -146,8 +161,37 @@ func TestExt4EndToEnd(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(mnt, "etc", "motd")); !os.IsNotExist(err) {
 		t.Fatalf("deleted file back: %v", err)
 	}
+	// Live snapshot: freeze, restack while mounted, thaw, keep writing.
 	os.WriteFile(filepath.Join(mnt, "second.txt"), []byte("second"), 0o644)
+	thaw, err := Freeze(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.SealAndRestack(ctx, filepath.Join(dir, "snap2.sealed"))
+	if err := errors.Join(err, thaw()); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(mnt, "third.txt"), []byte("third"), 0o644)
 	done3()
+	// The snapshot's lowers alone hold second.txt but not third.txt.
+	snapStack, err := stack.Open(ctx, &stack.Manifest{Dir: dir, Lowers: []stack.LayerRef{{Path: "base.commit"}, {Path: "snap1.sealed"}, {Path: snap.Path}},
+		Upper: &stack.Upper{Data: "fork.data", Index: "fork.index"}}, stack.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { snapStack.Close() })
+	forkDir := filepath.Join(dir, "fork")
+	loop, _, done5 := expose(t, snapStack, forkDir, true)
+	run(t, "fsck.ext4", "-n", "-f", loop.Path())
+	done5()
+	_, forkMnt, done6 := expose(t, snapStack, forkDir, false)
+	if b, err := os.ReadFile(filepath.Join(forkMnt, "second.txt")); err != nil || string(b) != "second" {
+		t.Fatalf("snapshot lacks second.txt: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(forkMnt, "third.txt")); !os.IsNotExist(err) {
+		t.Fatalf("snapshot has a file written after it: %v", err)
+	}
+	done6()
 	loop, _, done4 := expose(t, s, dir, true)
 	run(t, "fsck.ext4", "-n", "-f", loop.Path())
 	done4()

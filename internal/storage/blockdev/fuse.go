@@ -82,19 +82,24 @@ func MountFile(ctx context.Context, dir string, dev Device, o MountOptions) (*Mo
 // Path is the device file's path.
 func (m *Mount) Path() string { return filepath.Join(m.dir, FileName) }
 
-// Close unmounts the filesystem (lazily if it is busy) and waits for the
-// server to stop.
+// Close unmounts the filesystem and waits for the server to stop. A busy
+// mount (e.g. a loop device still attached) is detached lazily so nothing
+// stays visible; if it is still held after a few seconds Close returns an
+// error and the server keeps serving the remaining users.
 func (m *Mount) Close() error {
-	err := m.server.Unmount()
-	if err != nil {
-		// A busy mount (e.g. a loop device still attached) is detached lazily
-		// so that nothing stays mounted.
+	if err := m.server.Unmount(); err != nil {
 		if e := syscall.Unmount(m.dir, syscall.MNT_DETACH); e != nil {
 			return fmt.Errorf("blockdev: unmount %s: %v (lazy: %w)", m.dir, err, e)
 		}
 	}
-	m.server.Wait()
-	return nil
+	done := make(chan struct{})
+	go func() { m.server.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-time.After(5 * time.Second):
+		return fmt.Errorf("blockdev: %s detached lazily but still in use", m.dir)
+	}
 }
 
 type rootNode struct {

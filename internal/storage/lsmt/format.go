@@ -58,15 +58,15 @@ var (
 
 // Header is the HeaderTrailer struct shared by LSMT headers and trailers.
 type Header struct {
-	Flags       uint32
-	IndexOffset uint64 // bytes from the start of the file
-	IndexSize   uint64 // number of 16-byte entries, padding included
-	VirtualSize uint64 // bytes of the virtual block device
-	UUID        string // "" when absent
-	ParentUUID  string // "" when absent (nil UUID or empty field on disk)
-	Version     uint8
-	SubVersion  uint8
-	UserTag     string
+	Flags       uint32 `json:"flags"`
+	IndexOffset uint64 `json:"index_offset"` // bytes from the start of the file
+	IndexSize   uint64 `json:"index_size"`   // number of 16-byte entries, padding included
+	VirtualSize uint64 `json:"virtual_size"` // bytes of the virtual block device
+	UUID        string `json:"uuid"`         // "" when absent
+	ParentUUID  string `json:"parent_uuid"`  // "" when absent (nil UUID or empty field on disk)
+	Version     uint8  `json:"version"`
+	SubVersion  uint8  `json:"sub_version"`
+	UserTag     string `json:"user_tag"`
 }
 
 // IsHeader reports whether the flags mark a header (as opposed to a trailer).
@@ -131,8 +131,8 @@ func ParseHeader(b []byte) (*Header, error) {
 		IndexOffset: le.Uint64(b[32:]),
 		IndexSize:   le.Uint64(b[40:]),
 		VirtualSize: le.Uint64(b[48:]),
-		UUID:        parseUUID(b[56:93]),
-		ParentUUID:  parseUUID(b[93:130]),
+		UUID:        parseUUID(b[56:92]), // 36 chars; byte 92 is the NUL
+		ParentUUID:  parseUUID(b[93:129]),
 		Version:     b[132],
 		SubVersion:  b[133],
 		UserTag:     cstring(b[134:390]),

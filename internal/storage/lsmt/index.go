@@ -3,6 +3,7 @@ package lsmt
 import (
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 )
 
 // Field limits of the 16-byte on-disk mapping (reference 1.5).
@@ -103,6 +104,29 @@ var invalidEntry = func() [entrySize]byte {
 // of a sealed layer's index and of a merged stack of lowers.
 type Index struct {
 	m []Mapping
+	// eyt holds the mapping ends in Eytzinger (BFS) order, 1-based, and
+	// eytPos the sorted position of each: a cache-friendly search tree that
+	// keeps lookups fast on large indexes.
+	eyt    []uint64
+	eytPos []uint32
+}
+
+func newIndex(ms []Mapping) *Index {
+	ix := &Index{m: ms, eyt: make([]uint64, len(ms)+1), eytPos: make([]uint32, len(ms)+1)}
+	i := 0
+	var fill func(k int)
+	fill = func(k int) {
+		if k > len(ms) {
+			return
+		}
+		fill(2 * k)
+		ix.eyt[k] = ms[i].End()
+		ix.eytPos[k] = uint32(i)
+		i++
+		fill(2*k + 1)
+	}
+	fill(1)
+	return ix
 }
 
 // NewIndex checks that ms is sorted and non-overlapping and wraps it.
@@ -116,7 +140,7 @@ func NewIndex(ms []Mapping) (*Index, error) {
 				ErrFormat, i, ms[i].Offset, i-1, ms[i-1].End())
 		}
 	}
-	return &Index{m: ms}, nil
+	return newIndex(ms), nil
 }
 
 // Len is the number of mappings.
@@ -127,17 +151,20 @@ func (ix *Index) Mappings() []Mapping { return ix.m }
 
 // first returns the position of the first mapping ending after sector off.
 func (ix *Index) first(off uint64) int {
-	m := ix.m
-	lo, hi := 0, len(m)
-	for lo < hi {
-		h := int(uint(lo+hi) >> 1)
-		if m[h].End() <= off {
-			lo = h + 1
-		} else {
-			hi = h
+	e := ix.eyt
+	n := len(e) - 1
+	k := 1
+	for k <= n {
+		k <<= 1
+		if e[k>>1] <= off {
+			k |= 1
 		}
 	}
-	return lo
+	k >>= bits.TrailingZeros(^uint(k)) + 1
+	if k == 0 {
+		return len(ix.m)
+	}
+	return int(ix.eytPos[k])
 }
 
 // Lookup calls fn for every mapping intersecting sectors [off, off+n),
@@ -209,7 +236,7 @@ func Merge(layers []*Index) *Index {
 		}
 		acc = Overlay(top, acc)
 	}
-	return &Index{m: acc}
+	return newIndex(acc)
 }
 
 // Compress merges adjacent mappings that continue each other physically, as

@@ -162,3 +162,32 @@ func TestNewIndexRejectsOverlap(t *testing.T) {
 		t.Fatal("unsorted accepted")
 	}
 }
+
+func TestIndexFirstMatchesLinear(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 8))
+	for _, n := range []int{0, 1, 2, 3, 7, 8, 100, 1023} {
+		ms := make([]Mapping, n)
+		pos := uint64(0)
+		for i := range ms {
+			pos += r.Uint64N(5)
+			ms[i] = mp(pos, uint32(1+r.IntN(4)), 8)
+			pos = ms[i].End()
+		}
+		ix, err := NewIndex(ms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for q := uint64(0); q <= pos+2; q++ {
+			want := len(ms)
+			for i, m := range ms {
+				if m.End() > q {
+					want = i
+					break
+				}
+			}
+			if got := ix.first(q); got != want {
+				t.Fatalf("n=%d first(%d) = %d, want %d", n, q, got, want)
+			}
+		}
+	}
+}

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+
 	"github.com/aenv-dev/aenv/internal/storage/cache"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 )
@@ -159,13 +161,15 @@ func (f *File) ReadAt(_ context.Context, p []byte, off int64) (int, error) { ret
 func (f *File) Close() error { return f.f.Close() }
 
 // Resolver opens stack lowers by digest from a base location, through a
-// block cache. Base is an http(s) URL prefix (the blob is Base + "/" +
-// digest, as overlaybd's repoBlobUrl) or a local directory holding
+// block cache. Base is one of: an http(s) URL prefix (the blob is Base +
+// "/" + digest, as overlaybd's repoBlobUrl); "oci://host/repo" for an OCI
+// registry repository (anonymous, or Auth); or a local directory holding
 // <algo>/<hex> files (an OCI layout's blobs directory).
 type Resolver struct {
 	Base   string
 	Cache  *cache.Cache
-	Client *http.Client
+	Client *http.Client        // for http(s) bases
+	Auth   authn.Authenticator // for oci:// bases
 }
 
 var _ stack.Resolver = (*Resolver)(nil)
@@ -178,7 +182,13 @@ func (r *Resolver) OpenLayer(ctx context.Context, ref stack.LayerRef) (stack.Sou
 	}
 	var src cache.Source
 	var closer func() error
-	if strings.HasPrefix(r.Base, "http://") || strings.HasPrefix(r.Base, "https://") {
+	if repo, ok := strings.CutPrefix(r.Base, "oci://"); ok {
+		h, err := OpenRegistry(ctx, repo+"@"+ref.Digest, r.Auth, nil)
+		if err != nil {
+			return nil, err
+		}
+		src, closer = h, func() error { return nil }
+	} else if strings.HasPrefix(r.Base, "http://") || strings.HasPrefix(r.Base, "https://") {
 		h, err := OpenHTTP(ctx, strings.TrimSuffix(r.Base, "/")+"/"+ref.Digest, r.Client)
 		if err != nil {
 			return nil, err

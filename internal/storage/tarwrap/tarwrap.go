@@ -17,10 +17,10 @@ var ErrFormat = errors.New("tarwrap: invalid tar wrapper")
 
 // Info describes a wrapped payload.
 type Info struct {
-	Name          string // entry name, e.g. "overlaybd.commit"
-	PaxSize       int64  // size from the pax record, 0 when absent
-	PayloadOffset int64
-	PayloadSize   int64
+	Name          string `json:"name"`     // entry name, e.g. "overlaybd.commit"
+	PaxSize       int64  `json:"pax_size"` // size from the pax record, 0 when absent
+	PayloadOffset int64  `json:"payload_offset"`
+	PayloadSize   int64  `json:"payload_size"`
 }
 
 // Detect reports whether r starts with a valid ustar header and, if so, where

@@ -71,3 +71,27 @@ func FuzzDetect(f *testing.F) {
 		}
 	})
 }
+
+// TestWrapByteIdentical re-wraps the vector's payload: the result must equal
+// the C++-written blob.
+func TestWrapByteIdentical(t *testing.T) {
+	hw := hwHead(t)
+	payload := hw[1536 : 1536+639491]
+	var out bytes.Buffer
+	if err := Wrap(&out, bytes.NewReader(payload), int64(len(payload))); err != nil {
+		t.Fatal(err)
+	}
+	if int64(out.Len()) != WrappedSize(int64(len(payload))) {
+		t.Fatalf("WrappedSize %d, wrote %d", WrappedSize(int64(len(payload))), out.Len())
+	}
+	if got := out.Bytes(); !bytes.Equal(got, hw) {
+		i := 0
+		for i < len(got) && i < len(hw) && got[i] == hw[i] {
+			i++
+		}
+		t.Fatalf("differs at byte %d (sizes %d / %d)", i, len(got), len(hw))
+	}
+	if err := Wrap(&out, bytes.NewReader(payload), 5); err == nil {
+		t.Fatal("size mismatch accepted")
+	}
+}

@@ -92,18 +92,18 @@ func CRC32CSeed(seed uint32, b []byte) uint32 {
 
 // Header is the ZFile HeaderTrailer.
 type Header struct {
-	Digest           uint32
-	Flags            uint64
-	IndexOffset      uint64
-	IndexSize        uint64 // number of blocks
-	OriginalFileSize uint64
-	IndexCRC         uint32
-	BlockSize        uint32
-	Algo             Algorithm
-	Level            uint8
-	UseDict          uint8
-	DictSize         uint32
-	Verify           bool
+	Digest           uint32    `json:"digest"`
+	Flags            uint64    `json:"flags"`
+	IndexOffset      uint64    `json:"index_offset"`
+	IndexSize        uint64    `json:"index_size"` // number of blocks
+	OriginalFileSize uint64    `json:"original_file_size"`
+	IndexCRC         uint32    `json:"index_crc"`
+	BlockSize        uint32    `json:"block_size"`
+	Algo             Algorithm `json:"algo"`
+	Level            uint8     `json:"level"`
+	UseDict          uint8     `json:"use_dict"`
+	DictSize         uint32    `json:"dict_size"`
+	Verify           bool      `json:"verify"`
 }
 
 // MarshalBinary encodes h into a 512-byte block with its digest computed.

@@ -29,8 +29,9 @@ type Evicter interface {
 type Reader struct {
 	r       io.ReaderAt
 	name    string
-	hdr     Header // the header block as found at offset 0
-	h       Header // effective fields (trailer, or header when overwritten)
+	hdr     Header  // the header block as found at offset 0
+	h       Header  // effective fields (trailer, or header when overwritten)
+	trl     *Header // the trailer block, when it parses
 	offs    []uint64
 	scratch sync.Pool
 	zdec    *zstd.Decoder
@@ -55,6 +56,10 @@ func Open(r io.ReaderAt, size int64, name string) (*Reader, error) {
 	}
 	h := hdr
 	toff := size - HeaderSize
+	var trl *Header
+	if _, err := r.ReadAt(b, toff); err == nil {
+		trl, _ = ParseHeader(b)
+	}
 	if hdr.Flags&FlagOverwrite == 0 {
 		if _, err := r.ReadAt(b, toff); err != nil {
 			return nil, fmt.Errorf("%s: read trailer at offset %d: %w", name, toff, err)
@@ -79,7 +84,7 @@ func Open(r io.ReaderAt, size int64, name string) (*Reader, error) {
 				name, ErrChecksum, h.IndexOffset, h.IndexCRC, got)
 		}
 	}
-	z := &Reader{r: r, name: name, hdr: *hdr, h: *h, offs: make([]uint64, h.IndexSize+1)}
+	z := &Reader{r: r, name: name, hdr: *hdr, h: *h, trl: trl, offs: make([]uint64, h.IndexSize+1)}
 	z.offs[0] = HeaderSize + uint64(h.DictSize)
 	minLen := uint64(1)
 	if h.Verify {
@@ -139,6 +144,15 @@ func (z *Reader) Header() Header { return z.hdr }
 // Trailer returns the effective index fields (the trailer's unless the header
 // was overwritten with them).
 func (z *Reader) Trailer() Header { return z.h }
+
+// RawTrailer returns the trailer block at the end of the file, if it parses
+// (with HEADER_OVERWRITE the reader uses the header's copy of its fields).
+func (z *Reader) RawTrailer() (Header, bool) {
+	if z.trl == nil {
+		return Header{}, false
+	}
+	return *z.trl, true
+}
 
 // Blocks is the number of blocks.
 func (z *Reader) Blocks() int { return int(z.h.IndexSize) }

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"io/fs"
+	"mime/multipart"
+	"net/http"
+	"net/textproto"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	"github.com/aenv-dev/aenv/internal/envd/gen/filesystem"
+	"github.com/aenv-dev/aenv/internal/envd/gen/filesystem/filesystemconnect"
+)
+
+// maxListDepth bounds a recursive directory download.
+const maxListDepth = 64
+
+func (e *envdClient) fs() filesystemconnect.FilesystemClient {
+	return filesystemconnect.NewFilesystemClient(e.c.http, e.c.base, connect.WithInterceptors(headerInterceptor{e}))
+}
+
+// uploadDir sends every regular file under local as one multipart request, each part named
+// by its target path (envd's multi-file upload); parents are created in the sandbox.
+func (e *envdClient) uploadDir(cmd *cobra.Command, local, remote, user string) error {
+	var files []string
+	skipped := 0
+	err := filepath.WalkDir(local, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			files = append(files, p)
+		} else if !d.IsDir() {
+			skipped++
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(files) == 0 {
+		return fmt.Errorf("%s has no regular files to upload", local)
+	}
+	pr, pw := io.Pipe()
+	mw := multipart.NewWriter(pw)
+	go func() {
+		pw.CloseWithError(writeParts(mw, local, remote, files))
+	}()
+	q := "/files"
+	if user != "" {
+		q += "?username=" + queryEscape(user)
+	}
+	req, err := http.NewRequestWithContext(cmd.Context(), http.MethodPost, e.c.base+q, pr)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	e.setHeaders(req.Header)
+	resp, err := e.c.http.Do(req)
+	if err != nil {
+		return e.c.transportErr(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return e.c.apiErr(fmt.Sprintf("upload %s to %s:%s", local, e.id, remote), resp.StatusCode, body)
+	}
+	msg := fmt.Sprintf("uploaded %d files from %s to %s:%s", len(files), local, e.id, remote)
+	if skipped > 0 {
+		msg += fmt.Sprintf(" (skipped %d symlinks or special files)", skipped)
+	}
+	fmt.Fprintln(cmd.ErrOrStderr(), msg)
+	return nil
+}
+
+func writeParts(mw *multipart.Writer, local, remote string, files []string) error {
+	for _, p := range files {
+		rel, err := filepath.Rel(local, p)
+		if err != nil {
+			return err
+		}
+		h := textproto.MIMEHeader{}
+		h.Set("Content-Disposition", fmt.Sprintf(`form-data; name="file"; filename=%q`, path.Join(remote, filepath.ToSlash(rel))))
+		h.Set("Content-Type", "application/octet-stream")
+		part, err := mw.CreatePart(h)
+		if err != nil {
+			return err
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(part, f)
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return mw.Close()
+}
+
+// statRemote returns the sandbox entry at remote (its Path is absolute).
+func (e *envdClient) statRemote(cmd *cobra.Command, remote, user string) (*filesystem.EntryInfo, error) {
+	req := connect.NewRequest(&filesystem.StatRequest{Path: remote})
+	if user != "" {
+		req.Header().Set("Authorization", basicUser(user))
+	}
+	resp, err := e.fs().Stat(cmd.Context(), req)
+	if err != nil {
+		if connect.CodeOf(err) == connect.CodeNotFound {
+			return nil, fmt.Errorf("%s:%s does not exist", e.id, remote)
+		}
+		return nil, e.rpcErr(err)
+	}
+	return resp.Msg.GetEntry(), nil
+}
+
+// downloadDir fetches every file under the sandbox directory remote (an absolute path, as
+// statRemote returns it) into local.
+func (e *envdClient) downloadDir(cmd *cobra.Command, remote, local, user string, force bool) error {
+	req := connect.NewRequest(&filesystem.ListDirRequest{Path: remote, Depth: maxListDepth})
+	if user != "" {
+		req.Header().Set("Authorization", basicUser(user))
+	}
+	resp, err := e.fs().ListDir(cmd.Context(), req)
+	if err != nil {
+		return e.rpcErr(err)
+	}
+	base := strings.TrimRight(remote, "/")
+	if err := os.MkdirAll(local, 0o755); err != nil {
+		return err
+	}
+	n := 0
+	for _, ent := range resp.Msg.GetEntries() {
+		rel, ok := strings.CutPrefix(ent.GetPath(), base+"/")
+		if !ok || rel == "" || strings.Contains("/"+rel+"/", "/../") {
+			continue // never write outside local
+		}
+		dst := filepath.Join(local, filepath.FromSlash(rel))
+		switch ent.GetType() {
+		case filesystem.FileType_FILE_TYPE_DIRECTORY:
+			if err := os.MkdirAll(dst, 0o755); err != nil {
+				return err
+			}
+		case filesystem.FileType_FILE_TYPE_FILE:
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				return err
+			}
+			if err := e.download(cmd, ent.GetPath(), dst, user, force, false); err != nil {
+				return err
+			}
+			n++
+		}
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "downloaded %d files from %s:%s to %s\n", n, e.id, remote, local)
+	return nil
+}

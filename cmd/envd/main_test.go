@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary doubles as envd: ENVD_TEST_MAIN=1 runs main() with the remaining arguments.
+func TestMain(m *testing.M) {
+	if os.Getenv("ENVD_TEST_MAIN") == "1" {
+		os.Args = append([]string{"envd"}, os.Args[1:]...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startEnvd runs envd (optionally as PID 1 of a new PID namespace) and waits for /health.
+func startEnvd(t *testing.T, pid1 bool) (base string, cmd *exec.Cmd, envdPid func() int) {
+	t.Helper()
+	port := freePort(t)
+	args := []string{"--port", strconv.Itoa(port), "--host", "127.0.0.1", "--shutdown-grace", "3s"}
+	if pid1 {
+		if os.Geteuid() != 0 {
+			t.Skip("needs root for a PID namespace")
+		}
+		u, err := exec.LookPath("unshare")
+		if err != nil {
+			t.Skip("unshare not installed")
+		}
+		cmd = exec.Command(u, append([]string{"--pid", "--fork", "--mount-proc", "--kill-child", os.Args[0]}, args...)...)
+	} else {
+		cmd = exec.Command(os.Args[0], args...)
+	}
+	cmd.Env = append(os.Environ(), "ENVD_TEST_MAIN=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("envd stderr:\n%s", stderr.String())
+		}
+	})
+	base = fmt.Sprintf("http://127.0.0.1:%d", port)
+	for i := 0; ; i++ {
+		resp, err := http.Get(base + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 204 {
+				break
+			}
+		}
+		if i > 200 {
+			t.Fatalf("envd not healthy: %v\n%s", err, stderr.String())
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	envdPid = func() int {
+		if !pid1 {
+			return cmd.Process.Pid
+		}
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
+		p, _ := strconv.Atoi(strings.Fields(string(b) + " 0")[0])
+		return p
+	}
+	return base, cmd, envdPid
+}
+
+// startStream posts a Start request (Connect, JSON) and returns the response body.
+func startStream(t *testing.T, base, script string) io.ReadCloser {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"process": map[string]any{"cmd": "/bin/sh", "args": []string{"-c", script}}, "stdin": false})
+	env := append([]byte{0, 0, 0, 0, 0}, body...)
+	binary.BigEndian.PutUint32(env[1:5], uint32(len(body)))
+	req, _ := http.NewRequest("POST", base+"/process.Process/Start", bytes.NewReader(env))
+	req.Header.Set("Content-Type", "application/connect+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Body
+}
+
+// events reads envelopes until end-of-stream, returning decoded messages as raw JSON strings.
+func events(r io.Reader) (msgs []string, eos string) {
+	br := bufio.NewReader(r)
+	for {
+		var hdr [5]byte
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			return msgs, ""
+		}
+		b := make([]byte, binary.BigEndian.Uint32(hdr[1:]))
+		if _, err := io.ReadFull(br, b); err != nil {
+			return msgs, ""
+		}
+		if hdr[0]&2 != 0 {
+			return msgs, string(b)
+		}
+		msgs = append(msgs, string(b))
+	}
+}
+
+func runScript(t *testing.T, base, script string) string {
+	t.Helper()
+	body := startStream(t, base, script)
+	defer body.Close()
+	msgs, eos := events(body)
+	if eos != "{}" {
+		t.Fatalf("end of stream %q after %v", eos, msgs)
+	}
+	var out []byte
+	for _, m := range msgs {
+		var ev struct {
+			Event struct {
+				Data struct {
+					Stdout []byte `json:"stdout"`
+				} `json:"data"`
+			} `json:"event"`
+		}
+		_ = json.Unmarshal([]byte(m), &ev)
+		out = append(out, ev.Event.Data.Stdout...)
+	}
+	return string(out)
+}
+
+// As PID 1, envd reaps orphans (no zombies pile up) and survives its children's deaths.
+func TestPID1ReapsOrphans(t *testing.T) {
+	base, _, _ := startEnvd(t, true)
+	if got := runScript(t, base, "echo $$ $PPID"); !strings.HasSuffix(strings.TrimSpace(got), " 1") {
+		t.Fatalf("parent is not PID 1: %q", got)
+	}
+	for i := 0; i < 20; i++ {
+		runScript(t, base, "sleep 0.05 & sleep 0.01 & exit 0")
+	}
+	time.Sleep(300 * time.Millisecond)
+	// Count zombies in the namespace (state is the field after the ")" of the command name).
+	out := runScript(t, base, `for f in /proc/[0-9]*/stat; do s=$(cat $f 2>/dev/null) || continue; s=${s##*) }; echo "${s%% *}"; done | grep -c Z || true`)
+	if strings.TrimSpace(out) != "0" {
+		t.Fatalf("zombies: %q", out)
+	}
+}
+
+// SIGTERM is forwarded to running processes, which get the grace period; then envd exits 0.
+func TestSignalForwardingAndShutdown(t *testing.T) {
+	for _, pid1 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pid1=%v", pid1), func(t *testing.T) {
+			base, cmd, envdPid := startEnvd(t, pid1)
+			body := startStream(t, base, `trap 'echo got-term; exit 0' TERM; echo ready; while :; do sleep 0.05; done`)
+			defer body.Close()
+			br := bufio.NewReader(body)
+			// Wait for "ready" before signalling.
+			var seen []string
+			for !strings.Contains(strings.Join(seen, ""), "cmVhZHkK") { // base64("ready\n")
+				var hdr [5]byte
+				if _, err := io.ReadFull(br, hdr[:]); err != nil {
+					t.Fatal(err)
+				}
+				b := make([]byte, binary.BigEndian.Uint32(hdr[1:]))
+				_, _ = io.ReadFull(br, b)
+				seen = append(seen, string(b))
+			}
+			pid := envdPid()
+			if pid <= 0 {
+				t.Fatal("cannot find envd's pid")
+			}
+			if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			msgs, eos := events(br)
+			all := strings.Join(msgs, "")
+			if !strings.Contains(all, "Z290LXRlcm0K") || !strings.Contains(all, `"end"`) || eos != "{}" { // base64("got-term\n")
+				t.Fatalf("process did not get SIGTERM: %v %q", msgs, eos)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("envd exit: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("envd did not exit")
+			}
+		})
+	}
+}
