@@ -113,6 +113,8 @@ func run() error {
 	}
 	log.Info("envd listening", "addr", ln.Addr().String(), "socket", *socket, "version", envd.Version, "pid1", pid1)
 
+	go srv.TrimWhenIdle(10*time.Second, make(chan struct{}))
+
 	errc := make(chan error, len(listeners))
 	for _, l := range listeners {
 		go func(l net.Listener) { errc <- hs.Serve(l) }(l)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/envd"
 	"github.com/aenv-dev/aenv/internal/envd/files"
+	fspb "github.com/aenv-dev/aenv/internal/envd/gen/filesystem"
 	pb "github.com/aenv-dev/aenv/internal/envd/gen/process"
 )
 
@@ -168,8 +169,8 @@ func TestFilesUploadDownload(t *testing.T) {
 	ct, body := multipartBody(t, map[string]string{"x": "hello world"}, []string{"x"}, "file")
 	resp, b := e.do("POST", "/files?path="+url.QueryEscape("docs/hello.txt"), body, map[string]string{"Content-Type": ct})
 	var written []files.WrittenFile
-	if resp.StatusCode != 200 || json.Unmarshal(b, &written) != nil || len(written) != 1 ||
-		written[0] != (files.WrittenFile{Path: filepath.Join(e.home, "docs/hello.txt"), Name: "hello.txt", Type: "file"}) {
+	if resp.StatusCode != 200 || json.Unmarshal(b, &written) != nil || len(written) != 1 || written[0].Metadata != nil ||
+		written[0].Path != filepath.Join(e.home, "docs/hello.txt") || written[0].Name != "hello.txt" || written[0].Type != "file" {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
 	fi, _ := os.Stat(filepath.Join(e.home, "docs"))
@@ -359,4 +360,26 @@ func TestFilesAuthAndSignatures(t *testing.T) {
 	ct, body = multipartBody(t, map[string]string{"u.txt": "up"}, []string{"u.txt"}, "file")
 	resp, b = e.do("POST", "/files?path=u.txt", body, map[string]string{"Content-Type": ct})
 	wantJSONError(t, resp, b, 401)
+}
+
+// X-Metadata-* headers become user xattrs, reported back in the upload response and EntryInfo.
+func TestFilesMetadata(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	resp, b := e.do("POST", "/files?path=m.txt", strings.NewReader("meta"), map[string]string{
+		"Content-Type": "application/octet-stream", "X-Metadata-Owner": "me", "x-metadata-build.id": "42"})
+	if resp.StatusCode == 400 && strings.Contains(string(b), "does not support") {
+		t.Skip("no user xattrs on this filesystem")
+	}
+	var written []files.WrittenFile
+	if resp.StatusCode != 200 || json.Unmarshal(b, &written) != nil || len(written) != 1 ||
+		written[0].Metadata["owner"] != "me" || written[0].Metadata["build.id"] != "42" {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	st, err := e.fs.Stat(t.Context(), connect.NewRequest(&fspb.StatRequest{Path: "m.txt"}))
+	if err != nil || st.Msg.Entry.Metadata["owner"] != "me" {
+		t.Fatalf("stat metadata: %v %v", st, err)
+	}
+	resp, b = e.do("POST", "/files?path=m2.txt", strings.NewReader("x"), map[string]string{
+		"Content-Type": "application/octet-stream", "X-Metadata-Bad": "caf\u00e9\x01"})
+	wantJSONError(t, resp, b, 400)
 }

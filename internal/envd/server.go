@@ -5,6 +5,9 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -39,6 +42,7 @@ type Server struct {
 	metrics  *metricsSampler
 	mux      *http.ServeMux
 	defaults *state.Defaults
+	requests atomic.Int64
 }
 
 // New builds a Server.
@@ -81,7 +85,31 @@ func New(cfg Config) *Server {
 }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.requests.Add(1)
+	s.mux.ServeHTTP(w, r)
+}
+
+// TrimWhenIdle returns freed memory to the OS once a burst of requests is over (checked every
+// interval), so that an idle sandbox keeps a small RSS. It returns when stop is closed.
+func (s *Server) TrimWhenIdle(interval time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var seen, trimmed int64
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			n := s.requests.Load()
+			if n == seen && n != trimmed { // quiet for a whole interval since the last burst
+				debug.FreeOSMemory()
+				trimmed = n
+			}
+			seen = n
+		}
+	}
+}
 
 // Close releases watchers.
 func (s *Server) Close() { s.FS.Close() }

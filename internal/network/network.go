@@ -327,6 +327,18 @@ func (p *Pool) Acquire(ctx context.Context, allowInternet bool) (*Slot, error) {
 	return s, nil
 }
 
+// SetInternet switches outbound NAT for a slot handed out by Acquire.
+func (p *Pool) SetInternet(ctx context.Context, s *Slot, allow bool) error {
+	if s.AllowInternet == allow {
+		return nil
+	}
+	if err := p.setInternet(ctx, s, allow); err != nil {
+		return err
+	}
+	s.AllowInternet = allow
+	return nil
+}
+
 // Release destroys a slot handed out by Acquire or Reconcile. Idempotent.
 func (p *Pool) Release(ctx context.Context, s *Slot) error {
 	if s == nil {

@@ -110,6 +110,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		AutoPause:          req.AutoPause,
 		AutoResume:         req.AutoResume,
 		AllowInternet:      req.AllowInternet,
+		Private:            req.Private,
 		Backend:            o.backend.Name(),
 		Launch: LaunchInfo{
 			RootFS:          sandbox.RootFS{LowerDir: tpl.RootFSDir},

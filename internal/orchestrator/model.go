@@ -67,7 +67,10 @@ type CreateRequest struct {
 	AutoResume    bool
 	AllowInternet bool
 	// Secure issues an envd access token (always true for v2).
-	Secure    bool
+	Secure bool
+	// Private requires the traffic access token on user-port traffic
+	// (E2B's network.allowPublicTraffic=false).
+	Private   bool
 	Resources sandbox.Resources // zero fields take the template's values
 }
 
@@ -104,7 +107,9 @@ type Sandbox struct {
 	AutoPause          bool              `json:"autoPause"`
 	AutoResume         bool              `json:"autoResume"`
 	AllowInternet      bool              `json:"allowInternet"`
-	Backend            string            `json:"backend"`
+	// Private sandboxes require TrafficAccessToken on user ports.
+	Private bool   `json:"private,omitempty"`
+	Backend string `json:"backend"`
 	// Paused is the backend's encoded PausedState while State is paused.
 	Paused []byte `json:"paused,omitempty"`
 	// Launch is what a resume needs to relaunch and re-initialise the sandbox even if

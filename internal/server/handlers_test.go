@@ -174,8 +174,18 @@ func TestCreate(t *testing.T) {
 		{name: "zero cpu", path: "/v2/sandboxes", body: `{"templateID":"base","cpuCount":0}`, status: 400, msg: "cpuCount"},
 		{name: "tiny memory", path: "/sandboxes", body: `{"templateID":"base","memoryMB":1}`, status: 400, msg: "memoryMB"},
 		{name: "bad env key", path: "/v2/sandboxes", body: `{"templateID":"base","envVars":{"A=B":"c"}}`, status: 400, msg: "envVars"},
-		{name: "private sandboxes are refused", path: "/v2/sandboxes", body: `{"templateID":"base","network":{"allowPublicTraffic":false}}`, status: 400, msg: "allowPublicTraffic"},
-		{name: "public network config accepted", path: "/v2/sandboxes", body: `{"templateID":"base","network":{"allowPublicTraffic":true,"allowOut":["1.1.1.1"]}}`, status: 201, wantToken: true},
+		{name: "private sandbox gets a traffic token", path: "/v2/sandboxes", body: `{"templateID":"base","network":{"allowPublicTraffic":false}}`, status: 201, wantToken: true,
+			check: func(t *testing.T, f *fakeOrch, body map[string]any) {
+				if !f.lastReq.Private || body["trafficAccessToken"] == nil || body["trafficAccessToken"] == "" {
+					t.Fatalf("private=%v trafficAccessToken=%v", f.lastReq.Private, body["trafficAccessToken"])
+				}
+			}},
+		{name: "public network config accepted", path: "/v2/sandboxes", body: `{"templateID":"base","network":{"allowPublicTraffic":true,"allowOut":["1.1.1.1"]}}`, status: 201, wantToken: true,
+			check: func(t *testing.T, f *fakeOrch, body map[string]any) {
+				if f.lastReq.Private || body["trafficAccessToken"] != nil {
+					t.Fatalf("private=%v trafficAccessToken=%v", f.lastReq.Private, body["trafficAccessToken"])
+				}
+			}},
 		{name: "capacity", path: "/v2/sandboxes", body: `{"templateID":"base"}`, status: 503,
 			setup: func(f *fakeOrch) { f.createErr = orchestrator.ErrCapacity }},
 		{name: "orchestrator invalid", path: "/v2/sandboxes", body: `{"templateID":"base"}`, status: 400,

@@ -272,8 +272,12 @@ func (p *sandboxProxy) forward(w http.ResponseWriter, r *http.Request, t target)
 		u.hostPort = net.JoinHostPort(ep.Host, strconv.Itoa(port))
 		u.envd = true
 	} else {
-		// User ports are public, as in E2B for sandboxes created without
-		// allowPublicTraffic=false (which the API refuses for now).
+		// User ports are public unless the sandbox was created with
+		// allowPublicTraffic=false, as in E2B.
+		if sb.Private && !tokenMatches(r.Header.Get(headerTrafficToken), sb.TrafficAccessToken) {
+			writeError(w, http.StatusForbidden, "missing or invalid %s for private sandbox %s", headerTrafficToken, t.id)
+			return
+		}
 		u.hostPort = net.JoinHostPort(ep.Host, strconv.Itoa(t.port))
 	}
 	ctx := context.WithValue(r.Context(), upstreamKey{}, u)

@@ -221,6 +221,19 @@ func TestProxyUserPortsArePublic(t *testing.T) {
 	wantUpstream(t, e.doWith("GET", path, "", nil), ch)
 }
 
+func TestProxyPrivateSandboxNeedsTrafficToken(t *testing.T) {
+	e, ch, port := proxyEnv(t)
+	e.orch.sandboxes["sb1"].TrafficAccessToken = "traffic"
+	e.orch.sandboxes["sb1"].Private = true
+	path := "/proxy/sb1/" + strconv.Itoa(port) + "/"
+	wantError(t, e.doWith("GET", path, "", nil), 403, "E2b-Traffic-Access-Token")
+	wantError(t, e.doWith("GET", path, "", map[string]string{"E2b-Traffic-Access-Token": "wrong"}), 403, "private sandbox")
+	s := wantUpstream(t, e.doWith("GET", path, "", map[string]string{"E2b-Traffic-Access-Token": "traffic"}), ch)
+	if s.Header.Get("E2b-Traffic-Access-Token") != "" {
+		t.Fatal("traffic token forwarded to the app")
+	}
+}
+
 func TestProxyHostRouting(t *testing.T) {
 	e, ch, port := proxyEnv(t, func(o *Options) { o.Domains = []string{"sbx.test", "localhost:8000"} })
 	tests := []struct {

@@ -78,11 +78,6 @@ func (s *Server) createRequest(p createParams, defTimeout time.Duration) (orches
 	if err != nil {
 		return req, err
 	}
-	// A private sandbox would need its traffic token enforced on every user port, and the
-	// sandbox record cannot say yet that it is private: refuse rather than serve it publicly.
-	if p.network != nil && p.network.AllowPublicTraffic != nil && !*p.network.AllowPublicTraffic {
-		return req, fmt.Errorf("network.allowPublicTraffic=false (private sandboxes) is not supported by aenv yet")
-	}
 	req = orchestrator.CreateRequest{
 		TemplateID:    tpl,
 		Timeout:       timeout,
@@ -90,6 +85,7 @@ func (s *Server) createRequest(p createParams, defTimeout time.Duration) (orches
 		AutoPause:     p.autoPause != nil && *p.autoPause,
 		AutoResume:    p.autoResume != nil && p.autoResume.Enabled,
 		Secure:        p.secure,
+		Private:       p.network != nil && p.network.AllowPublicTraffic != nil && !*p.network.AllowPublicTraffic,
 	}
 	if p.metadata != nil {
 		if err := checkStringMap("metadata", *p.metadata); err != nil {
@@ -281,8 +277,11 @@ func (s *Server) sandboxBody(sb *orchestrator.Sandbox) api.Sandbox {
 		tok := sb.EnvdAccessToken
 		out.EnvdAccessToken = &tok
 	}
-	// trafficAccessToken stays null: sandboxes are public (private ones are refused at
-	// create), and E2B reports null for public sandboxes.
+	// E2B reports trafficAccessToken only for private sandboxes (null for public ones).
+	if sb.Private && sb.TrafficAccessToken != "" {
+		tok := sb.TrafficAccessToken
+		out.TrafficAccessToken = &tok
+	}
 	if sb.Alias != "" {
 		a := sb.Alias
 		out.Alias = &a

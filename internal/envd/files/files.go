@@ -266,9 +266,33 @@ type onlyWriter struct{ io.Writer }
 
 // WrittenFile is one element of the upload response.
 type WrittenFile struct {
-	Path string `json:"path"`
-	Name string `json:"name"`
-	Type string `json:"type"`
+	Path     string            `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// metadataHeaders collects X-Metadata-<key>: <value> headers (keys lower-cased).
+func metadataHeaders(h http.Header) (map[string]string, error) {
+	var md map[string]string
+	for k, vs := range h {
+		const prefix = "X-Metadata-"
+		if len(k) < len(prefix) || !strings.EqualFold(k[:len(prefix)], prefix) {
+			continue
+		}
+		key := strings.ToLower(k[len(prefix):])
+		if !filesystem.ValidMetadataKey(key) {
+			return nil, errorf(http.StatusBadRequest, "invalid metadata key %q", key)
+		}
+		if len(vs) != 1 || !filesystem.ValidMetadataValue(vs[0]) {
+			return nil, errorf(http.StatusBadRequest, "invalid metadata value for key %q: one printable ASCII value expected", key)
+		}
+		if md == nil {
+			md = map[string]string{}
+		}
+		md[key] = vs[0]
+	}
+	return md, nil
 }
 
 func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
@@ -304,7 +328,12 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 		Error(w, http.StatusBadRequest, "invalid content type: "+err.Error())
 		return
 	}
-	up := uploader{user: u, workdir: snap.Workdir, seen: map[string]bool{}, buf: make([]byte, 1<<20)}
+	md, err := metadataHeaders(r.Header)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	up := uploader{user: u, workdir: snap.Workdir, seen: map[string]bool{}, buf: make([]byte, 1<<20), metadata: md}
 	switch mt {
 	case "multipart/form-data":
 		if params["boundary"] == "" {
@@ -340,8 +369,9 @@ type uploader struct {
 	user    *identity.User
 	workdir string
 	seen    map[string]bool
-	written []WrittenFile
-	buf     []byte
+	written  []WrittenFile
+	buf      []byte
+	metadata map[string]string
 }
 
 // multipart writes every part named "file"; with a path query parameter the part goes there,
@@ -398,6 +428,13 @@ func (up *uploader) write(target string, r io.Reader) error {
 	if os.Geteuid() == 0 {
 		_ = f.Chown(uid, gid)
 	}
+	if err := filesystem.WriteMetadata(f, up.metadata); err != nil {
+		f.Close()
+		if errors.Is(err, filesystem.ErrMetadataUnsupported) {
+			return errorf(http.StatusBadRequest, "%v", err)
+		}
+		return errorf(http.StatusInternalServerError, "%v", err)
+	}
 	src := &readErrs{r: r}
 	_, err = io.CopyBuffer(onlyWriter{f}, src, up.buf)
 	if cerr := f.Close(); err == nil {
@@ -409,7 +446,7 @@ func (up *uploader) write(target string, r io.Reader) error {
 	if err != nil {
 		return ioError(err, p)
 	}
-	up.written = append(up.written, WrittenFile{Path: p, Name: filepath.Base(p), Type: "file"})
+	up.written = append(up.written, WrittenFile{Path: p, Name: filepath.Base(p), Type: "file", Metadata: filesystem.ReadMetadata(p)})
 	return nil
 }
 

@@ -44,6 +44,9 @@ func toEntry(path string, fi fs.FileInfo, names *identity.Names) *pb.EntryInfo {
 		e.Owner = names.User(st.Uid)
 		e.Group = names.Group(st.Gid)
 	}
+	if fi.Mode().IsRegular() || fi.IsDir() {
+		e.Metadata = ReadMetadata(path)
+	}
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		target, err := filepath.EvalSymlinks(path)
 		if err != nil { // dangling: report the raw link

@@ -120,6 +120,10 @@ func mountRO(t *testing.T, res *Result) string {
 		fm.Close()
 		t.Fatal(err)
 	}
+	// The converted filesystem must be consistent, not just readable.
+	if out, err := exec.Command("e2fsck", "-fn", loop.Path()).CombinedOutput(); err != nil {
+		t.Errorf("e2fsck on the converted stack: %v\n%s", err, out)
+	}
 	mnt := filepath.Join(dir, "mnt")
 	os.Mkdir(mnt, 0o755)
 	if err := unix.Mount(loop.Path(), mnt, "ext4", unix.MS_RDONLY, "noload"); err != nil {

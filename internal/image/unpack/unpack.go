@@ -74,6 +74,59 @@ type applier struct {
 	ancestor map[string]bool // proper ancestors of seen paths
 	dirTimes []dirTime
 	st       Stats
+	// dirs caches open parent directories by the entry's unresolved
+	// directory name: most entries land next to the previous one. Any change
+	// that could alter how a name resolves (a removed directory or symlink,
+	// a whiteout) drops the whole cache.
+	dirs map[string]openDir
+}
+
+type openDir struct {
+	rel string // resolved, symlink-free
+	f   *os.File
+}
+
+// maxOpenDirs bounds the parent directory cache (file descriptors).
+const maxOpenDirs = 256
+
+func (a *applier) dropDirs() { a.dropDirsExcept("\x00") }
+
+// dropDirsExcept empties the cache but for the entry keep (an open parent
+// in use, whose own resolution is unaffected by changes to its children).
+func (a *applier) dropDirsExcept(keep string) {
+	for k, d := range a.dirs {
+		if k != keep {
+			d.f.Close()
+			delete(a.dirs, k)
+		}
+	}
+}
+
+// parentDir resolves, creates when missing, and opens the directory dir.
+func (a *applier) parentDir(dir string) (openDir, error) {
+	if d, ok := a.dirs[dir]; ok {
+		return d, nil
+	}
+	parent, err := resolveDir(a.root, dir)
+	if err != nil {
+		return openDir{}, err
+	}
+	if parent == "" {
+		parent = "."
+	}
+	if err := a.root.MkdirAll(parent, 0o755); err != nil {
+		return openDir{}, fmt.Errorf("create parent: %w", err)
+	}
+	f, err := a.root.Open(parent)
+	if err != nil {
+		return openDir{}, err
+	}
+	if len(a.dirs) >= maxOpenDirs {
+		a.dropDirs()
+	}
+	d := openDir{rel: parent, f: f}
+	a.dirs[dir] = d
+	return d, nil
 }
 
 // Apply reads the uncompressed layer tar r and applies it onto the directory
@@ -90,7 +143,9 @@ func Apply(ctx context.Context, root string, r io.Reader, o Options) (Stats, err
 		devices:  os.Geteuid() == 0,
 		seen:     map[string]bool{},
 		ancestor: map[string]bool{},
+		dirs:     map[string]openDir{},
 	}
+	defer a.dropDirs()
 	if a.log == nil {
 		a.log = slog.Default()
 	}
@@ -144,44 +199,17 @@ func (a *applier) entry(h *tar.Header, r io.Reader) error {
 		return a.meta(".", h, true)
 	}
 	dir, base := path.Split(rel)
-	parent, err := resolveDir(a.root, dir)
+	if strings.HasPrefix(base, whiteoutPrefix) {
+		return a.whiteout(dir, base)
+	}
+	pd, err := a.parentDir(dir)
 	if err != nil {
 		return err
 	}
-	if parent == "" {
-		parent = "."
-	}
-	switch {
-	case base == opaqueMarker:
-		a.st.Whiteouts++
-		return a.opaque(parent)
-	case strings.HasPrefix(base, whiteoutMeta):
-		// Other AUFS metadata (.wh..wh.plnk, .wh..wh.aufs): not content.
-		return nil
-	case strings.HasPrefix(base, whiteoutPrefix):
-		a.st.Whiteouts++
-		name := strings.TrimPrefix(base, whiteoutPrefix)
-		if name == "" || name == "." || name == ".." {
-			return fmt.Errorf("%w: whiteout of %q", ErrUnsafePath, name)
-		}
-		err := a.root.RemoveAll(path.Join(parent, name))
-		if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) {
-			return fmt.Errorf("whiteout: %w", err)
-		}
-		return nil
-	}
-	if err := a.root.MkdirAll(parent, 0o755); err != nil {
-		return fmt.Errorf("create parent: %w", err)
-	}
-	target := path.Join(parent, base)
-	pf, err := a.root.Open(parent)
-	if err != nil {
-		return err
-	}
-	defer pf.Close()
-	dfd := int(pf.Fd())
+	target := path.Join(pd.rel, base)
+	dfd := int(pd.f.Fd())
 	isDir := h.Typeflag == tar.TypeDir
-	if err := a.clear(dfd, target, base, isDir); err != nil {
+	if err := a.clear(dfd, dir, target, base, isDir); err != nil {
 		return err
 	}
 	mode := uint32(h.Mode) & 0o7777
@@ -243,10 +271,40 @@ func (a *applier) entry(h *tar.Header, r io.Reader) error {
 	return a.metaAt(dfd, target, base, h)
 }
 
+// whiteout handles .wh. entries and opaque markers.
+func (a *applier) whiteout(dir, base string) error {
+	a.dropDirs()
+	parent, err := resolveDir(a.root, dir)
+	if err != nil {
+		return err
+	}
+	if parent == "" {
+		parent = "."
+	}
+	switch {
+	case base == opaqueMarker:
+		a.st.Whiteouts++
+		return a.opaque(parent)
+	case strings.HasPrefix(base, whiteoutMeta):
+		// Other AUFS metadata (.wh..wh.plnk, .wh..wh.aufs): not content.
+		return nil
+	}
+	a.st.Whiteouts++
+	name := strings.TrimPrefix(base, whiteoutPrefix)
+	if name == "" || name == "." || name == ".." {
+		return fmt.Errorf("%w: whiteout of %q", ErrUnsafePath, name)
+	}
+	err = a.root.RemoveAll(path.Join(parent, name))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) {
+		return fmt.Errorf("whiteout: %w", err)
+	}
+	return nil
+}
+
 // clear makes room for a new entry at target: an existing directory stays
 // when the entry is a directory too (tar semantics: update its metadata);
 // anything else already there is removed, never followed.
-func (a *applier) clear(dfd int, target, base string, isDir bool) error {
+func (a *applier) clear(dfd int, dir, target, base string, isDir bool) error {
 	var st unix.Stat_t
 	err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW)
 	if errors.Is(err, unix.ENOENT) {
@@ -258,6 +316,10 @@ func (a *applier) clear(dfd int, target, base string, isDir bool) error {
 	existingDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
 	if existingDir && isDir {
 		return nil
+	}
+	if existingDir || st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		// Cached parents may resolve through what is removed here.
+		a.dropDirsExcept(dir)
 	}
 	if existingDir {
 		return a.root.RemoveAll(target)

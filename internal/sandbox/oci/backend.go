@@ -78,6 +78,10 @@ type Config struct {
 	// UIDBase is the first host uid of the ranges sandbox roots map to; each sandbox gets
 	// its own 65536 ids (by network slot). Default 100000.
 	UIDBase uint32
+	// WarmContainers is how many created-but-not-started containers are kept per recently
+	// used template (up to 4 templates), so a launch only pays `runc start`. Default 2;
+	// negative disables.
+	WarmContainers int
 	// PidsLimit caps processes per sandbox. Default 1024.
 	PidsLimit int64
 	// CgroupParent is the cgroup under which sandboxes live. Default "aenv".
@@ -121,6 +125,12 @@ func (c *Config) defaults() error {
 	if c.UIDBase == 0 {
 		c.UIDBase = 100000
 	}
+	if c.WarmContainers == 0 {
+		c.WarmContainers = 2
+	}
+	if c.WarmContainers < 0 {
+		c.WarmContainers = 0
+	}
 	if c.PidsLimit == 0 {
 		c.PidsLimit = 1024
 	}
@@ -159,6 +169,7 @@ type Backend struct {
 	v2     bool
 	memsw  bool
 	pool   *network.Pool
+	warm   *warmPool
 	log    *slog.Logger
 
 	mu        sync.Mutex
@@ -198,6 +209,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b.pool = pool
+	b.warm = newWarmPool(b, cfg.WarmContainers)
 	b.log.Info("oci backend ready", "runtime", rt.name, "bin", rt.bin, "userns", userns, "cgroup_v2_only", b.v2)
 	return b, nil
 }
@@ -217,8 +229,11 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 	return sandbox.Capabilities{PauseKeepsProcesses: true}
 }
 
-// Close stops the network pool's warm slots. Running sandboxes keep running.
-func (b *Backend) Close(ctx context.Context) error { return b.pool.Close(ctx) }
+// Close removes the warm containers and the network pool's warm slots. Running sandboxes
+// keep running (a restart adopts them through Reconcile).
+func (b *Backend) Close(ctx context.Context) error {
+	return errors.Join(b.warm.close(ctx), b.pool.Close(ctx))
+}
 
 // Pool exposes the network pool (for tests and diagnostics).
 func (b *Backend) Pool() *network.Pool { return b.pool }
@@ -227,7 +242,8 @@ var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
 
 // savedState is written next to the bundle so Reconcile can adopt a sandbox after a restart.
 type savedState struct {
-	ID            string            `json:"id"`
+	ID            string            `json:"id"` // sandbox id; "" for a warm container
+	ContainerID   string            `json:"containerID"`
 	LowerDir      string            `json:"lowerDir"`
 	Resources     sandbox.Resources `json:"resources"`
 	SlotIndex     int               `json:"slotIndex"`
@@ -242,7 +258,8 @@ func (b *Backend) layout(id string) layout {
 
 func (b *Backend) cgroupsPath(id string) string { return "/" + b.cfg.CgroupParent + "/" + id }
 
-// Launch implements sandbox.Backend. Fresh creates a sandbox; Resume thaws a sandbox paused
+// Launch implements sandbox.Backend. Fresh creates a sandbox, from a warm (created, not
+// started) container of the same template when one is ready; Resume thaws a sandbox paused
 // in place (this backend's pause keeps it on the node); snapshots are not supported yet.
 func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {
 	if !idRE.MatchString(plan.SandboxID) {
@@ -269,19 +286,40 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 		b.mu.Unlock()
 		return nil, fmt.Errorf("%w: %s", ErrExists, plan.SandboxID)
 	}
-	l := b.layout(plan.SandboxID)
-	if err := os.Mkdir(l.dir, 0o711); err != nil {
-		b.mu.Unlock()
-		if errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("%w: %s", ErrExists, plan.SandboxID)
-		}
-		return nil, fmt.Errorf("oci: bundle dir: %w", err)
-	}
-	inst := &Instance{b: b, id: plan.SandboxID, l: l, res: plan.Resources, started: time.Now()}
-	b.instances[plan.SandboxID] = inst
+	inst := &Instance{b: b, id: plan.SandboxID, res: plan.Resources, started: time.Now()}
+	b.instances[plan.SandboxID] = inst // reserves the id
 	b.mu.Unlock()
 
-	if err := b.start(ctx, inst, plan); err != nil {
+	if w := b.warm.take(plan.RootFS.LowerDir); w != nil {
+		err := b.startWarm(ctx, w, plan)
+		b.warm.want(plan.RootFS.LowerDir)
+		if err == nil {
+			inst.adopt(w)
+			return inst, nil
+		}
+		b.log.Warn("oci: warm container failed; creating a fresh one", "id", plan.SandboxID, "err", err)
+		if cerr := w.Stop(context.WithoutCancel(ctx)); cerr != nil {
+			b.log.Warn("oci: cleanup of a failed warm container", "cid", w.cid, "err", cerr)
+		}
+	} else {
+		b.warm.want(plan.RootFS.LowerDir)
+	}
+
+	inst.cid, inst.l = plan.SandboxID, b.layout(plan.SandboxID)
+	err := os.Mkdir(inst.l.dir, 0o711)
+	if err == nil {
+		err = b.create(ctx, inst, createOpts{
+			lower: plan.RootFS.LowerDir, allowInternet: plan.AllowInternet, res: plan.Resources,
+			hostname: hostname(plan.SandboxID), run: true,
+		})
+	} else if errors.Is(err, os.ErrExist) {
+		// A bundle nobody tracks (Reconcile not run yet?): leave it alone.
+		b.mu.Lock()
+		delete(b.instances, plan.SandboxID)
+		b.mu.Unlock()
+		return nil, fmt.Errorf("%w: %s has a bundle on disk", ErrExists, plan.SandboxID)
+	}
+	if err != nil {
 		// Clean with a fresh context: a cancelled launch must still leave nothing behind.
 		if cerr := inst.Stop(context.WithoutCancel(ctx)); cerr != nil {
 			b.log.Warn("oci: cleanup after failed launch", "id", plan.SandboxID, "err", cerr)
@@ -291,9 +329,20 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 	return inst, nil
 }
 
-func (b *Backend) start(ctx context.Context, inst *Instance, plan sandbox.LaunchPlan) error {
+// createOpts describes one container to create.
+type createOpts struct {
+	lower         string
+	allowInternet bool
+	res           sandbox.Resources
+	hostname      string
+	run           bool // start the init now (runc run -d) or leave it created (warm pool)
+}
+
+// create builds a container for inst (whose cid and bundle dir are set): network slot,
+// user namespace, overlay rootfs, config.json, then `run -d` or `create`.
+func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) error {
 	t0 := time.Now()
-	slot, err := b.pool.Acquire(ctx, plan.AllowInternet)
+	slot, err := b.pool.Acquire(ctx, o.allowInternet)
 	if err != nil {
 		return fmt.Errorf("oci: network slot: %w", err)
 	}
@@ -308,38 +357,54 @@ func (b *Backend) start(ctx context.Context, inst *Instance, plan sandbox.Launch
 		defer closeFD(userns)
 	}
 	inst.idmap = m
-	st := savedState{
-		ID: plan.SandboxID, LowerDir: plan.RootFS.LowerDir, Resources: plan.Resources,
-		SlotIndex: slot.Index, AllowInternet: plan.AllowInternet, IDMap: m, Created: inst.started,
-	}
-	if err := writeJSON(inst.l.state(), st); err != nil {
+	if err := b.saveState(inst, o.lower, o.allowInternet); err != nil {
 		return err
 	}
 	t1 := time.Now()
-	if err := mountRootfs(inst.l, plan.RootFS.LowerDir, m, userns); err != nil {
+	if err := mountRootfs(inst.l, o.lower, m, userns); err != nil {
 		return err
 	}
 	t2 := time.Now()
 	spec := buildSpec(specParams{
-		rootfs: inst.l.rootfs(), hostname: hostname(plan.SandboxID), netnsPath: slot.NetnsPath,
+		rootfs: inst.l.rootfs(), hostname: o.hostname, netnsPath: slot.NetnsPath,
 		envdPath: b.cfg.EnvdPath, args: b.initArgs(),
 		env: []string{
 			"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-			"HOME=/root", "E2B_SANDBOX=true", "E2B_SANDBOX_ID=" + plan.SandboxID,
-			"AENV_ENVD_PORT=" + strconv.Itoa(b.cfg.EnvdPort),
+			"HOME=/root", "E2B_SANDBOX=true", "AENV_ENVD_PORT=" + strconv.Itoa(b.cfg.EnvdPort),
 		},
-		cgroupsPath: b.cgroupsPath(plan.SandboxID), cpuCount: plan.Resources.CPUCount,
-		memoryMB: plan.Resources.MemoryMB, pidsLimit: b.cfg.PidsLimit, idmap: m, memsw: b.memsw,
+		cgroupsPath: b.cgroupsPath(inst.cid), cpuCount: o.res.CPUCount,
+		memoryMB: o.res.MemoryMB, pidsLimit: b.cfg.PidsLimit, idmap: m, memsw: b.memsw,
 		resolvConf: b.cfg.ResolvConf,
 	})
 	if err := writeJSON(filepath.Join(inst.l.dir, "config.json"), spec); err != nil {
 		return err
 	}
-	if err := b.rt.runDetached(ctx, plan.SandboxID, inst.l.dir, inst.l.pid(), inst.l.log()); err != nil {
+	if o.run {
+		err = b.rt.runDetached(ctx, inst.cid, inst.l.dir, inst.l.pid(), inst.l.log())
+	} else {
+		err = b.rt.create(ctx, inst.cid, inst.l.dir, inst.l.pid(), inst.l.log())
+	}
+	if err != nil {
 		return err
 	}
-	b.log.Debug("oci: launched", "id", plan.SandboxID, "slot", slot.Index,
+	b.log.Debug("oci: container created", "id", inst.id, "cid", inst.cid, "slot", slot.Index, "started", o.run,
 		"network", t1.Sub(t0), "rootfs", t2.Sub(t1), "runtime", time.Since(t2))
+	return nil
+}
+
+// saveState records what Reconcile needs to adopt the container after a restart.
+func (b *Backend) saveState(inst *Instance, lower string, allowInternet bool) error {
+	st := savedState{
+		ID: inst.id, ContainerID: inst.cid, LowerDir: lower, Resources: inst.res,
+		SlotIndex: inst.slot.Index, AllowInternet: allowInternet, IDMap: inst.idmap, Created: inst.started,
+	}
+	tmp := inst.l.state() + ".tmp"
+	if err := writeJSON(tmp, st); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, inst.l.state()); err != nil {
+		return fmt.Errorf("oci: save state: %w", err)
+	}
 	return nil
 }
 

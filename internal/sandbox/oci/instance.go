@@ -15,8 +15,9 @@ import (
 // Instance is one container sandbox.
 type Instance struct {
 	b       *Backend
-	id      string
-	l       layout
+	id      string // sandbox id
+	cid     string // runtime container id: the sandbox id, or a warm container's own id
+	l       layout // keyed by cid
 	res     sandbox.Resources
 	started time.Time
 
@@ -29,6 +30,13 @@ type Instance struct {
 }
 
 var _ sandbox.Instance = (*Instance)(nil)
+
+// adopt takes over a warm container that was started for this sandbox.
+func (i *Instance) adopt(w *Instance) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.cid, i.l, i.slot, i.idmap = w.cid, w.l, w.slot, w.idmap
+}
 
 func (i *Instance) setSlot(s *network.Slot) {
 	i.mu.Lock()
@@ -51,7 +59,7 @@ func (i *Instance) Endpoint() sandbox.Endpoint {
 
 // InitPID is the host pid of the sandbox's init (envd), or 0.
 func (i *Instance) InitPID(ctx context.Context) int {
-	st, err := i.b.rt.state(ctx, i.id)
+	st, err := i.b.rt.state(ctx, i.cid)
 	if err != nil {
 		return 0
 	}
@@ -60,7 +68,7 @@ func (i *Instance) InitPID(ctx context.Context) int {
 
 // Status is the runtime's view: running, paused, stopped, or an error wrapping ErrGone.
 func (i *Instance) Status(ctx context.Context) (string, error) {
-	st, err := i.b.rt.state(ctx, i.id)
+	st, err := i.b.rt.state(ctx, i.cid)
 	if errors.Is(err, errNoContainer) {
 		return "", fmt.Errorf("%w: %s", sandbox.ErrGone, i.id)
 	}
@@ -93,7 +101,7 @@ func (i *Instance) Pause(ctx context.Context, _ sandbox.PauseOptions) (sandbox.P
 		if st != "running" {
 			return nil, fmt.Errorf("%w: %s is %s", sandbox.ErrGone, i.id, st)
 		}
-		if err := i.b.rt.pause(ctx, i.id); err != nil {
+		if err := i.b.rt.pause(ctx, i.cid); err != nil {
 			return nil, err
 		}
 	}
@@ -114,7 +122,7 @@ func (i *Instance) Resume(ctx context.Context) error {
 	case "running":
 		return nil
 	case "paused":
-		return i.b.rt.resume(ctx, i.id)
+		return i.b.rt.resume(ctx, i.cid)
 	default:
 		return fmt.Errorf("%w: %s is %s", sandbox.ErrGone, i.id, st)
 	}
@@ -139,8 +147,8 @@ func (i *Instance) Stop(ctx context.Context) error {
 	i.slot = nil
 	i.stopped = true
 	i.mu.Unlock()
-	errs := []error{i.b.rt.remove(ctx, i.id)}
-	errs = append(errs, removeCgroups(i.b.cgroupsPath(i.id), i.b.v2))
+	errs := []error{i.b.rt.remove(ctx, i.cid)}
+	errs = append(errs, removeCgroups(i.b.cgroupsPath(i.cid), i.b.v2))
 	errs = append(errs, unmountAll(i.l.dir))
 	if slot != nil {
 		errs = append(errs, i.b.pool.Release(ctx, slot))
@@ -162,7 +170,7 @@ func (i *Instance) Stats(ctx context.Context) (sandbox.Stats, error) {
 	if err := i.live(); err != nil {
 		return sandbox.Stats{}, err
 	}
-	c, err := readCounters(i.b.cgroupsPath(i.id), i.b.v2)
+	c, err := readCounters(i.b.cgroupsPath(i.cid), i.b.v2)
 	if err != nil {
 		if _, serr := i.Status(ctx); errors.Is(serr, sandbox.ErrGone) {
 			return sandbox.Stats{}, serr

@@ -72,6 +72,30 @@ func (r runtimeCLI) runDetached(ctx context.Context, id, bundle, pidFile, logPat
 	return nil
 }
 
+// create creates the container without starting its init (the warm pool); start runs it.
+func (r runtimeCLI) create(ctx context.Context, id, bundle, pidFile, logPath string) error {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("oci: init log: %w", err)
+	}
+	defer logf.Close()
+	cmd := r.command(ctx, "create", "--no-new-keyring", "--pid-file", pidFile, "--bundle", bundle, id)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		tail, _ := os.ReadFile(logPath)
+		if len(tail) > 2000 {
+			tail = tail[len(tail)-2000:]
+		}
+		return fmt.Errorf("oci: %s create %s: %w: %s", r.name, id, err, strings.TrimSpace(string(tail)))
+	}
+	return nil
+}
+
+func (r runtimeCLI) start(ctx context.Context, id string) error {
+	_, err := r.output(ctx, "start", id)
+	return err
+}
+
 // runForeground runs a container to completion (used by the probe).
 func (r runtimeCLI) runForeground(ctx context.Context, id, bundle string) ([]byte, error) {
 	cmd := r.command(ctx, "run", "--no-new-keyring", "--bundle", bundle, id)

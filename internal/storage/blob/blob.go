@@ -4,6 +4,7 @@
 package blob
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 
@@ -29,7 +30,9 @@ func Open(r io.ReaderAt, size int64, name string) (*Layer, error) {
 	var src io.ReaderAt = payload
 	srcSize := payload.Size()
 	head := make([]byte, zfile.HeaderSize)
-	if n, _ := payload.ReadAt(head, 0); n == len(head) && zfile.IsZFile(head) {
+	// Anything with the ZFile magic is parsed as one, so a damaged ZFile
+	// reports its own error rather than "not an LSMT layer".
+	if n, _ := payload.ReadAt(head, 0); n >= 8 && bytes.HasPrefix(head, []byte("ZFile\x00\x01\x00")) {
 		z, err := zfile.Open(payload, payload.Size(), name)
 		if err != nil {
 			return nil, err

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"io"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
@@ -233,5 +235,54 @@ func TestRecompressByteIdentical(t *testing.T) {
 			i++
 		}
 		t.Fatalf("re-compressed ZFile differs from the C++ payload at byte %d (sizes %d / %d)", i, len(got), len(want))
+	}
+}
+
+func TestBadInputErrors(t *testing.T) {
+	raw, err := os.ReadFile(hwLayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		mut  func([]byte) []byte
+		want error
+	}{
+		{"zfile header digest", func(b []byte) []byte { b[1536+100] ^= 1; return b }, zfile.ErrChecksum},
+		{"zfile jump table", func(b []byte) []byte { b[1536+569127+3] ^= 1; return b }, zfile.ErrChecksum},
+		{"truncated", func(b []byte) []byte { return b[:300000] }, nil},
+		{"lsmt magic (not a layer)", func(b []byte) []byte { return bytes.Repeat([]byte{0x4c}, 20000) }, lsmt.ErrFormat},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := tc.mut(bytes.Clone(raw))
+			_, err := Open(bytes.NewReader(b), int64(len(b)), "blob-under-test")
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if tc.want != nil && !errors.Is(err, tc.want) {
+				t.Fatalf("error %v, want %v", err, tc.want)
+			}
+			if !strings.Contains(err.Error(), "blob-under-test") {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+		})
+	}
+	// A bit flip inside a compressed block is found on read, naming the block.
+	b := bytes.Clone(raw)
+	b[1536+300000] ^= 1
+	l, err := Open(bytes.NewReader(b), int64(len(b)), "flipped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var rerr error
+	for _, m := range l.Index().Mappings() {
+		p := make([]byte, int(m.Length)*512)
+		if _, rerr = l.ReadAt(p, int64(m.Offset)*512); rerr != nil {
+			break
+		}
+	}
+	if !errors.Is(rerr, zfile.ErrChecksum) || !strings.Contains(rerr.Error(), "flipped") || !strings.Contains(rerr.Error(), "offset") {
+		t.Fatalf("bit flip: %v", rerr)
 	}
 }

@@ -54,16 +54,11 @@ func (c *countingDev) Sync() error                { c.syncs.Add(1); return c.Sta
 // noMount, mounts ext4 from it; cleanup is registered in reverse order.
 func expose(t *testing.T, s Device, dir string, noMount bool) (loop *Loop, mnt string, done func()) {
 	t.Helper()
-	ctx := context.Background()
-	m, err := MountFile(ctx, filepath.Join(dir, "fuse"), s, MountOptions{})
+	ex, err := Expose(context.Background(), dir, s, MountOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := AttachLoop(ctx, m.Path(), false)
-	if err != nil {
-		m.Close()
-		t.Fatal(err)
-	}
+	l := ex.Loop
 	mnt = filepath.Join(dir, "mnt")
 	os.MkdirAll(mnt, 0o755)
 	mounted := false
@@ -79,11 +74,8 @@ func expose(t *testing.T, s Device, dir string, noMount bool) (loop *Loop, mnt s
 				t.Errorf("umount ext4: %v", err)
 			}
 		}
-		if err := l.Detach(); err != nil {
-			t.Errorf("detach: %v", err)
-		}
-		if err := m.Close(); err != nil {
-			t.Errorf("fuse unmount: %v", err)
+		if err := ex.Close(); err != nil {
+			t.Errorf("close exposed device: %v", err)
 		}
 	}
 	t.Cleanup(done)

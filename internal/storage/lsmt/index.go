@@ -107,12 +107,16 @@ type Index struct {
 	// eyt holds the mapping ends in Eytzinger (BFS) order, 1-based, and
 	// eytPos the sorted position of each: a cache-friendly search tree that
 	// keeps lookups fast on large indexes.
-	eyt    []uint64
-	eytPos []uint32
+	eyt []eytNode
+}
+
+type eytNode struct {
+	end uint64
+	pos uint64 // sorted position; in the node so the search ends on one cache line
 }
 
 func newIndex(ms []Mapping) *Index {
-	ix := &Index{m: ms, eyt: make([]uint64, len(ms)+1), eytPos: make([]uint32, len(ms)+1)}
+	ix := &Index{m: ms, eyt: make([]eytNode, len(ms)+1)}
 	i := 0
 	var fill func(k int)
 	fill = func(k int) {
@@ -120,8 +124,7 @@ func newIndex(ms []Mapping) *Index {
 			return
 		}
 		fill(2 * k)
-		ix.eyt[k] = ms[i].End()
-		ix.eytPos[k] = uint32(i)
+		ix.eyt[k] = eytNode{end: ms[i].End(), pos: uint64(i)}
 		i++
 		fill(2*k + 1)
 	}
@@ -156,7 +159,7 @@ func (ix *Index) first(off uint64) int {
 	k := 1
 	for k <= n {
 		k <<= 1
-		if e[k>>1] <= off {
+		if e[k>>1].end <= off {
 			k |= 1
 		}
 	}
@@ -164,7 +167,7 @@ func (ix *Index) first(off uint64) int {
 	if k == 0 {
 		return len(ix.m)
 	}
-	return int(ix.eytPos[k])
+	return int(ix.eyt[k].pos)
 }
 
 // Lookup calls fn for every mapping intersecting sectors [off, off+n),
