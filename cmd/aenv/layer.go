@@ -36,7 +36,7 @@ func newLayerCmd() *cobra.Command {
 
 func layerCreateCmd() *cobra.Command {
 	var size, index, parent, tag string
-	var sparse bool
+	var sparse, hybrid bool
 	c := &cobra.Command{
 		Use:   "create OUT --size N",
 		Short: "Create an empty writable layer (OUT data file plus OUT.index)",
@@ -49,7 +49,7 @@ func layerCreateCmd() *cobra.Command {
 			if index == "" && !sparse {
 				index = indexPathFor(args[0])
 			}
-			l, err := lsmt.CreateRW(args[0], index, lsmt.CreateOptions{VirtualSize: vs, ParentUUID: parent, UserTag: tag, Sparse: sparse})
+			l, err := lsmt.CreateRW(args[0], index, lsmt.CreateOptions{VirtualSize: vs, ParentUUID: parent, UserTag: tag, Sparse: sparse, Hybrid: hybrid})
 			if err != nil {
 				return err
 			}
@@ -66,6 +66,7 @@ func layerCreateCmd() *cobra.Command {
 	c.Flags().StringVar(&parent, "parent", "", "parent layer uuid")
 	c.Flags().StringVarP(&tag, "message", "m", "", "user tag")
 	c.Flags().BoolVarP(&sparse, "sparse", "s", false, "one sparse file, no index file")
+	c.Flags().BoolVar(&hybrid, "hybrid", false, "overwrite data the layer already holds in place (AgentENV hybrid upper)")
 	_ = c.MarkFlagRequired("size")
 	return c
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ func newPullCmd() *cobra.Command {
 		dataDir  string
 		probe    int
 		platform string
+		timeout  time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "pull REF",
@@ -64,8 +66,14 @@ func newPullCmd() *cobra.Command {
 			f, _ := stderr.(*os.File)
 			pr := newPullProgress(stderr, f != nil && isTerminal(f))
 			req.Progress = pr.report
+			ctx := cmd.Context()
+			if timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+				defer cancel()
+			}
 			start := time.Now()
-			t, err := install.Run(cmd.Context(), cat.Templates(), req)
+			t, err := install.Run(ctx, cat.Templates(), req)
 			pr.finish()
 			if err != nil {
 				return err
@@ -88,6 +96,7 @@ func newPullCmd() *cobra.Command {
 	fl.StringVar(&dataDir, "data-dir", "", "the node's data directory (default $AENV_DATA_DIR or "+config.Default().DataDir+")")
 	fl.StringSliceVar(&req.Pull.InsecureRegistries, "insecure-registry", nil, "registry host:port to reach over plain http (repeatable)")
 	fl.StringVar(&req.Pull.DockerConfig, "docker-config", "", "docker config.json with registry credentials")
+	fl.DurationVar(&timeout, "timeout", 0, "give up after this long (e.g. 10m); 0 = no limit")
 	fl.StringVar(&platform, "platform", "", "os/arch[/variant] to pick from multi-platform images (default the host's)")
 	return cmd
 }

@@ -380,6 +380,6 @@ func TestFilesMetadata(t *testing.T) {
 		t.Fatalf("stat metadata: %v %v", st, err)
 	}
 	resp, b = e.do("POST", "/files?path=m2.txt", strings.NewReader("x"), map[string]string{
-		"Content-Type": "application/octet-stream", "X-Metadata-Bad": "caf\u00e9\x01"})
+		"Content-Type": "application/octet-stream", "X-Metadata-Bad": "a\tb"})
 	wantJSONError(t, resp, b, 400)
 }

@@ -148,7 +148,7 @@ func TestStartBadRequests(t *testing.T) {
 
 func TestKeepalive(t *testing.T) {
 	e := newEnv(t, envOpts{})
-	r := e.run(t.Context(), "sleep 2.3", func(r *connect.Request[pb.StartRequest]) {
+	r := e.run(t.Context(), "sleep 3.5", func(r *connect.Request[pb.StartRequest]) {
 		r.Header().Set("Keepalive-Ping-Interval", "1")
 	})
 	if r.err != nil || r.keepalives < 2 {

@@ -3,6 +3,8 @@
 package envd
 
 // Version is the E2B envd protocol level this daemon implements. The SDKs gate features on it
-// (e2b-protocol.md 2.3); it is reported by /init and /health in the X-Envd-Version header and must
-// be what the control plane returns as envdVersion.
-const Version = "0.5.15"
+// (e2b-protocol.md 2.3): 0.6.2 file metadata (X-Metadata-* → user xattrs, EntryInfo.metadata),
+// 0.6.3 watchDir includeEntry, 0.6.4 allowNetworkMounts (watching is never refused) are all
+// implemented. It is reported by /init and /health in the X-Envd-Version header and is what the
+// control plane must return as envdVersion.
+const Version = "0.6.4"

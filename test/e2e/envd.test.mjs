@@ -258,6 +258,28 @@ describe('files', () => {
     assert.equal(await sbx.files.exists('tree'), false)
   })
 
+  test('file metadata (envd >= 0.6.2)', async () => {
+    const info = await sbx.files.write('meta.txt', 'meta', { metadata: { owner: 'me', 'build.id': '42' } })
+    assert.deepEqual(info.metadata, { owner: 'me', 'build.id': '42' })
+    const st = await sbx.files.getInfo('meta.txt')
+    assert.deepEqual(st.metadata, { owner: 'me', 'build.id': '42' })
+    const listed = (await sbx.files.list('.')).find((e) => e.name === 'meta.txt')
+    assert.equal(listed.metadata.owner, 'me')
+    assert.equal((await sbx.files.getInfo('hello.txt')).metadata, undefined)
+  })
+
+  test('watchDir with includeEntry (envd >= 0.6.3)', async () => {
+    await sbx.files.makeDir('watched2')
+    const events = []
+    const w = await sbx.files.watchDir('watched2', (e) => events.push(e), { includeEntry: true })
+    await sbx.files.write('watched2/e.txt', 'entry')
+    for (let i = 0; i < 60 && !events.some((e) => e.entry); i++) await sleep(50)
+    await w.stop()
+    const ev = events.find((e) => e.entry)
+    assert.ok(ev, JSON.stringify(events))
+    assert.equal(ev.entry.path, `${secured.home}/watched2/e.txt`)
+  })
+
   test('watchDir, non-recursive and recursive', async () => {
     await sbx.files.makeDir('watched/sub')
     const events = []

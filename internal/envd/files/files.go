@@ -366,9 +366,9 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 }
 
 type uploader struct {
-	user    *identity.User
-	workdir string
-	seen    map[string]bool
+	user     *identity.User
+	workdir  string
+	seen     map[string]bool
 	written  []WrittenFile
 	buf      []byte
 	metadata map[string]string

@@ -182,19 +182,14 @@ func (s *Service) Start(ctx context.Context, req *connect.Request[pb.StartReques
 	if err != nil {
 		return err
 	}
-	p, sub, err := s.start(sp, true)
-	if err != nil {
-		return err
-	}
 	// connect-timeout-ms (already a context deadline) kills the process when it runs out, even if
 	// the client went away; no deadline means no limit.
 	if dl, ok := ctx.Deadline(); ok {
-		p.killTime = time.AfterFunc(time.Until(dl), func() { _ = p.signal(syscall.SIGKILL) })
-		select { // finish may already have run
-		case <-p.done:
-			p.killTime.Stop()
-		default:
-		}
+		sp.timeout = max(time.Until(dl), time.Millisecond)
+	}
+	p, sub, err := s.start(sp, true)
+	if err != nil {
+		return err
 	}
 	send := func(ev *pb.ProcessEvent) error { return stream.Send(&pb.StartResponse{Event: ev}) }
 	return s.pump(ctx, p, sub, send, keepaliveInterval(req.Header()))

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -33,6 +34,7 @@ type spec struct {
 	cred    *syscall.Credential
 	snap    state.Snapshot
 	envPath string
+	timeout time.Duration // > 0: SIGKILL the process group when it runs out
 }
 
 // prepare validates a StartRequest and resolves user, directory, environment and executable.
@@ -252,6 +254,9 @@ func (s *Service) start(sp *spec, attach bool) (_ *proc, sub *subscriber, err er
 		go p.read(p.outputs[1], pipeChunk, func(b []byte) *pb.ProcessEvent_DataEvent {
 			return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stderr{Stderr: b}}
 		})
+	}
+	if sp.timeout > 0 {
+		p.killTime = time.AfterFunc(sp.timeout, func() { _ = p.signal(syscall.SIGKILL) })
 	}
 	s.register(p)
 	go func() {

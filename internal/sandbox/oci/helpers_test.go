@@ -149,6 +149,8 @@ func newTestBackend(t *testing.T, mod func(*Config)) *testEnv {
 		InitArgs:     httpdInit,
 		CgroupParent: fmt.Sprintf("%s/%d-%d", testCgroup, os.Getpid(), backendSeq.Add(1)),
 		PidsLimit:    256,
+		// Off by default so each test controls what exists; TestWarmContainers turns it on.
+		WarmContainers: -1,
 		// No warm pool: it could refill a freed slot index before assertGone looks at it.
 		Network: testNetwork(-1),
 	}
@@ -179,6 +181,9 @@ func cleanupBackend(t *testing.T, b *Backend) {
 		if err := i.Stop(ctx); err != nil {
 			t.Errorf("stop %s: %v", i.id, err)
 		}
+	}
+	if err := b.warm.close(ctx); err != nil {
+		t.Errorf("warm pool close: %v", err)
 	}
 	if err := b.pool.Teardown(ctx); err != nil {
 		t.Errorf("network teardown: %v", err)
@@ -221,8 +226,8 @@ func assertClean(t *testing.T, b *Backend) {
 	}
 }
 
-// assertGone checks that a stopped instance left nothing: container, cgroups, mounts,
-// bundle, netns, veth.
+// assertGone checks that a stopped container (by container id) left nothing: container,
+// cgroups, mounts, bundle, netns, veth.
 func assertGone(t *testing.T, b *Backend, id string, slot *network.Slot) {
 	t.Helper()
 	if _, err := b.rt.state(context.Background(), id); err == nil {

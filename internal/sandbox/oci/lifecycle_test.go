@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -54,7 +55,7 @@ func testLaunchReachStop(t *testing.T, mode string) {
 	if _, err := i.Stats(ctx); !errors.Is(err, sandbox.ErrGone) {
 		t.Fatalf("stats after stop: %v", err)
 	}
-	assertGone(t, e.b, i.id, slot)
+	assertGone(t, e.b, i.cid, slot)
 }
 
 // TestRealEnvd runs the repository's envd as init and reaches it from the host.
@@ -74,7 +75,17 @@ func TestRealEnvd(t *testing.T) {
 // TestConcurrentLaunchStop launches and stops sandboxes from many goroutines at once, as
 // a fork fan-out or a burst of creates does.
 func TestConcurrentLaunchStop(t *testing.T) {
-	e := newTestBackend(t, nil)
+	for _, warm := range []int{-1, 3} {
+		t.Run(fmt.Sprintf("warm=%d", max(warm, 0)), func(t *testing.T) { testConcurrentLaunchStop(t, warm) })
+	}
+}
+
+func testConcurrentLaunchStop(t *testing.T, warm int) {
+	e := newTestBackend(t, func(c *Config) { c.WarmContainers = warm })
+	if warm > 0 {
+		e.launch(t, "conc-prime", sandbox.Resources{}) // makes the template wanted
+		waitWarm(t, e.b, e.template, warm)
+	}
 	const n = 8
 	insts := make([]*Instance, n)
 	errs := make(chan error, n)
@@ -106,9 +117,12 @@ func TestConcurrentLaunchStop(t *testing.T) {
 	for _, i := range insts {
 		go func() {
 			slot := i.slot
+			if warm > 0 {
+				slot = nil // the warm filler may reuse a freed slot index at once
+			}
 			err := i.Stop(context.Background())
 			if err == nil {
-				assertGone(t, e.b, i.id, slot)
+				assertGone(t, e.b, i.cid, slot)
 			}
 			errs <- err
 		}()
@@ -117,5 +131,77 @@ func TestConcurrentLaunchStop(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestWarmContainers launches from the warm pool: the sandbox must get its own limits,
+// hostname, network policy and state, and stop as cleanly as a fresh one.
+func TestWarmContainers(t *testing.T) {
+	e := newTestBackend(t, func(c *Config) { c.WarmContainers = 2 })
+	ctx := context.Background()
+	first := e.launch(t, "warm0", sandbox.Resources{CPUCount: 1, MemoryMB: 64})
+	if first.cid != "warm0" {
+		t.Fatalf("first launch of a template used warm container %s", first.cid)
+	}
+	waitWarm(t, e.b, e.template, 2)
+
+	inst, err := e.b.Launch(ctx, sandbox.LaunchPlan{
+		Kind: sandbox.LaunchFresh, SandboxID: "warm1", RootFS: sandbox.RootFS{LowerDir: e.template},
+		Resources: sandbox.Resources{CPUCount: 2, MemoryMB: 96}, AllowInternet: false,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := inst.(*Instance)
+	if i.cid == "warm1" || !strings.HasPrefix(i.cid, "warm.") {
+		t.Fatalf("second launch did not use a warm container (cid %s)", i.cid)
+	}
+	e.waitReady(t, i)
+	out, code := e.sh(t, i, "hostname; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max")
+	if code != 0 || out != fmt.Sprintf("warm1\n%d\n", 96<<20) {
+		t.Fatalf("hostname/limit inside: %q", out)
+	}
+	if st, err := i.Stats(ctx); err != nil || st.MemTotal != 96<<20 || st.CPUCount != 2 {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+	nft, _ := exec.Command("nft", "list", "set", "inet", testBridge, "blocked").CombinedOutput()
+	if !strings.Contains(string(nft), i.Endpoint().Host) {
+		t.Fatalf("AllowInternet=false not applied to the warm slot: %s", nft)
+	}
+	st, err := readState(i.l.state())
+	if err != nil || st.ID != "warm1" || st.ContainerID != i.cid || st.AllowInternet {
+		t.Fatalf("saved state %+v %v", st, err)
+	}
+	slot := i.slot
+	if err := i.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, e.b, i.cid, slot)
+	// Close removes the warm containers (checked by the cleanup's assertClean).
+	if err := e.b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cs, _ := e.b.rt.list(ctx)
+	for _, c := range cs {
+		if strings.HasPrefix(c.ID, "warm.") {
+			t.Fatalf("warm container %s left after Close", c.ID)
+		}
+	}
+}
+
+func waitWarm(t *testing.T, b *Backend, lower string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		b.warm.mu.Lock()
+		got := len(b.warm.ready[lower])
+		b.warm.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d warm containers after 20s", got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -89,7 +89,7 @@ func TestForkBombStoppedByPidsLimit(t *testing.T) {
 	if err := i.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	assertGone(t, e.b, i.id, slot)
+	assertGone(t, e.b, i.cid, slot)
 }
 
 func TestPauseResume(t *testing.T) {
@@ -144,7 +144,7 @@ func TestPauseResume(t *testing.T) {
 	if err := i.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	assertGone(t, e.b, i.id, slot)
+	assertGone(t, e.b, i.cid, slot)
 	if err := i.Resume(ctx); !errors.Is(err, sandbox.ErrGone) {
 		t.Fatalf("resume after stop: %v", err)
 	}

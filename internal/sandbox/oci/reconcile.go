@@ -29,17 +29,24 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 		return nil, err
 	}
 	var errs []error
-	adopt := map[string]*Instance{}
-	states := map[string]savedState{}
+	adopt := map[string]*Instance{}   // by sandbox id
+	states := map[string]savedState{} // by sandbox id
+	cids := map[string]bool{}         // container ids of adopted sandboxes
 	for _, c := range containers {
-		if want[c.ID] && (c.Status == "running" || c.Status == "paused") {
+		if c.Status == "running" || c.Status == "paused" {
 			l := b.layout(c.ID)
-			if st, err := readState(l.state()); err == nil && st.ID == c.ID {
-				adopt[c.ID] = &Instance{b: b, id: c.ID, l: l, res: st.Resources, started: st.Created, idmap: st.IDMap}
-				states[c.ID] = st
+			st, err := readState(l.state())
+			if st.ContainerID == "" {
+				st.ContainerID = st.ID
+			}
+			if err == nil && st.ID != "" && want[st.ID] && st.ContainerID == c.ID && adopt[st.ID] == nil {
+				adopt[st.ID] = &Instance{b: b, id: st.ID, cid: c.ID, l: l, res: st.Resources, started: st.Created, idmap: st.IDMap}
+				states[st.ID] = st
+				cids[c.ID] = true
 				continue
 			}
 		}
+		// Unknown, dead, or a warm container of the previous run (never started).
 		if err := b.rt.remove(ctx, c.ID); err != nil {
 			errs = append(errs, err)
 		}
@@ -51,13 +58,13 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 		return nil, fmt.Errorf("oci: list bundles: %w", err)
 	}
 	for _, e := range ents {
-		if adopt[e.Name()] != nil {
+		if cids[e.Name()] {
 			continue
 		}
 		l := b.layout(e.Name())
 		errs = append(errs, unmountAll(l.dir), os.RemoveAll(l.dir))
 	}
-	errs = append(errs, b.sweepCgroups(adopt))
+	errs = append(errs, b.sweepCgroups(cids))
 
 	keep := map[int]bool{}
 	for _, st := range states {
@@ -81,6 +88,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 		b.mu.Unlock()
 		alive[id] = inst
 	}
+	b.warm.start()
 	return alive, errors.Join(errs...)
 }
 
@@ -99,7 +107,7 @@ func readState(path string) (savedState, error) {
 // sweepCgroups kills the processes of, and removes, every cgroup under CgroupParent that
 // does not belong to an adopted sandbox (runc normally removes them; a crash of runc itself
 // or a lost state dir can leave them behind).
-func (b *Backend) sweepCgroups(adopt map[string]*Instance) error {
+func (b *Backend) sweepCgroups(keep map[string]bool) error {
 	var errs []error
 	seen := map[string]bool{}
 	for _, parent := range cgroupDirs("/"+b.cfg.CgroupParent, b.v2) {
@@ -108,7 +116,7 @@ func (b *Backend) sweepCgroups(adopt map[string]*Instance) error {
 			continue
 		}
 		for _, e := range ents {
-			if e.IsDir() && adopt[e.Name()] == nil {
+			if e.IsDir() && !keep[e.Name()] {
 				seen[e.Name()] = true
 			}
 		}

@@ -14,14 +14,23 @@ import (
 // then checks that a new backend adopts the sandboxes it is told about, still reachable, and
 // removes everything else: containers, cgroups, overlay mounts, bundles, network slots.
 func TestCrashRecovery(t *testing.T) {
-	// The first backend has no warm-pool goroutine, so "crashing" it leaves nothing running
-	// in this process that could race the new backend.
-	e := newTestBackend(t, func(c *Config) { c.Network.PoolSize = -1 })
+	// The first backend keeps one warm container; its filler is stopped before the "crash"
+	// so nothing of it runs on in this process and races the new backend.
+	e := newTestBackend(t, func(c *Config) { c.Network.PoolSize, c.WarmContainers = -1, 1 })
 	ctx := context.Background()
 	keep := e.launch(t, "crash-keep", sandbox.Resources{CPUCount: 1, MemoryMB: 128})
 	lost := e.launch(t, "crash-lost", sandbox.Resources{CPUCount: 1, MemoryMB: 128})
 	lostSlot := lost.slot
+	t.Logf("lost runs in container %s", lost.cid)
 	e.sh(t, keep, "echo kept > /root/mark")
+	waitWarm(t, e.b, e.template, 1)
+	close(e.b.warm.done)
+	<-e.b.warm.exited
+	e.b.warm.mu.Lock()
+	warmCid := e.b.warm.ready[e.template][0].cid
+	e.b.warm.ready = map[string][]*Instance{} // "forgotten" by the crash
+	e.b.warm.closed = true
+	e.b.warm.mu.Unlock()
 	// A launch that crashed half-way: a bundle with a mounted rootfs and no container.
 	ghost := e.b.layout("crash-ghost")
 	if err := os.MkdirAll(ghost.rootfs(), 0o755); err != nil {
@@ -34,6 +43,7 @@ func TestCrashRecovery(t *testing.T) {
 	// No warm pool here either: it would refill freed slot indexes, and the checks below
 	// look for the old slots' names.
 	cfg := e.cfg
+	cfg.WarmContainers = -1
 	b2, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -56,8 +66,9 @@ func TestCrashRecovery(t *testing.T) {
 	if out, _ := env2.sh(t, adopted, "cat /root/mark"); out != "kept\n" {
 		t.Fatalf("adopted sandbox lost its files: %q", out)
 	}
-	assertGone(t, b2, "crash-lost", lostSlot)
+	assertGone(t, b2, lost.cid, lostSlot)
 	assertGone(t, b2, "crash-ghost", nil)
+	assertGone(t, b2, warmCid, nil)
 
 	// Second crash, and this time the node knows nothing: everything goes.
 	keepSlot := adopted.slot
@@ -72,7 +83,7 @@ func TestCrashRecovery(t *testing.T) {
 	if len(alive) != 0 {
 		t.Fatalf("alive %v after Reconcile(nil)", alive)
 	}
-	assertGone(t, b3, "crash-keep", keepSlot)
+	assertGone(t, b3, adopted.cid, keepSlot)
 	if err := b2.Close(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -184,6 +184,32 @@ func TestExt4EndToEnd(t *testing.T) {
 		t.Fatalf("snapshot has a file written after it: %v", err)
 	}
 	done6()
+
+	// Read-only: lowers only, no upper, mounted ro.
+	ro, err := stack.Open(ctx, &stack.Manifest{Dir: dir, Lowers: []stack.LayerRef{{Path: "base.commit"}, {Path: "snap1.sealed"}, {Path: snap.Path}}}, stack.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ro.Close() })
+	ex, err := Expose(ctx, filepath.Join(dir, "ro"), ro, MountOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ex.Close() })
+	roMnt := filepath.Join(dir, "ro", "mnt")
+	os.MkdirAll(roMnt, 0o755)
+	run(t, "mount", "-t", "ext4", "-o", "ro,noload", ex.Device(), roMnt)
+	b, err := os.ReadFile(filepath.Join(roMnt, "second.txt"))
+	werr := os.WriteFile(filepath.Join(roMnt, "x"), []byte("x"), 0o644)
+	if uerr := unix.Unmount(roMnt, 0); uerr != nil {
+		t.Errorf("umount ro: %v", uerr)
+	}
+	if err != nil || string(b) != "second" || werr == nil {
+		t.Fatalf("read-only mount: read %v, write %v", err, werr)
+	}
+	if err := ex.Close(); err != nil {
+		t.Fatal(err)
+	}
 	loop, _, done4 := expose(t, s, dir, true)
 	run(t, "fsck.ext4", "-n", "-f", loop.Path())
 	done4()

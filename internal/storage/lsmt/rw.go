@@ -41,6 +41,11 @@ type CreateOptions struct {
 	ParentUUID  string
 	UserTag     string
 	Sparse      bool // one sparse file, no index file
+	// Hybrid overwrites data the layer already holds in place instead of
+	// appending it (AgentENV's hybridLogStructured upper, flag bit 5): the
+	// data file stops growing under rewrites, at the price of torn blocks on
+	// a host crash between syncs.
+	Hybrid bool
 }
 
 // CreateRW creates a new writable layer. indexPath is ignored for sparse
@@ -54,9 +59,15 @@ func CreateRW(dataPath, indexPath string, o CreateOptions) (*RWLayer, error) {
 	}
 	h := &Header{Flags: FlagHeader | FlagData, VirtualSize: o.VirtualSize, UUID: o.UUID,
 		ParentUUID: o.ParentUUID, UserTag: o.UserTag, Version: 1, SubVersion: 1}
+	if o.Sparse && o.Hybrid {
+		return nil, fmt.Errorf("create %s: sparse and hybrid are exclusive", dataPath)
+	}
 	if o.Sparse {
 		h.Flags |= FlagSparseRW
 		indexPath = ""
+	}
+	if o.Hybrid {
+		h.Flags |= FlagHybridRW
 	}
 	hb, err := h.MarshalBinary()
 	if err != nil {
@@ -81,7 +92,8 @@ func CreateRW(dataPath, indexPath string, o CreateOptions) (*RWLayer, error) {
 		return fail(err)
 	}
 	if o.Sparse {
-		if err := data.Truncate(HeaderSize + int64(o.VirtualSize)); err != nil {
+		l.eof = HeaderSize + int64(o.VirtualSize)
+		if err := data.Truncate(l.eof); err != nil {
 			return fail(err)
 		}
 	} else {
@@ -135,7 +147,7 @@ func openRW(data *os.File, dataPath, indexPath string) (*RWLayer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: header at offset 0: %w", dataPath, err)
 	}
-	if !h.IsHeader() || h.Flags&FlagData == 0 || h.IsSealed() {
+	if !h.IsHeader() || h.Flags&FlagData == 0 || h.IsSealed() || h.IsSparse() && h.Flags&FlagHybridRW != 0 {
 		return nil, fmt.Errorf("%s: %w: header flags %#x are not a writable data file", dataPath, ErrFormat, h.Flags)
 	}
 	if st.Size() >= 2*HeaderSize {
@@ -256,7 +268,7 @@ func (l *RWLayer) Mappings() []Mapping {
 // Lookup collects the mappings intersecting sectors [off, off+n), clipped,
 // appending them to buf. Physical data behind a returned mapping is never
 // rewritten by a log-structured layer, so callers may read it after Lookup
-// returns.
+// returns (a hybrid layer may rewrite it in place, like a disk would).
 func (l *RWLayer) Lookup(off, n uint64, buf []Mapping) []Mapping {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
@@ -318,6 +330,13 @@ func (l *RWLayer) WriteAt(p []byte, off int64) (int, error) {
 }
 
 func (l *RWLayer) writePiece(p []byte, off int64) error {
+	if l.header.Flags&FlagHybridRW != 0 {
+		return l.writeHybrid(p, off)
+	}
+	return l.appendPiece(p, off)
+}
+
+func (l *RWLayer) appendPiece(p []byte, off int64) error {
 	sparse := l.indexPath == ""
 	var phys int64
 	l.mu.Lock()
@@ -336,6 +355,34 @@ func (l *RWLayer) writePiece(p []byte, off int64) error {
 		return fmt.Errorf("%s: write data at %d: %w", l.name, phys, err)
 	}
 	return l.record(Mapping{Offset: uint64(off) / SectorSize, Length: uint32(len(p) / SectorSize), MOffset: uint64(phys) / SectorSize})
+}
+
+// writeHybrid overwrites the parts of p the layer already backs with data
+// in place (no new index entry) and appends the rest.
+func (l *RWLayer) writeHybrid(p []byte, off int64) error {
+	sect := uint64(off) / SectorSize
+	n := uint64(len(p)) / SectorSize
+	pos := sect
+	for _, m := range l.Lookup(sect, n, nil) {
+		if m.Offset > pos {
+			if err := l.appendPiece(p[(pos-sect)*SectorSize:(m.Offset-sect)*SectorSize], int64(pos*SectorSize)); err != nil {
+				return err
+			}
+		}
+		chunk := p[(m.Offset-sect)*SectorSize : (m.End()-sect)*SectorSize]
+		if m.Zeroed {
+			if err := l.appendPiece(chunk, int64(m.Offset*SectorSize)); err != nil {
+				return err
+			}
+		} else if _, err := l.data.WriteAt(chunk, int64(m.MOffset*SectorSize)); err != nil {
+			return fmt.Errorf("%s: overwrite data at %d: %w", l.name, m.MOffset*SectorSize, err)
+		}
+		pos = m.End()
+	}
+	if pos < sect+n {
+		return l.appendPiece(p[(pos-sect)*SectorSize:], int64(pos*SectorSize))
+	}
+	return nil
 }
 
 // record inserts m and queues its index entry, in one critical section so

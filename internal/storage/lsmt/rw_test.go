@@ -251,3 +251,49 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 }
+
+func TestHybridRW(t *testing.T) {
+	dir := t.TempDir()
+	d, i := filepath.Join(dir, "h.data"), filepath.Join(dir, "h.index")
+	l, err := CreateRW(d, i, CreateOptions{VirtualSize: testVSize, Hybrid: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(11, 11))
+	model := make(modelDisk, testVSize)
+	randomOps(t, r, l, model, 300)
+	checkAll(t, l, model)
+	// Rewrites of already-backed data do not grow the file.
+	p := bytes.Repeat([]byte{7}, 1<<20)
+	l.WriteAt(p, 0)
+	copy(model, p)
+	st0, _ := os.Stat(d)
+	for k := 0; k < 5; k++ {
+		p[0] = byte(k)
+		l.WriteAt(p, 0)
+		copy(model, p)
+	}
+	st1, _ := os.Stat(d)
+	if st1.Size() != st0.Size() {
+		t.Fatalf("hybrid rewrite grew the data file from %d to %d", st0.Size(), st1.Size())
+	}
+	l.Sync()
+	l.Close()
+	l2, err := OpenRW(d, i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkAll(t, l2, model)
+	si, err := l2.Seal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl := openFile(t, si.Path)
+	checkAll(t, sl, model)
+	if sl.Trailer().Flags&FlagHybridRW == 0 {
+		t.Fatal("hybrid bit lost on seal")
+	}
+	if _, err := CreateRW(filepath.Join(dir, "x"), "", CreateOptions{VirtualSize: 4096, Hybrid: true, Sparse: true}); err == nil {
+		t.Fatal("sparse+hybrid accepted")
+	}
+}

@@ -34,6 +34,7 @@ type Upper struct {
 	Data   string `json:"data"`
 	Index  string `json:"index,omitempty"`
 	Sparse bool   `json:"sparse,omitempty"`
+	Hybrid bool   `json:"hybrid,omitempty"` // overwrite upper-owned data in place
 }
 
 // DefaultMaxDepth is the default compaction threshold (AgentENV's limit).
@@ -73,6 +74,9 @@ func (m *Manifest) validate() error {
 	}
 	if m.Upper != nil && (m.Upper.Data == "" || !m.Upper.Sparse && m.Upper.Index == "") {
 		return fmt.Errorf("upper needs data and index paths (or sparse)")
+	}
+	if m.Upper != nil && m.Upper.Sparse && m.Upper.Hybrid {
+		return fmt.Errorf("upper cannot be both sparse and hybrid")
 	}
 	if m.VirtualSize%512 != 0 {
 		return fmt.Errorf("virtual_size %d not a multiple of 512", m.VirtualSize)

@@ -85,7 +85,7 @@ func (s *Stack) sealAndRestack(ctx context.Context, output string) (LayerRef, er
 	if err != nil {
 		return fail(err)
 	}
-	up, err := lsmt.CreateRW(dataPath, indexPath, lsmt.CreateOptions{VirtualSize: s.vsize, ParentUUID: info.UUID, Sparse: u.Sparse})
+	up, err := lsmt.CreateRW(dataPath, indexPath, lsmt.CreateOptions{VirtualSize: s.vsize, ParentUUID: info.UUID, Sparse: u.Sparse, Hybrid: u.Hybrid})
 	if err != nil {
 		lw.l.Close()
 		lw.src.Close()

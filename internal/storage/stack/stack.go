@@ -101,7 +101,7 @@ func Open(ctx context.Context, m *Manifest, o Options) (*Stack, error) {
 		up, err := lsmt.OpenRW(d, i)
 		if errors.Is(err, os.ErrNotExist) {
 			if _, serr := os.Stat(d); os.IsNotExist(serr) {
-				up, err = lsmt.CreateRW(d, i, lsmt.CreateOptions{VirtualSize: s.vsize, ParentUUID: s.topUUID(), Sparse: u.Sparse})
+				up, err = lsmt.CreateRW(d, i, lsmt.CreateOptions{VirtualSize: s.vsize, ParentUUID: s.topUUID(), Sparse: u.Sparse, Hybrid: u.Hybrid})
 			}
 		}
 		if err != nil {
@@ -283,7 +283,8 @@ func (s *Stack) readLowers(q []byte, sect uint64) error {
 }
 
 // WriteAt writes p at off into the upper. Unaligned edges are handled by
-// read-modify-write of the partial sectors.
+// read-modify-write of the partial blocks (512 bytes, or 4 KiB for a sparse
+// upper, whose index is rebuilt from host filesystem blocks on reopen).
 func (s *Stack) WriteAt(p []byte, off int64) (int, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -293,20 +294,23 @@ func (s *Stack) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 || uint64(off)+uint64(len(p)) > s.vsize {
 		return 0, fmt.Errorf("stack: write [%d, %d) outside device of %d bytes", off, off+int64(len(p)), s.vsize)
 	}
-	if off%lsmt.SectorSize == 0 && len(p)%lsmt.SectorSize == 0 {
+	al := s.writeAlign()
+	if off%al == 0 && int64(len(p))%al == 0 {
 		return s.upper.WriteAt(p, off)
 	}
 	s.rmw.Lock()
 	defer s.rmw.Unlock()
-	a := off / lsmt.SectorSize * lsmt.SectorSize
-	e := (off + int64(len(p)) + lsmt.SectorSize - 1) / lsmt.SectorSize * lsmt.SectorSize
+	a := off / al * al
+	e := min((off+int64(len(p))+al-1)/al*al, int64(s.vsize))
 	buf := make([]byte, e-a)
-	// Only the partial edge sectors need their old contents.
-	if err := s.readAligned(buf[:lsmt.SectorSize], a); err != nil {
+	// Only the partial edge blocks need their old contents.
+	head := min(al, e-a)
+	if err := s.readAligned(buf[:head], a); err != nil {
 		return 0, err
 	}
-	if len(buf) > lsmt.SectorSize {
-		if err := s.readAligned(buf[len(buf)-lsmt.SectorSize:], e-lsmt.SectorSize); err != nil {
+	if e-a > al {
+		tail := e - (e-1)/al*al
+		if err := s.readAligned(buf[int64(len(buf))-tail:], e-tail); err != nil {
 			return 0, err
 		}
 	}
@@ -315,6 +319,14 @@ func (s *Stack) WriteAt(p []byte, off int64) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// writeAlign is the write granularity the upper needs.
+func (s *Stack) writeAlign() int64 {
+	if s.m.Upper != nil && s.m.Upper.Sparse {
+		return 4096
+	}
+	return lsmt.SectorSize
 }
 
 func (s *Stack) writable() error {
@@ -328,7 +340,9 @@ func (s *Stack) writable() error {
 }
 
 // Discard makes [off, off+n) read as zeros (TRIM). Whole sectors get zeroed
-// mappings; partial edge sectors are overwritten with zeros.
+// mappings; partial edge sectors are overwritten with zeros. A sparse upper
+// over lowers gets zeros written instead: its punched holes would fall
+// through to the lowers once the upper is reopened (upstream format limit).
 func (s *Stack) Discard(off, n int64) error {
 	if n <= 0 {
 		return nil
@@ -342,29 +356,43 @@ func (s *Stack) Discard(off, n int64) error {
 		s.mu.RUnlock()
 		return fmt.Errorf("stack: discard [%d, %d) outside device of %d bytes", off, off+n, s.vsize)
 	}
-	a := (off + lsmt.SectorSize - 1) / lsmt.SectorSize * lsmt.SectorSize
-	e := (off + n) / lsmt.SectorSize * lsmt.SectorSize
+	al := s.writeAlign()
+	zeroFill := al != lsmt.SectorSize && len(s.lowers) > 0
+	a := (off + al - 1) / al * al
+	e := (off + n) / al * al
 	var err error
-	if a < e {
+	if a < e && !zeroFill {
 		err = s.upper.Discard(a, e-a)
 	}
 	s.mu.RUnlock()
 	if err != nil {
 		return err
 	}
-	if a >= e {
-		_, err = s.WriteAt(make([]byte, n), off)
-		return err
+	if a >= e || zeroFill {
+		return s.writeZeros(off, n)
 	}
 	if a > off {
-		if _, err := s.WriteAt(make([]byte, a-off), off); err != nil {
+		if err := s.writeZeros(off, a-off); err != nil {
 			return err
 		}
 	}
 	if e < off+n {
-		_, err = s.WriteAt(make([]byte, off+n-e), e)
+		return s.writeZeros(e, off+n-e)
 	}
-	return err
+	return nil
+}
+
+func (s *Stack) writeZeros(off, n int64) error {
+	z := make([]byte, min(n, lsmt.MaxIOSize))
+	for n > 0 {
+		k := min(n, int64(len(z)))
+		if _, err := s.WriteAt(z[:k], off); err != nil {
+			return err
+		}
+		off += k
+		n -= k
+	}
+	return nil
 }
 
 // Sync makes all completed writes and discards durable.

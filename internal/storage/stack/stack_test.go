@@ -15,10 +15,13 @@ import (
 const vsize = 8 << 20
 
 func newStack(t *testing.T, maxDepth int) (*Stack, string) {
+	return newStackUpper(t, maxDepth, Upper{Data: "upper.data", Index: "upper.index"})
+}
+
+func newStackUpper(t *testing.T, maxDepth int, u Upper) (*Stack, string) {
 	t.Helper()
 	dir := t.TempDir()
-	m := &Manifest{VirtualSize: vsize, MaxDepth: maxDepth, Dir: dir,
-		Upper: &Upper{Data: "upper.data", Index: "upper.index"}}
+	m := &Manifest{VirtualSize: vsize, MaxDepth: maxDepth, Dir: dir, Upper: &u}
 	s, err := Open(context.Background(), m, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -45,12 +48,24 @@ func compare(t *testing.T, s *Stack, model []byte, step int) {
 // TestModel applies thousands of random writes, discards, seals and
 // compactions to a stack and to a byte slice and compares every byte.
 func TestModel(t *testing.T) {
+	for _, tc := range []struct {
+		u     Upper
+		steps int
+	}{
+		{Upper{Data: "upper.data", Index: "upper.index"}, 3000},
+		{Upper{Data: "upper.data", Index: "upper.index", Hybrid: true}, 1000},
+		{Upper{Data: "upper.data", Sparse: true}, 1000},
+	} {
+		t.Run(fmt.Sprintf("hybrid=%v,sparse=%v", tc.u.Hybrid, tc.u.Sparse), func(t *testing.T) { testModel(t, tc.u, tc.steps) })
+	}
+}
+
+func testModel(t *testing.T, u Upper, steps int) {
 	ctx := context.Background()
-	s, dir := newStack(t, 4)
+	s, dir := newStackUpper(t, 4, u)
 	model := make([]byte, vsize)
 	r := rand.New(rand.NewPCG(42, 1))
 	seals := 0
-	const steps = 3000
 	for step := 0; step < steps; step++ {
 		switch k := r.IntN(100); {
 		case k < 70:
@@ -100,7 +115,7 @@ func TestModel(t *testing.T) {
 		}
 	}
 	compare(t, s, model, steps)
-	if seals < 50 {
+	if seals < steps/60 {
 		t.Fatalf("only %d seals", seals)
 	}
 	// Reopen from the saved manifest.
