@@ -108,6 +108,7 @@ type pullProgress struct {
 	tty   bool
 	last  time.Time
 	dirty bool
+	phase image.Phase
 }
 
 func newPullProgress(w io.Writer, tty bool) *pullProgress { return &pullProgress{w: w, tty: tty} }
@@ -128,16 +129,16 @@ func (p *pullProgress) report(ev image.Progress) {
 		}
 		return
 	}
-	if !ev.Final && time.Since(p.last) < 100*time.Millisecond {
+	if ev.Phase != p.phase {
+		// Keep the last line of the previous phase (download, apply, convert).
+		p.finish()
+		p.phase = ev.Phase
+	} else if !ev.Final && time.Since(p.last) < 100*time.Millisecond {
 		return
 	}
 	p.last = time.Now()
 	fmt.Fprintf(p.w, "\r\033[K%s", line)
 	p.dirty = true
-	if ev.Final && ev.Layer == ev.Layers {
-		fmt.Fprintln(p.w)
-		p.dirty = false
-	}
 }
 
 func (p *pullProgress) finish() {

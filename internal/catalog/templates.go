@@ -49,6 +49,12 @@ type Template struct {
 	DefaultWorkdir string `json:"defaultWorkdir,omitempty"`
 	// SourceSandboxID is the sandbox a snapshot was captured from.
 	SourceSandboxID string `json:"sourceSandboxID,omitempty"`
+	// ParentID is the snapshot the source sandbox was itself created from (lineage:
+	// snapshot chains share layers); empty for snapshots of template-born sandboxes.
+	ParentID string `json:"parentID,omitempty"`
+	// Backend is the sandbox backend whose capture Artifact holds (snapshots only): a
+	// capture is usable only by the backend that made it.
+	Backend string `json:"backend,omitempty"`
 	// Artifact is an opaque description owned by the storage engine or backend (layer
 	// stack, captured snapshot state); the catalog stores it verbatim.
 	Artifact  json.RawMessage `json:"artifact,omitempty"`

@@ -98,4 +98,3 @@ func BenchmarkPullBuild(b *testing.B) {
 		}
 	}
 }
-

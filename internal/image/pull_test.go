@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -364,12 +365,12 @@ func TestSharedBaseFetchedOnce(t *testing.T) {
 	base := layerOf(t, baseLayer(t))
 	a, _ := mutate.AppendLayers(empty.Image, base, layerOf(t, tarOf(t, ent{name: "a", body: "a"})))
 	b, _ := mutate.AppendLayers(empty.Image, base, layerOf(t, tarOf(t, ent{name: "b", body: "b"})))
-	var baseFetches int
+	var baseFetches atomic.Int32
 	baseDigest, _ := base.Digest()
 	host := serveRegistry(t, func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, baseDigest.String()) {
-				baseFetches++
+				baseFetches.Add(1)
 			}
 			next.ServeHTTP(w, r)
 		})
@@ -392,8 +393,8 @@ func TestSharedBaseFetchedOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if baseFetches != 1 || len(cached) != 2 || cached[0] || !cached[1] {
-		t.Errorf("base fetched %d times; cached flags %v", baseFetches, cached)
+	if baseFetches.Load() != 1 || len(cached) != 2 || cached[0] || !cached[1] {
+		t.Errorf("base fetched %d times; cached flags %v", baseFetches.Load(), cached)
 	}
 }
 

@@ -14,9 +14,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sync/errgroup"
 )
 
 // Store caches layer blobs by digest under Dir (usually <data-dir>/images):
@@ -70,29 +72,44 @@ func (s *Store) Has(digest string) bool {
 	return err == nil
 }
 
+// fetchJobs is how many layers download at once, like Docker's default of 3.
+const fetchJobs = 3
+
 // Fetch makes sure every layer blob of img is in the store, downloading the
-// missing ones and verifying each against its digest and size.
+// missing ones (a few at a time) and verifying each against its digest and
+// size. Progress reports are serialized: progress is never called
+// concurrently.
 func (s *Store) Fetch(ctx context.Context, img *Image, progress ProgressFunc) error {
-	if progress == nil {
-		progress = func(Progress) {}
-	}
-	for n, l := range img.Layers {
-		if err := ctx.Err(); err != nil {
-			return err
+	var mu sync.Mutex
+	report := func(p Progress) {
+		if progress != nil {
+			mu.Lock()
+			progress(p)
+			mu.Unlock()
 		}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(fetchJobs)
+	for n, l := range img.Layers {
 		p := Progress{Phase: PhaseDownload, Layer: n + 1, Layers: len(img.Layers), Digest: l.Digest, Total: l.Size}
 		if s.Has(l.Digest) {
 			p.Done, p.Cached, p.Final = l.Size, true, true
-			progress(p)
+			report(p)
 			continue
 		}
-		if err := s.fetch(ctx, img, l, func(done int64) { p.Done = done; progress(p) }); err != nil {
-			return fmt.Errorf("layer %d (%s): %w", n+1, l.Digest, err)
-		}
-		p.Done, p.Final = l.Size, true
-		progress(p)
+		g.Go(func() error {
+			if err := s.fetch(gctx, img, l, func(done int64) { p.Done = done; report(p) }); err != nil {
+				return fmt.Errorf("layer %d (%s): %w", n+1, l.Digest, err)
+			}
+			p.Done, p.Final = l.Size, true
+			report(p)
+			return nil
+		})
 	}
-	return nil
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
 func (s *Store) fetch(ctx context.Context, img *Image, l Layer, report func(int64)) error {

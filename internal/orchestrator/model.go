@@ -15,9 +15,14 @@
 //	Metrics(ctx, id string) ([]sandbox.Stats, error)
 //	Endpoint(ctx, id string, autoResume bool) (sandbox.Endpoint, *Sandbox, error)
 //	Capabilities() sandbox.Capabilities
+//	Snapshot(ctx, id, name string) (SnapshotInfo, error)           // snapshot.go
+//	ListSnapshots(ctx, SnapshotFilter) ([]SnapshotInfo, string, error)
+//	DeleteTemplate(ctx, idOrName string) error                      // snapshots and templates
+//	Fork(ctx, id string, count int, timeout time.Duration) ([]ForkResult, error) // fork.go
 package orchestrator
 
 import (
+	"encoding/json"
 	"errors"
 	"time"
 
@@ -32,6 +37,8 @@ var (
 	ErrTemplateNotFound = errors.New("template not found")              // 404 on create
 	ErrNotRunning       = errors.New("sandbox is not running")          // 502 on the proxy path
 	ErrCapacity         = errors.New("node is out of sandbox capacity") // 503
+	// ErrUnsupported: the backend cannot do this (Capabilities say so); 501.
+	ErrUnsupported = errors.New("not supported by this node's sandbox backend")
 )
 
 // State of a sandbox. Transitional states are held while an operation runs; concurrent
@@ -72,11 +79,17 @@ type CreateRequest struct {
 	// (E2B's network.allowPublicTraffic=false).
 	Private   bool
 	Resources sandbox.Resources // zero fields take the template's values
+	// AutoPauseDisk makes the timeout pause a pause to disk (E2B's autoPauseMemory:false).
+	AutoPauseDisk bool
 }
 
 // ConnectOptions is a v1/v2 connect or resume.
 type ConnectOptions struct {
 	Timeout time.Duration
+	// ColdBoot is E2B's memory:false: a paused sandbox restarts its processes on its
+	// filesystem as it was, instead of having its memory restored. It has no effect on a
+	// running sandbox.
+	ColdBoot bool
 }
 
 // ListFilter selects sandboxes for GET /sandboxes and /v2/sandboxes.
@@ -110,8 +123,13 @@ type Sandbox struct {
 	// Private sandboxes require TrafficAccessToken on user ports.
 	Private bool   `json:"private,omitempty"`
 	Backend string `json:"backend"`
-	// Paused is the backend's encoded PausedState while State is paused.
+	// AutoPauseDisk makes the timeout pause to disk instead of keeping memory.
+	AutoPauseDisk bool `json:"autoPauseDisk,omitempty"`
+	// Paused is the backend's encoded PausedState while State is paused in memory.
 	Paused []byte `json:"paused,omitempty"`
+	// DiskSnapshot is the backend's encoded Captured while the sandbox is paused to
+	// disk (no instance; resumed by launching from it under the same id).
+	DiskSnapshot json.RawMessage `json:"diskSnapshot,omitempty"`
 	// Launch is what a resume needs to relaunch and re-initialise the sandbox even if
 	// its template was deleted meanwhile. Internal: not part of any API response.
 	Launch LaunchInfo `json:"launch"`
@@ -123,4 +141,30 @@ type LaunchInfo struct {
 	TemplateEnvVars map[string]string `json:"templateEnvVars,omitempty"`
 	DefaultUser     string            `json:"defaultUser,omitempty"`
 	DefaultWorkdir  string            `json:"defaultWorkdir,omitempty"`
+	// ParentSnapshot is the snapshot the sandbox was created from, if any (lineage of
+	// snapshots taken from it).
+	ParentSnapshot string `json:"parentSnapshot,omitempty"`
+}
+
+// SnapshotInfo is E2B's SnapshotInfo plus what aenv knows about the snapshot.
+type SnapshotInfo struct {
+	SnapshotID      string
+	Names           []string
+	SourceSandboxID string
+	ParentID        string
+	CreatedAt       time.Time
+}
+
+// SnapshotFilter selects snapshots for GET /snapshots.
+type SnapshotFilter struct {
+	SandboxID string // only snapshots taken from this sandbox
+	Name      string // only the snapshot with this name (alias) or id
+	Limit     int    // 0 = DefaultListLimit; 1..MaxListLimit
+	NextToken string
+}
+
+// ForkResult is one fork child's outcome: exactly one of Sandbox and Err is set.
+type ForkResult struct {
+	Sandbox *Sandbox
+	Err     error
 }

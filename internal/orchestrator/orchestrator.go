@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -151,7 +152,8 @@ type Orchestrator struct {
 type entry struct {
 	rec    Sandbox
 	inst   sandbox.Instance    // nil while paused without a live instance
-	paused sandbox.PausedState // set while paused
+	paused sandbox.PausedState // set while paused in memory
+	disk   sandbox.Captured    // set while paused to disk (decoded rec.DiskSnapshot)
 	op     *op                 // non-nil while a transitional state is held
 	timer  Stopper
 	gone   bool // removed; late writers must not resurrect the record
@@ -222,6 +224,17 @@ func newEnvdClient() *http.Client {
 // Capabilities reports what the backend can do.
 func (o *Orchestrator) Capabilities() sandbox.Capabilities { return o.backend.Capabilities() }
 
+// BackendName is the name of the backend sandboxes run on.
+func (o *Orchestrator) BackendName() string { return o.backend.Name() }
+
+// SnapshotDiscarder is implemented by backends whose captures hold resources (sealed
+// layers, memory images): the orchestrator calls it when it no longer references a
+// capture (snapshot deleted, fork fan-out done, sandbox resumed from or killed while
+// paused to disk). The backend frees only what no live instance or other capture uses.
+type SnapshotDiscarder interface {
+	DiscardSnapshot(ctx context.Context, c sandbox.Captured) error
+}
+
 // Backend is the backend sandboxes run on.
 func (o *Orchestrator) Backend() sandbox.Backend { return o.backend }
 
@@ -278,6 +291,10 @@ func (e *entry) clone() *Sandbox {
 	s.Paused = append([]byte(nil), e.rec.Paused...)
 	if len(s.Paused) == 0 {
 		s.Paused = nil
+	}
+	s.DiskSnapshot = append(json.RawMessage(nil), e.rec.DiskSnapshot...)
+	if len(s.DiskSnapshot) == 0 {
+		s.DiskSnapshot = nil
 	}
 	return &s
 }

@@ -26,6 +26,10 @@ type Capabilities struct {
 	PauseReleasesMemory bool `json:"pauseReleasesMemory"`
 	// LiveFork: fork children continue the parent's processes.
 	LiveFork bool `json:"liveFork"`
+	// Snapshots: Instance.Snapshot captures a running sandbox and Launch accepts
+	// LaunchFromSnapshot. Without it the orchestrator refuses snapshot and fork and
+	// pauses in place even when asked to release memory.
+	Snapshots bool `json:"snapshots"`
 }
 
 // Resources are the limits a sandbox runs under.
@@ -62,6 +66,10 @@ type LaunchPlan struct {
 	AllowInternet bool
 	// Paused is set for LaunchResume: the state returned by Instance.Pause.
 	Paused PausedState
+	// Snapshot is set for LaunchFromSnapshot: what Instance.Snapshot captured (possibly
+	// from another sandbox, possibly decoded by Backend.DecodeCaptured after a restart).
+	// A sandbox paused to disk is resumed this way under its own SandboxID.
+	Snapshot Captured
 }
 
 // Endpoint is how the host reaches a running sandbox.
@@ -84,7 +92,9 @@ type PausedState interface {
 	Encode() ([]byte, error)
 }
 
-// Captured is the result of a snapshot of a running sandbox.
+// Captured is the result of a snapshot of a running sandbox. Encode must return a JSON
+// value: the orchestrator stores it verbatim as a catalog record's artifact, so records
+// stay inspectable, and hands it back through Backend.DecodeCaptured.
 type Captured interface {
 	Encode() ([]byte, error)
 }
@@ -121,6 +131,8 @@ type Backend interface {
 	// init (envd) has been started; the orchestrator waits for envd health itself.
 	Launch(ctx context.Context, plan LaunchPlan) (Instance, error)
 	DecodePaused(raw []byte) (PausedState, error)
+	// DecodeCaptured turns a stored Captured.Encode() back into a Captured.
+	DecodeCaptured(raw []byte) (Captured, error)
 	// Reconcile is called once at startup with the ids the node believes exist; the
 	// backend removes everything else it finds (containers, mounts, netns) and reports
 	// which of the known ids are still alive.

@@ -13,9 +13,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -147,7 +149,12 @@ func cached(dir, key string, mk func(out string) error) (stack.LayerRef, bool, e
 	return ref, made, err
 }
 
-// describe reads a layer file's size and UUID.
+// digestExt names the sidecar that holds a converted layer's sha256 digest.
+const digestExt = ".sha256"
+
+// describe reads a layer file's size, UUID and content digest (from its
+// sidecar, computed once), so converted layers can be published and
+// fetched by digest.
 func describe(path string) (stack.LayerRef, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -163,7 +170,21 @@ func describe(path string) (stack.LayerRef, error) {
 		return stack.LayerRef{}, fmt.Errorf("open converted layer: %w", err)
 	}
 	defer l.Close()
-	return stack.LayerRef{Path: path, Size: fi.Size(), UUID: l.UUID()}, nil
+	ref := stack.LayerRef{Path: path, Size: fi.Size(), UUID: l.UUID()}
+	side := strings.TrimSuffix(path, layerExt) + digestExt
+	if b, err := os.ReadFile(side); err == nil && strings.HasPrefix(string(b), "sha256:") {
+		ref.Digest = strings.TrimSpace(string(b))
+		return ref, nil
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(f, 0, fi.Size())); err != nil {
+		return stack.LayerRef{}, err
+	}
+	ref.Digest = "sha256:" + hex.EncodeToString(h.Sum(nil))
+	if err := os.WriteFile(side+".tmp", []byte(ref.Digest+"\n"), 0o644); err == nil {
+		os.Rename(side+".tmp", side)
+	}
+	return ref, nil
 }
 
 // baseLayer makes an empty ext4 of sizeMB and imports it as a committed,

@@ -168,6 +168,11 @@ func TestConvertLayers(t *testing.T) {
 	if len(res.Layers) != 3 || res.Converted != 3 {
 		t.Fatalf("layers %d converted %d", len(res.Layers), res.Converted)
 	}
+	for _, l := range res.Layers {
+		if !strings.HasPrefix(l.Digest, "sha256:") || l.UUID == "" || l.Size == 0 {
+			t.Errorf("layer ref %+v", l)
+		}
+	}
 	mnt := mountRO(t, res)
 	check := map[string]string{"cache/y": "y", "etc/conf": "conf", "etc/conf-link": "conf",
 		"big": strings.Repeat("0123456789abcdef", 64<<10)}
@@ -203,6 +208,26 @@ func TestConvertLayers(t *testing.T) {
 	ents, _ := os.ReadDir(o.Dir)
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), ".work") || strings.HasSuffix(e.Name(), ".tmp") {
+			t.Errorf("left behind: %s", e.Name())
+		}
+	}
+}
+
+// TestConvertDiskFull converts a layer larger than the disk: the build
+// fails with the filesystem's error and leaves nothing mounted or cached.
+func TestConvertDiskFull(t *testing.T) {
+	requireRoot(t)
+	big := layer(t, ent{name: "huge", body: strings.Repeat("z", 24<<20)})
+	data := t.TempDir()
+	o := Options{Store: &image.Store{Dir: filepath.Join(data, "images")}, Dir: filepath.Join(data, "overlaybd"), SizeMB: 16}
+	_, err := Convert(context.Background(), pullLayout(t, big), o)
+	if err == nil || !strings.Contains(err.Error(), "no space") {
+		t.Fatalf("err = %v, want no space left", err)
+	}
+	assertNoLeaks(t, o.Dir)
+	ents, _ := os.ReadDir(o.Dir)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".work") || strings.HasSuffix(e.Name(), layerExt) && !strings.Contains(e.Name(), "ext4") {
 			t.Errorf("left behind: %s", e.Name())
 		}
 	}

@@ -38,19 +38,15 @@ func (r *Repo) GetRecord(ctx context.Context, kind repository.Kind, id string) (
 // readRecord returns the record, its raw bytes and its ETag.
 func (r *Repo) readRecord(ctx context.Context, kind repository.Kind, id string) (repository.Record, []byte, string, error) {
 	key := r.recordKey(kind, id)
-	obj, err := r.c.GetObject(ctx, r.bucket, key, minio.GetObjectOptions{})
+	body, info, err := r.getObject(ctx, key, minio.GetObjectOptions{})
 	if err != nil {
-		return repository.Record{}, nil, "", fmt.Errorf("s3: get %s: %w", key, err)
-	}
-	defer obj.Close()
-	st, err := obj.Stat()
-	if err != nil {
-		if isNotFound(err) {
+		if errors.Is(err, repository.ErrNotFound) {
 			return repository.Record{}, nil, "", fmt.Errorf("%w: %s %s", repository.ErrNotFound, kind, id)
 		}
-		return repository.Record{}, nil, "", fmt.Errorf("s3: get %s: %w", key, err)
+		return repository.Record{}, nil, "", err
 	}
-	b, err := io.ReadAll(io.LimitReader(obj, 1<<20+1))
+	defer body.Close()
+	b, err := io.ReadAll(io.LimitReader(body, 1<<20+1))
 	if err != nil {
 		return repository.Record{}, nil, "", fmt.Errorf("s3: read %s: %w", key, err)
 	}
@@ -61,7 +57,7 @@ func (r *Repo) readRecord(ctx context.Context, kind repository.Kind, id string) 
 	if rec.Kind != kind || rec.ID != id {
 		return repository.Record{}, nil, "", fmt.Errorf("%w: object for %s %s holds %s %s", repository.ErrInvalid, kind, id, rec.Kind, rec.ID)
 	}
-	return rec, b, st.ETag, nil
+	return rec, b, info.ETag, nil
 }
 
 // PutRecord implements repository.Repository with a conditional PUT and a
@@ -103,14 +99,20 @@ func (r *Repo) PutRecord(ctx context.Context, rec repository.Record) (repository
 		}
 		return repository.Record{}, fmt.Errorf("s3: put %s: %w", key, err)
 	}
-	_, back, _, err := r.readRecord(ctx, rec.Kind, rec.ID)
-	if err != nil {
+	// Read back: a later revision means a writer built on ours (ours
+	// committed); the same revision with other bytes means a writer that did
+	// not see ours replaced it, which only a server ignoring the conditions
+	// allows.
+	backRec, back, _, err := r.readRecord(ctx, rec.Kind, rec.ID)
+	switch {
+	case errors.Is(err, repository.ErrNotFound):
+		return repository.Record{}, fmt.Errorf("%w: %s %s was deleted concurrently", repository.ErrConflict, rec.Kind, rec.ID)
+	case err != nil:
 		return repository.Record{}, fmt.Errorf("s3: read back %s: %w", key, err)
+	case backRec.Revision > next.Revision, bytes.Equal(back, b):
+		return next, nil
 	}
-	if !bytes.Equal(back, b) {
-		return repository.Record{}, fmt.Errorf("%w: %s %s was overwritten by a concurrent writer", repository.ErrConflict, rec.Kind, rec.ID)
-	}
-	return next, nil
+	return repository.Record{}, fmt.Errorf("%w: %s %s was overwritten by a concurrent writer", repository.ErrConflict, rec.Kind, rec.ID)
 }
 
 // DeleteRecord implements repository.Repository.

@@ -223,19 +223,24 @@ func (r *Repo) GetBlob(ctx context.Context, d repository.Digest) (io.ReadCloser,
 	if err := d.Validate(); err != nil {
 		return nil, err
 	}
-	obj, err := r.c.GetObject(ctx, r.bucket, r.blobKey(d), minio.GetObjectOptions{})
+	body, info, err := r.getObject(ctx, r.blobKey(d), minio.GetObjectOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("s3: get %s: %w", d, err)
+		return nil, err
 	}
-	st, err := obj.Stat()
+	return repository.VerifyingReadCloser(body, d, info.Size), nil
+}
+
+// getObject is one GET (minio.Client.GetObject would HEAD first and then GET
+// with If-Match, failing spuriously when the object is replaced in between).
+func (r *Repo) getObject(ctx context.Context, key string, o minio.GetObjectOptions) (io.ReadCloser, minio.ObjectInfo, error) {
+	body, info, _, err := minio.Core{Client: r.c}.GetObject(ctx, r.bucket, key, o)
 	if err != nil {
-		obj.Close()
 		if isNotFound(err) {
-			return nil, fmt.Errorf("%w: blob %s", repository.ErrNotFound, d)
+			return nil, info, fmt.Errorf("%w: %s", repository.ErrNotFound, key)
 		}
-		return nil, fmt.Errorf("s3: get %s: %w", d, err)
+		return nil, info, fmt.Errorf("s3: get %s: %w", key, err)
 	}
-	return repository.VerifyingReadCloser(obj, d, st.Size), nil
+	return body, info, nil
 }
 
 // OpenBlob implements repository.Repository: one HEAD now, one ranged GET
@@ -275,16 +280,13 @@ func (rr *rangeReader) ReadAt(ctx context.Context, p []byte, off int64) (int, er
 	if err := o.SetRange(off, off+int64(len(want))-1); err != nil {
 		return 0, fmt.Errorf("s3: %w", err)
 	}
-	obj, err := rr.r.c.GetObject(ctx, rr.r.bucket, rr.key, o)
+	body, _, err := rr.r.getObject(ctx, rr.key, o)
 	if err != nil {
-		return 0, fmt.Errorf("s3: range %s: %w", rr.key, err)
+		return 0, err
 	}
-	defer obj.Close()
-	n, err := io.ReadFull(obj, want)
+	defer body.Close()
+	n, err := io.ReadFull(body, want)
 	if err != nil {
-		if isNotFound(err) {
-			err = fmt.Errorf("%w: %s", repository.ErrNotFound, rr.key)
-		}
 		return n, fmt.Errorf("s3: range %s %d+%d: %w", rr.key, off, len(want), err)
 	}
 	if len(want) < len(p) {

@@ -31,6 +31,7 @@ const (
 	StageStats      Stage = "stats"       // Instance.Stats
 	StageSnapshot   Stage = "snapshot"    // Instance.Snapshot
 	StageDecode     Stage = "decode"      // Backend.DecodePaused
+	StageDecodeSnap Stage = "decode_snap" // Backend.DecodeCaptured
 	StageReconcile  Stage = "reconcile"   // Backend.Reconcile
 	StageDiscard    Stage = "discard"     // Backend.DiscardPaused
 )
@@ -48,19 +49,18 @@ type Options struct {
 	StopOnPause bool
 }
 
-// PausedState is the mock's opaque paused state.
+// PausedState is the mock's opaque paused state. With StopOnPause it carries the
+// instance's files (and processes when memory is kept), as a VM's stored state would.
 type PausedState struct {
-	SandboxID  string `json:"sandboxID"`
-	KeepMemory bool   `json:"keepMemory"`
-	Frozen     bool   `json:"frozen"`
+	SandboxID  string            `json:"sandboxID"`
+	KeepMemory bool              `json:"keepMemory"`
+	Frozen     bool              `json:"frozen"`
+	Files      map[string][]byte `json:"files,omitempty"`
+	Procs      []string          `json:"procs,omitempty"`
 }
 
 // Encode implements sandbox.PausedState.
 func (p *PausedState) Encode() ([]byte, error) { return json.Marshal(p) }
-
-type captured struct{ SandboxID string }
-
-func (c captured) Encode() ([]byte, error) { return json.Marshal(c) }
 
 type failure struct {
 	err   error
@@ -80,6 +80,8 @@ type Backend struct {
 	stopped   []string
 	removed   []string // stopped by Reconcile as unknown
 	discarded []string
+	// discardedSnaps are source ids of captures passed to DiscardSnapshot.
+	discardedSnaps []string
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
@@ -150,18 +152,29 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 	if err := b.check(StageLaunch, plan.SandboxID); err != nil {
 		return nil, err
 	}
-	if plan.Kind == sandbox.LaunchResume {
+	inst := &Instance{b: b, id: plan.SandboxID, plan: plan, files: map[string][]byte{}}
+	switch plan.Kind {
+	case sandbox.LaunchResume:
 		ps, ok := plan.Paused.(*PausedState)
 		if !ok || ps.SandboxID != plan.SandboxID {
 			return nil, fmt.Errorf("mock launch: resume of %s without its paused state (%T)", plan.SandboxID, plan.Paused)
 		}
+		inst.files, inst.procs = cloneFiles(ps.Files), slices.Clone(ps.Procs)
+	case sandbox.LaunchFromSnapshot:
+		c, ok := plan.Snapshot.(*Captured)
+		if !ok || c == nil {
+			return nil, fmt.Errorf("mock launch: %s from snapshot without a mock capture (%T)", plan.SandboxID, plan.Snapshot)
+		}
+		if !b.opts.Capabilities.Snapshots {
+			return nil, fmt.Errorf("mock launch: %s: snapshots are disabled", plan.SandboxID)
+		}
+		inst.files, inst.procs = cloneFiles(c.Files), slices.Clone(c.Procs)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, dup := b.instances[plan.SandboxID]; dup {
 		return nil, fmt.Errorf("mock launch: %s is already running", plan.SandboxID)
 	}
-	inst := &Instance{b: b, id: plan.SandboxID, plan: plan}
 	inst.envd = newEnvd(func(s Stage) error { return b.check(s, plan.SandboxID) })
 	b.instances[plan.SandboxID] = inst
 	delete(b.artifacts, plan.SandboxID)
@@ -296,6 +309,8 @@ type Instance struct {
 	mu      sync.Mutex
 	frozen  bool
 	stopped bool
+	files   map[string][]byte // the sandbox's "filesystem"
+	procs   []string          // processes started in it (lost on a cold boot)
 }
 
 var _ sandbox.Instance = (*Instance)(nil)
@@ -345,6 +360,12 @@ func (i *Instance) Pause(ctx context.Context, o sandbox.PauseOptions) (sandbox.P
 	}
 	ps := &PausedState{SandboxID: i.id, KeepMemory: o.KeepMemory, Frozen: !i.b.opts.StopOnPause}
 	if i.b.opts.StopOnPause {
+		i.mu.Lock()
+		ps.Files = cloneFiles(i.files)
+		if o.KeepMemory {
+			ps.Procs = slices.Clone(i.procs)
+		}
+		i.mu.Unlock()
 		i.terminate()
 		i.b.mu.Lock()
 		i.b.artifacts[i.id] = true
@@ -369,31 +390,6 @@ func (i *Instance) Resume(ctx context.Context) error {
 	i.frozen = false
 	i.mu.Unlock()
 	return nil
-}
-
-// Snapshot implements sandbox.Instance.
-func (i *Instance) Snapshot(ctx context.Context) (sandbox.Captured, error) {
-	if err := i.gone(); err != nil {
-		return nil, err
-	}
-	if err := i.b.check(StageSnapshot, i.id); err != nil {
-		return nil, err
-	}
-	return captured{SandboxID: i.id}, nil
-}
-
-// Fork implements sandbox.Instance by launching fresh children with the parent's rootfs.
-func (i *Instance) Fork(ctx context.Context, specs []sandbox.ForkSpec) ([]sandbox.ForkResult, error) {
-	if err := i.gone(); err != nil {
-		return nil, err
-	}
-	out := make([]sandbox.ForkResult, len(specs))
-	for n, s := range specs {
-		inst, err := i.b.Launch(ctx, sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: s.SandboxID,
-			RootFS: i.plan.RootFS, Resources: s.Resources, AllowInternet: i.plan.AllowInternet})
-		out[n] = sandbox.ForkResult{Instance: inst, Err: err}
-	}
-	return out, nil
 }
 
 // Stop implements sandbox.Instance; it is idempotent.

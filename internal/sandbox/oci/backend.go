@@ -462,6 +462,11 @@ func (b *Backend) DecodePaused(raw []byte) (sandbox.PausedState, error) {
 	return p, nil
 }
 
+// DecodeCaptured implements sandbox.Backend; this backend cannot snapshot yet.
+func (b *Backend) DecodeCaptured([]byte) (sandbox.Captured, error) {
+	return nil, fmt.Errorf("%w: decode snapshot", ErrUnsupported)
+}
+
 func (b *Backend) resumeInPlace(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {
 	b.mu.Lock()
 	inst := b.instances[plan.SandboxID]

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
 )
@@ -66,6 +67,11 @@ func (s *Stack) sealAndRestack(ctx context.Context, output string) (LayerRef, er
 	}
 	u := s.m.Upper
 	dataPath, indexPath := s.m.abs(u.Data), s.m.abs(u.Index)
+	// The sealed upper is renamed, not copied: refuse up front (stack
+	// unchanged) when output is on another filesystem.
+	if !sameFS(filepath.Dir(output), filepath.Dir(dataPath)) {
+		return LayerRef{}, fmt.Errorf("stack: restack output %s is not on the upper's filesystem", output)
+	}
 	info, err := s.upper.Seal()
 	if err != nil {
 		// Seal failed before anything was renamed; the upper may be
@@ -232,4 +238,12 @@ func (s *Stack) Commit(ctx context.Context, w io.Writer, o lsmt.CommitOptions) (
 			}
 			return s.byTag[tag].l.ReadPhysical(p, off)
 		}}, o)
+}
+
+func sameFS(a, b string) bool {
+	var sa, sb syscall.Stat_t
+	if syscall.Stat(a, &sa) != nil || syscall.Stat(b, &sb) != nil {
+		return false
+	}
+	return sa.Dev == sb.Dev
 }

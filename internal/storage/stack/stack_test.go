@@ -234,3 +234,23 @@ func TestOpenErrors(t *testing.T) {
 		t.Fatal("failed open left an upper behind")
 	}
 }
+
+func TestRestackOtherFilesystem(t *testing.T) {
+	s, dir := newStack(t, 0)
+	s.WriteAt(make([]byte, 4096), 0)
+	// /dev/shm is a tmpfs, the test dir is not (or the check is moot).
+	if sameFS("/dev/shm", t.TempDir()) {
+		t.Skip("/dev/shm and the temp dir share a filesystem")
+	}
+	if _, err := s.SealAndRestack(context.Background(), "/dev/shm/aenv-restack-test"); err == nil {
+		os.Remove("/dev/shm/aenv-restack-test")
+		t.Fatal("cross-filesystem restack accepted")
+	}
+	// The stack is unchanged and still usable.
+	if _, err := s.WriteAt(make([]byte, 4096), 4096); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SealAndRestack(context.Background(), filepath.Join(dir, "ok.sealed")); err != nil {
+		t.Fatal(err)
+	}
+}
