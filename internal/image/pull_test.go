@@ -23,6 +23,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/aenv-dev/aenv/internal/image/unpack"
 )
 
 func TestParseReference(t *testing.T) {
@@ -399,3 +401,31 @@ func TestSharedBaseFetchedOnce(t *testing.T) {
 }
 
 func basic(u, p string) *basicAuth { return &basicAuth{u, p} }
+
+// TestHostileLayerRejected: a layer that tries to leave the root fails the
+// build with ErrUnsafePath and leaves no template directory.
+func TestHostileLayerRejected(t *testing.T) {
+	for name, ents := range map[string][]ent{
+		"dotdot":       {{name: "../../evil", body: "x"}},
+		"absolute":     {{name: "/etc/evil", body: "x"}},
+		"hardlink-out": {{name: "h", typ: tar.TypeLink, link: "../../../etc/passwd"}},
+		"whiteout-up":  {{name: "a/.wh..."}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			img, err := mutate.AppendLayers(empty.Image, layerOf(t, tarOf(t, ents...)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			lp, _ := layout.Write(dir, empty.Index)
+			lp.AppendImage(withConfig(t, img, runtime.GOARCH))
+			_, b, err := build(t, "oci:"+dir, Options{}, &Store{Dir: t.TempDir()})
+			if !errors.Is(err, unpack.ErrUnsafePath) {
+				t.Fatalf("err = %v, want ErrUnsafePath", err)
+			}
+			if b != nil {
+				t.Errorf("built %+v", b)
+			}
+		})
+	}
+}

@@ -23,7 +23,8 @@ func (o *Orchestrator) Create(ctx context.Context, req CreateRequest) (*Sandbox,
 	o.m.observe(opCreate, stageTotal, start, err)
 	if err != nil {
 		o.m.creates.WithLabelValues("error").Inc()
-		if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTemplateNotFound) && !errors.Is(err, ErrCapacity) {
+		if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTemplateNotFound) && !errors.Is(err, ErrCapacity) &&
+			!errors.Is(err, ErrUnsupported) {
 			o.m.failures.WithLabelValues(opCreate).Inc()
 			o.log.Error("create sandbox", "template", req.TemplateID, "err", err)
 		}
@@ -122,11 +123,45 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 	if req.Secure {
 		rec.EnvdAccessToken = o.EnvdAccessToken(id)
 	}
-	kind := sandbox.LaunchFresh
+	rec.AutoPauseDisk = req.AutoPauseDisk
+	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFresh, SandboxID: id, RootFS: rec.Launch.RootFS,
+		Resources: rec.Resources, AllowInternet: rec.AllowInternet}
 	if tpl.Kind == catalog.KindSnapshot {
-		kind = sandbox.LaunchFromSnapshot
+		c, err := o.decodeSnapshotTemplate(opCreate, tpl)
+		if err != nil {
+			return nil, err
+		}
+		plan.Kind, plan.Snapshot = sandbox.LaunchFromSnapshot, c
+		rec.Launch.ParentSnapshot = tpl.ID
 	}
+	return o.start(ctx, opCreate, rec, plan, timeout)
+}
 
+// decodeSnapshotTemplate turns a snapshot template's artifact back into a capture the
+// backend can launch from.
+func (o *Orchestrator) decodeSnapshotTemplate(operation string, tpl catalog.Template) (sandbox.Captured, error) {
+	if !o.backend.Capabilities().Snapshots {
+		return nil, fmt.Errorf("%w: backend %s cannot start sandboxes from snapshots (%s)", ErrUnsupported, o.backend.Name(), tpl.ID)
+	}
+	if tpl.Backend != "" && tpl.Backend != o.backend.Name() {
+		return nil, fmt.Errorf("%w: snapshot %s was taken on backend %s, this node runs %s", ErrInvalid, tpl.ID, tpl.Backend, o.backend.Name())
+	}
+	var c sandbox.Captured
+	err := o.m.timeStage(operation, stageDecode, func() (err error) {
+		c, err = o.backend.DecodeCaptured(tpl.Artifact)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", tpl.ID, err)
+	}
+	return c, nil
+}
+
+// start registers a new sandbox record, launches it from plan and returns once it is
+// Running with TTL now+timeout. Any failure leaves nothing behind.
+func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox, plan sandbox.LaunchPlan, timeout time.Duration) (*Sandbox, error) {
+	id := rec.ID
+	rec.State = StateCreating
 	e := &entry{rec: rec}
 	p := &op{kind: StateCreating, done: make(chan struct{})}
 	e.op = p
@@ -144,9 +179,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 
 	octx, cancel := o.opContext(ctx)
 	defer cancel()
-	plan := sandbox.LaunchPlan{Kind: kind, SandboxID: id, RootFS: rec.Launch.RootFS,
-		Resources: rec.Resources, AllowInternet: rec.AllowInternet}
-	inst, version, err := o.launch(octx, opCreate, plan, &rec, false)
+	inst, version, err := o.launch(octx, operation, plan, &rec, false)
 	if err != nil {
 		o.remove(e, p, err)
 		return nil, err
@@ -158,7 +191,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 	e.rec.StartedAt = now.UTC()
 	e.rec.EndAt = now.Add(timeout).UTC()
 	o.mu.Unlock()
-	if err := o.m.timeStage(opCreate, stagePersist, func() error { return o.persist(e) }); err != nil {
+	if err := o.m.timeStage(operation, stagePersist, func() error { return o.persist(e) }); err != nil {
 		o.stopQuietly(octx, inst)
 		o.remove(e, p, err)
 		return nil, err
@@ -180,7 +213,7 @@ func (o *Orchestrator) admitLocked() error {
 	releases := o.backend.Capabilities().PauseReleasesMemory
 	n := 0
 	for _, e := range o.entries {
-		if e.rec.State == StatePaused && releases {
+		if e.rec.State == StatePaused && (releases || e.rec.DiskSnapshot != nil) {
 			continue
 		}
 		n++

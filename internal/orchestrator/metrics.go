@@ -9,10 +9,12 @@ import (
 
 // Operation and stage label values of aenv_sandbox_stage_duration_seconds.
 const (
-	opCreate = "create"
-	opPause  = "pause"
-	opResume = "resume"
-	opKill   = "kill"
+	opCreate   = "create"
+	opPause    = "pause"
+	opResume   = "resume"
+	opKill     = "kill"
+	opSnapshot = "snapshot"
+	opFork     = "fork"
 
 	stageResolve  = "resolve_template"
 	stageLaunch   = "launch"
@@ -23,6 +25,8 @@ const (
 	stageThaw     = "thaw"
 	stageDecode   = "decode"
 	stageStop     = "stop"
+	stageCapture  = "capture"  // Instance.Snapshot
+	stageRegister = "register" // catalog record of a snapshot
 	stageTotal    = "total"
 )
 
@@ -93,7 +97,7 @@ func (o *Orchestrator) gauges() gauges {
 	for _, e := range o.entries {
 		if e.rec.State == StatePaused {
 			g.paused++
-			if releases {
+			if releases || e.rec.DiskSnapshot != nil {
 				continue
 			}
 		} else if e.rec.State != StateCreating {

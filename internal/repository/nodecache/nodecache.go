@@ -193,7 +193,7 @@ func (c *Cache) reserve(d repository.Digest, n int64) error {
 		return fmt.Errorf("%w: blob %s of %d bytes exceeds the capacity %d", ErrCacheFull, d, n, c.o.MaxBytes)
 	}
 	if c.used+n > c.highBytes() {
-		c.evictLocked(min(c.lowBytes(), c.o.MaxBytes-n))
+		c.evictLocked(max(c.lowBytes()-n, 0))
 	}
 	if c.used+n > c.o.MaxBytes {
 		return fmt.Errorf("%w: %d bytes needed for %s, %d of %d in use by pinned or open blobs", ErrCacheFull, n, d, c.used, c.o.MaxBytes)

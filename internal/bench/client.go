@@ -1,0 +1,237 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/aenv-dev/aenv/internal/envd/gen/process"
+	"github.com/aenv-dev/aenv/internal/envd/gen/process/processconnect"
+)
+
+// envdPort is the port the node's proxy forwards envd traffic to (E2b-Sandbox-Port).
+const envdPort = "49983"
+
+// Client reaches one aenv node: REST for the lifecycle, envd through the node's proxy the
+// way the SDKs do in single-server mode (the sandbox named by headers, not by the path).
+type Client struct {
+	base string
+	key  string
+	http *http.Client
+	proc processconnect.ProcessClient
+}
+
+// NewClient returns a client of the node at base (http://host:port) with API key key.
+// conns is how many connections to the node are kept open, at least the concurrency the
+// client is used with, so a measurement does not pay for TCP handshakes.
+func NewClient(base, key string, conns int) *Client {
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+		MaxIdleConns:        max(conns, 2) * 2,
+		MaxIdleConnsPerHost: max(conns, 2) * 2,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	c := &Client{base: strings.TrimRight(base, "/"), key: key, http: &http.Client{Transport: tr}}
+	c.proc = processconnect.NewProcessClient(c.http, c.base)
+	return c
+}
+
+// Close drops the idle connections.
+func (c *Client) Close() { c.http.CloseIdleConnections() }
+
+// Sandbox is what a create returns that later calls need.
+type Sandbox struct {
+	ID    string `json:"sandboxID"`
+	Token string `json:"envdAccessToken"`
+}
+
+// APIError is a non-2xx answer of the node.
+type APIError struct {
+	Op      string
+	Status  int
+	Message string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("%s: HTTP %d: %s", e.Op, e.Status, e.Message)
+}
+
+// CreateRequest is the subset of POST /v2/sandboxes the benchmarks set.
+type CreateRequest struct {
+	TemplateID string `json:"templateID"`
+	// Timeout in seconds: a sandbox a crashed benchmark leaves behind expires by itself.
+	Timeout  int  `json:"timeout,omitempty"`
+	Secure   bool `json:"secure"`
+	MemoryMB int  `json:"memoryMB,omitempty"`
+	CPUCount int  `json:"cpuCount,omitempty"`
+}
+
+// Create creates a sandbox with POST /v2/sandboxes, as the SDKs do.
+func (c *Client) Create(ctx context.Context, r CreateRequest) (Sandbox, error) {
+	var sb Sandbox
+	err := c.do(ctx, "create sandbox", http.MethodPost, "/v2/sandboxes", r, http.StatusCreated, &sb)
+	if err == nil && sb.ID == "" {
+		err = errors.New("create sandbox: answer has no sandboxID")
+	}
+	return sb, err
+}
+
+// Kill deletes a sandbox. A sandbox that is already gone is not an error.
+func (c *Client) Kill(ctx context.Context, id string) error {
+	err := c.do(ctx, "kill "+id, http.MethodDelete, "/sandboxes/"+id, nil, http.StatusNoContent, nil)
+	var ae *APIError
+	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+		return nil
+	}
+	return err
+}
+
+// Pause pauses a sandbox (POST /sandboxes/{id}/pause).
+func (c *Client) Pause(ctx context.Context, id string) error {
+	return c.do(ctx, "pause "+id, http.MethodPost, "/sandboxes/"+id+"/pause", nil, http.StatusNoContent, nil)
+}
+
+// Connect connects to a sandbox (POST /sandboxes/{id}/connect), resuming it when paused.
+func (c *Client) Connect(ctx context.Context, id string, timeout int) (Sandbox, error) {
+	var sb Sandbox
+	body := map[string]int{"timeout": timeout}
+	err := c.do(ctx, "connect "+id, http.MethodPost, "/sandboxes/"+id+"/connect", body, 0, &sb)
+	return sb, err
+}
+
+// SandboxState is one entry of GET /v2/sandboxes.
+type SandboxState struct {
+	ID    string `json:"sandboxID"`
+	State string `json:"state"`
+}
+
+// List lists the node's sandboxes, running and paused, following X-Next-Token pages.
+func (c *Client) List(ctx context.Context) ([]SandboxState, error) {
+	var all []SandboxState
+	next := ""
+	for {
+		path := "/v2/sandboxes?limit=100"
+		if next != "" {
+			path += "&nextToken=" + url.QueryEscape(next)
+		}
+		var page []SandboxState
+		h, err := c.doHeader(ctx, "list sandboxes", http.MethodGet, path, nil, http.StatusOK, &page)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, page...)
+		if next = h.Get("X-Next-Token"); next == "" || len(page) == 0 {
+			return all, nil
+		}
+	}
+}
+
+// do sends one JSON request. want 0 accepts any 2xx.
+func (c *Client) do(ctx context.Context, op, method, path string, in any, want int, out any) error {
+	_, err := c.doHeader(ctx, op, method, path, in, want, out)
+	return err
+}
+
+func (c *Client) doHeader(ctx context.Context, op, method, path string, in any, want int, out any) (http.Header, error) {
+	var body io.Reader
+	if in != nil {
+		raw, err := json.Marshal(in)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		body = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	req.Header.Set("X-API-Key", c.key)
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: read answer: %w", op, err)
+	}
+	ok := resp.StatusCode == want || (want == 0 && resp.StatusCode/100 == 2)
+	if !ok {
+		var e struct {
+			Message string `json:"message"`
+		}
+		msg := strings.TrimSpace(string(raw))
+		if json.Unmarshal(raw, &e) == nil && e.Message != "" {
+			msg = e.Message
+		}
+		return nil, &APIError{Op: op, Status: resp.StatusCode, Message: msg}
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return nil, fmt.Errorf("%s: decode answer: %w", op, err)
+		}
+	}
+	return resp.Header, nil
+}
+
+// CommandResult is how a command in a sandbox ended.
+type CommandResult struct {
+	ExitCode int
+	Stdout   string
+	Stderr   string
+}
+
+// Run runs cmdline with /bin/bash -l -c in the sandbox, as the SDKs' commands.run does,
+// through envd's process.Process/Start stream via the node's proxy, and returns once the
+// end event arrives.
+func (c *Client) Run(ctx context.Context, sb Sandbox, cmdline string) (CommandResult, error) {
+	noStdin := false
+	req := connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmdline}},
+		Stdin:   &noStdin,
+	})
+	h := req.Header()
+	h.Set("E2b-Sandbox-Id", sb.ID)
+	h.Set("E2b-Sandbox-Port", envdPort)
+	if sb.Token != "" {
+		h.Set("X-Access-Token", sb.Token)
+	}
+	stream, err := c.proc.Start(ctx, req)
+	if err != nil {
+		return CommandResult{}, fmt.Errorf("start %q in %s: %w", cmdline, sb.ID, err)
+	}
+	defer stream.Close()
+	var res CommandResult
+	var stdout, stderr strings.Builder
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			stdout.Write(d.GetStdout())
+			stderr.Write(d.GetStderr())
+		}
+		if end := ev.GetEnd(); end != nil {
+			res.ExitCode, res.Stdout, res.Stderr = int(end.GetExitCode()), stdout.String(), stderr.String()
+			if end.Error != nil && !end.GetExited() {
+				return res, fmt.Errorf("%q in %s: %s", cmdline, sb.ID, end.GetError())
+			}
+			return res, nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return res, fmt.Errorf("%q in %s: %w", cmdline, sb.ID, err)
+	}
+	return res, fmt.Errorf("%q in %s: stream ended without an end event", cmdline, sb.ID)
+}

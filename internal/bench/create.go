@@ -1,0 +1,146 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// CreateOptions configures one create → first command measurement.
+type CreateOptions struct {
+	Template string
+	// N is how many sandboxes are measured; Concurrency how many are in flight at once.
+	N           int
+	Concurrency int
+	// Warmup sandboxes are created, used and killed first, unmeasured, so the node's warm
+	// pools for the template are filled as they are in steady state.
+	Warmup int
+	// Command is what runs as the first command. Default "true".
+	Command string
+	// SandboxTimeout is the TTL given to each sandbox (seconds), so one a crashed benchmark
+	// leaves behind expires by itself. Default 120.
+	SandboxTimeout int
+	// Progress, when set, is called after each measured sandbox.
+	Progress func(done, total int)
+}
+
+// maxErrors bounds how many distinct failure messages a Result keeps.
+const maxErrors = 5
+
+// Result is one measurement run.
+type Result struct {
+	Mode        string `json:"mode"` // "rest" (this client) or "sdk" (the E2B JS SDK script)
+	Concurrency int    `json:"concurrency"`
+	N           int    `json:"n"`
+	Failures    int    `json:"failures"`
+	// Total is create → first command completed; Create and Command are its two parts.
+	Total   Summary `json:"total"`
+	Create  Summary `json:"create"`
+	Command Summary `json:"command"`
+	// Wall is the run's duration; Rate the successful sandboxes per second over it.
+	Wall   time.Duration `json:"wall"`
+	Rate   float64       `json:"ratePerSec"`
+	Errors []string      `json:"errors,omitempty"`
+}
+
+// sample is one sandbox's measurement.
+type sample struct {
+	create, command time.Duration
+	err             error
+}
+
+// RunCreate measures create → first command completed on the node c talks to: each
+// sandbox is created with POST /v2/sandboxes, runs Command through envd, and is killed
+// (the kill is not timed). It fails only when it cannot measure at all; failed sandboxes
+// are counted in Result.Failures.
+func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) {
+	if o.N <= 0 || o.Concurrency <= 0 {
+		return Result{}, fmt.Errorf("bench: n (%d) and concurrency (%d) must be positive", o.N, o.Concurrency)
+	}
+	if o.Command == "" {
+		o.Command = "true"
+	}
+	if o.SandboxTimeout <= 0 {
+		o.SandboxTimeout = 120
+	}
+	for i := range o.Warmup {
+		if s := createAndRun(ctx, c, o); s.err != nil {
+			return Result{}, fmt.Errorf("bench: warm-up sandbox %d: %w", i+1, s.err)
+		}
+	}
+	samples := make([]sample, o.N)
+	var next, done atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range min(o.Concurrency, o.N) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= o.N || ctx.Err() != nil {
+					return
+				}
+				samples[i] = createAndRun(ctx, c, o)
+				if o.Progress != nil {
+					o.Progress(int(done.Add(1)), o.N)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	if err := ctx.Err(); err != nil {
+		return Result{}, fmt.Errorf("bench: %w", err)
+	}
+	return summarizeRun("rest", o.Concurrency, samples, wall), nil
+}
+
+// createAndRun measures one sandbox and kills it.
+func createAndRun(ctx context.Context, c *Client, o CreateOptions) sample {
+	t0 := time.Now()
+	sb, err := c.Create(ctx, CreateRequest{TemplateID: o.Template, Timeout: o.SandboxTimeout, Secure: true})
+	if err != nil {
+		return sample{err: err}
+	}
+	t1 := time.Now()
+	res, err := c.Run(ctx, sb, o.Command)
+	t2 := time.Now()
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("%q in %s exited with %d: %s", o.Command, sb.ID, res.ExitCode, res.Stderr)
+	}
+	// Killed with a context of its own: an interrupted run must not leave sandboxes behind.
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if kerr := c.Kill(kctx, sb.ID); kerr != nil {
+		err = errors.Join(err, kerr)
+	}
+	return sample{create: t1.Sub(t0), command: t2.Sub(t1), err: err}
+}
+
+func summarizeRun(mode string, concurrency int, samples []sample, wall time.Duration) Result {
+	r := Result{Mode: mode, Concurrency: concurrency, N: len(samples), Wall: wall}
+	var total, create, command []time.Duration
+	seen := map[string]bool{}
+	for _, s := range samples {
+		if s.err != nil {
+			r.Failures++
+			if msg := s.err.Error(); !seen[msg] && len(r.Errors) < maxErrors {
+				seen[msg] = true
+				r.Errors = append(r.Errors, msg)
+			}
+			continue
+		}
+		total = append(total, s.create+s.command)
+		create = append(create, s.create)
+		command = append(command, s.command)
+	}
+	r.Total, r.Create, r.Command = Summarize(total), Summarize(create), Summarize(command)
+	if wall > 0 {
+		r.Rate = float64(len(total)) / wall.Seconds()
+	}
+	return r
+}
