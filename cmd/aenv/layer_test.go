@@ -156,3 +156,34 @@ func TestLayerErrors(t *testing.T) {
 		t.Error("failed import left output")
 	}
 }
+
+func TestLayerCatStack(t *testing.T) {
+	dir := t.TempDir()
+	raw := filepath.Join(dir, "a.raw")
+	os.WriteFile(raw, bytes.Repeat([]byte{1}, 1<<20), 0o644)
+	if _, err := runLayer(t, "import", raw, filepath.Join(dir, "a.commit"), "-z", "lz4", "-t"); err != nil {
+		t.Fatal(err)
+	}
+	raw2 := filepath.Join(dir, "b.raw")
+	f, _ := os.Create(raw2)
+	f.Truncate(1 << 20)
+	f.WriteAt(bytes.Repeat([]byte{2}, 4096), 8192)
+	f.Close()
+	if _, err := runLayer(t, "import", raw2, filepath.Join(dir, "b.commit")); err != nil {
+		t.Fatal(err)
+	}
+	m := `{"lowers":[{"path":"a.commit"},{"path":"b.commit"}],"upper":{"data":"missing.data","index":"missing.index"}}`
+	mp := filepath.Join(dir, "stack.json")
+	os.WriteFile(mp, []byte(m), 0o644)
+	got, err := runLayer(t, "cat", mp, "--offset", "4096", "--length", "12288")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(append(bytes.Repeat([]byte{1}, 4096), bytes.Repeat([]byte{2}, 4096)...), bytes.Repeat([]byte{1}, 4096)...)
+	if got != string(want) {
+		t.Fatal("stack cat mismatch")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "missing.data")); !os.IsNotExist(err) {
+		t.Fatal("cat created an upper")
+	}
+}

@@ -77,6 +77,7 @@ func newRootCmd() *cobra.Command {
 		newLoginCmd(g),
 		newTemplateCmd(),
 		newLayerCmd(),
+		newBenchCmd(),
 		newPullCmd(),
 	)
 	return root

@@ -96,6 +96,14 @@ func RunDensity(ctx context.Context, c *Client, o DensityOptions) (DensityResult
 	}
 	r := DensityResult{Requested: o.Count, MemAvailableBefore: before}
 
+	created, err := fill(ctx, c, o, req, &r)
+	r.KillErrors = killAll(context.WithoutCancel(ctx), c, created, o.Concurrency, func(d, t int) { progress("kill", d, t) })
+	return r, err
+}
+
+// fill creates the sandboxes and takes the measurements into r. It returns every sandbox
+// it created, also on error, so the caller can kill them.
+func fill(ctx context.Context, c *Client, o DensityOptions, req CreateRequest, r *DensityResult) ([]Sandbox, error) {
 	var (
 		mu      sync.Mutex
 		created []Sandbox
@@ -103,9 +111,6 @@ func RunDensity(ctx context.Context, c *Client, o DensityOptions) (DensityResult
 		wg      sync.WaitGroup
 		slots   = make(chan struct{}, o.Concurrency)
 	)
-	defer func() {
-		r.KillErrors = killAll(context.WithoutCancel(ctx), c, created, o.Concurrency, func(d, t int) { progress("kill", d, t) })
-	}()
 	t0 := time.Now()
 	for i := 0; i < o.Count; i++ {
 		mu.Lock()
@@ -128,25 +133,28 @@ func RunDensity(ctx context.Context, c *Client, o DensityOptions) (DensityResult
 				return
 			}
 			created = append(created, sb)
-			progress("create", len(created), o.Count)
+			if o.Progress != nil {
+				o.Progress("create", len(created), o.Count)
+			}
 		}()
 	}
 	wg.Wait()
 	r.CreateTime = time.Since(t0)
 	r.Created = len(created)
 	if err := ctx.Err(); err != nil {
-		return r, fmt.Errorf("bench: %w", err)
+		return created, fmt.Errorf("bench: %w", err)
 	}
-
 	time.Sleep(o.Settle)
-	if r.MemAvailableAfter, err = MemAvailable(o.MemInfo); err != nil {
-		return r, err
+	after, err := MemAvailable(o.MemInfo)
+	if err != nil {
+		return created, err
 	}
+	r.MemAvailableAfter = after
 	if r.Created > 0 {
 		r.PerSandbox = (r.MemAvailableBefore - r.MemAvailableAfter) / int64(r.Created)
 	}
 	r.Responsive = countResponsive(ctx, c, created, o.Concurrency)
-	return r, nil
+	return created, nil
 }
 
 // countResponsive runs `true` in every sandbox and counts those that answered.

@@ -49,6 +49,9 @@ func (o *Orchestrator) doPause(ctx context.Context, e *entry, p *op, opts sandbo
 	}
 	inst, id := e.inst, e.rec.ID
 	o.mu.Unlock()
+	if o.pausesToDisk(opts) {
+		return o.doDiskPause(ctx, e, p, inst)
+	}
 
 	var ps sandbox.PausedState
 	err := o.m.timeStage(opPause, stagePause, func() (err error) {
@@ -116,13 +119,24 @@ func (o *Orchestrator) unpause(ctx context.Context, e *entry, p *op, cause error
 	return cause
 }
 
-// revive brings a paused sandbox back: thaw in place when the instance survived the
-// pause, otherwise relaunch from its paused state with the same id and tokens. On
-// failure the paused state is untouched, so the sandbox can stay Paused.
+// revive brings a paused sandbox back: a sandbox paused to disk boots fresh processes
+// on its captured filesystem; otherwise thaw in place when the instance survived the
+// pause, or relaunch from its paused state. The id and tokens never change. On failure
+// the paused state is untouched, so the sandbox can stay Paused.
 func (o *Orchestrator) revive(ctx context.Context, operation string, e *entry) (sandbox.Instance, string, error) {
+	c, err := o.diskSnapshot(operation, e)
+	if err != nil {
+		return nil, "", err
+	}
 	o.mu.Lock()
 	inst, ps, rec := e.inst, e.paused, e.clone()
 	o.mu.Unlock()
+	if c != nil {
+		plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: rec.ID, RootFS: rec.Launch.RootFS,
+			Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c}
+		// Fresh processes: envd does not hold the token yet, so /init goes without it.
+		return o.launch(ctx, operation, plan, rec, false)
+	}
 	if inst != nil {
 		err := o.m.timeStage(operation, stageThaw, func() error { return inst.Resume(ctx) })
 		if err == nil {
@@ -154,11 +168,11 @@ func (o *Orchestrator) revive(ctx context.Context, operation string, e *entry) (
 }
 
 // resumeLocked resumes e, which must be stable and Paused with o.mu held, with TTL
-// now+timeout.
-func (o *Orchestrator) resumeLocked(ctx context.Context, e *entry, timeout time.Duration) (*Sandbox, error) {
+// now+timeout. cold asks for fresh processes on the paused filesystem (memory:false).
+func (o *Orchestrator) resumeLocked(ctx context.Context, e *entry, timeout time.Duration, cold bool) (*Sandbox, error) {
 	p, _ := o.begin(e, StateResuming)
 	start := time.Now()
-	sb, err := o.doResume(ctx, e, p, timeout)
+	sb, err := o.doResume(ctx, e, p, timeout, cold)
 	o.m.observe(opResume, stageTotal, start, err)
 	if err != nil {
 		o.m.failures.WithLabelValues(opResume).Inc()
@@ -166,17 +180,34 @@ func (o *Orchestrator) resumeLocked(ctx context.Context, e *entry, timeout time.
 	return sb, err
 }
 
-func (o *Orchestrator) doResume(ctx context.Context, e *entry, p *op, timeout time.Duration) (*Sandbox, error) {
+func (o *Orchestrator) doResume(ctx context.Context, e *entry, p *op, timeout time.Duration, cold bool) (*Sandbox, error) {
+	if cold {
+		if err := o.toDisk(ctx, e); err != nil {
+			o.finish(e, p, StatePaused, err)
+			return nil, err
+		}
+	}
 	inst, version, err := o.revive(ctx, opResume, e)
 	if err != nil {
 		o.finish(e, p, StatePaused, err)
 		return nil, err
 	}
 	o.mu.Lock()
+	disk, diskRaw := e.disk, e.rec.DiskSnapshot
 	e.inst, e.paused, e.rec.Paused, e.rec.EnvdVersion = inst, nil, nil, version
+	e.disk, e.rec.DiskSnapshot = nil, nil
 	e.rec.EndAt = o.clock.Now().Add(timeout).UTC()
 	o.mu.Unlock()
 	if err := o.m.timeStage(opResume, stagePersist, func() error { return o.persist(e) }); err != nil {
+		if disk != nil {
+			// The disk snapshot is still what the catalog says: back to it.
+			o.stopQuietly(ctx, inst)
+			o.mu.Lock()
+			e.inst, e.disk, e.rec.DiskSnapshot = nil, disk, diskRaw
+			o.mu.Unlock()
+			o.finish(e, p, StatePaused, err)
+			return nil, err
+		}
 		// Put it back to sleep so memory and disk agree again.
 		ps, perr := inst.Pause(ctx, sandbox.PauseOptions{KeepMemory: true})
 		var raw []byte
@@ -197,6 +228,7 @@ func (o *Orchestrator) doResume(ctx context.Context, e *entry, p *op, timeout ti
 		o.finish(e, p, StatePaused, err)
 		return nil, err
 	}
+	o.discardCapture(ctx, disk)
 	o.mu.Lock()
 	o.armLocked(e)
 	o.mu.Unlock()
@@ -228,7 +260,7 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, opts ConnectOptio
 		}
 		if e.rec.State == StatePaused {
 			octx, cancel := o.opContext(ctx)
-			sb, err := o.resumeLocked(octx, e, timeout)
+			sb, err := o.resumeLocked(octx, e, timeout, opts.ColdBoot)
 			cancel()
 			return sb, err == nil, err
 		}
@@ -313,6 +345,12 @@ func (o *Orchestrator) doKill(ctx context.Context, e *entry, p *op, prev State) 
 // backend keeps such state outside the instance. Failures are logged: the sandbox is
 // going away regardless, and the backend's reconcile drops unknown state at startup.
 func (o *Orchestrator) discard(ctx context.Context, e *entry) {
+	if c, err := o.diskSnapshot(opKill, e); err != nil {
+		o.log.Error("decode disk snapshot for discard", "sandbox", e.rec.ID, "err", err)
+	} else if c != nil {
+		o.discardCapture(ctx, c)
+		return
+	}
 	d, ok := o.backend.(PausedDiscarder)
 	if !ok {
 		return
@@ -361,7 +399,7 @@ func (o *Orchestrator) Endpoint(ctx context.Context, id string, autoResume bool)
 				return sandbox.Endpoint{}, nil, fmt.Errorf("%w: %s is paused", ErrNotRunning, id)
 			}
 			octx, cancel := o.opContext(ctx)
-			_, err := o.resumeLocked(octx, e, o.cfg.DefaultTimeout)
+			_, err := o.resumeLocked(octx, e, o.cfg.DefaultTimeout, false)
 			cancel()
 			if err != nil {
 				return sandbox.Endpoint{}, nil, fmt.Errorf("%w: resume of %s failed: %w", ErrNotRunning, id, err)

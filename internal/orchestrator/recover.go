@@ -17,7 +17,9 @@ import (
 //     already elapsed TTL expires at once);
 //   - a running record without an instance died with the node: its record is deleted;
 //   - a paused record is kept with its instance if the backend still has one (pause in
-//     place), else if the backend can decode its paused state; otherwise deleted.
+//     place), else if the backend can decode its paused state; otherwise deleted;
+//   - a record paused to disk is kept if the backend can decode its disk snapshot (an
+//     instance that survived is stopped: the node died mid-pause or mid-resume).
 //
 // Start must be called once, before the orchestrator serves requests.
 func (o *Orchestrator) Start(ctx context.Context) error {
@@ -58,7 +60,25 @@ func (o *Orchestrator) Start(ctx context.Context) error {
 	for _, id := range ids {
 		rec, inst := recs[id], alive[id]
 		e := &entry{rec: *rec, inst: inst}
-		if rec.State == StatePaused {
+		if rec.State == StatePaused && len(rec.DiskSnapshot) > 0 {
+			c, err := o.backend.DecodeCaptured(rec.DiskSnapshot)
+			if err != nil {
+				o.log.Warn("dropping paused sandbox whose disk snapshot the backend cannot use", "sandbox", id, "err", err)
+				if inst != nil {
+					o.stopQuietly(ctx, inst)
+				}
+				o.dropRecord(id)
+				dropped++
+				continue
+			}
+			if inst != nil {
+				// The node died between recording the pause (or before recording a
+				// resume) and the instance's stop: the record is the truth.
+				o.stopQuietly(ctx, inst)
+				e.inst = nil
+			}
+			e.disk = c
+		} else if rec.State == StatePaused {
 			if inst == nil {
 				ps, err := o.backend.DecodePaused(rec.Paused)
 				if err != nil {

@@ -72,7 +72,7 @@ func (o *Orchestrator) expire(id string) {
 	}
 	if e.rec.AutoPause {
 		o.log.Info("sandbox timeout: pausing", "sandbox", id)
-		err = o.pauseLocked(ctx, e, sandbox.PauseOptions{KeepMemory: true})
+		err = o.pauseLocked(ctx, e, sandbox.PauseOptions{KeepMemory: !e.rec.AutoPauseDisk})
 	} else {
 		o.log.Info("sandbox timeout: killing", "sandbox", id)
 		err = o.killLocked(ctx, e, "timeout")

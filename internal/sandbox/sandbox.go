@@ -39,12 +39,28 @@ type Resources struct {
 	DiskSizeMB int `json:"diskSizeMB"`
 }
 
-// RootFS says where a sandbox's root filesystem comes from. For now a template is an
-// unpacked directory used as the read-only lower of a per-sandbox overlay; the storage
-// engine will add a layered block image as another source.
+// RootFS says where a sandbox's root filesystem comes from: an unpacked directory used as
+// the read-only lower of a per-sandbox overlay, or a stack of sealed overlaybd layers
+// holding an ext4 filesystem, under a per-sandbox writable upper (a layered block root).
+// A backend that supports block roots uses Layers when set, LowerDir otherwise.
 type RootFS struct {
 	// LowerDir is a read-only directory tree (a template's rootfs).
 	LowerDir string `json:"lowerDir,omitempty"`
+	// Layers are sealed overlaybd layers, bottom first (a converted template's stack).
+	Layers []LayerRef `json:"layers,omitempty"`
+	// VirtualSize is the layered device's size in bytes; 0 means the top layer's. A
+	// sandbox whose Resources.DiskSizeMB is larger gets its filesystem grown.
+	VirtualSize uint64 `json:"virtualSize,omitempty"`
+}
+
+// LayerRef names one sealed layer of a layered root: a local file (Path, absolute) or a
+// blob by digest that the storage engine resolves. Its JSON matches the storage engine's
+// stack manifests.
+type LayerRef struct {
+	Path   string `json:"path,omitempty"`
+	Digest string `json:"digest,omitempty"`
+	Size   int64  `json:"size,omitempty"`
+	UUID   string `json:"uuid,omitempty"`
 }
 
 // LaunchKind selects what a LaunchPlan does.

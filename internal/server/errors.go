@@ -45,6 +45,8 @@ func statusOf(err error) int {
 		return http.StatusBadGateway
 	case errors.Is(err, orchestrator.ErrCapacity):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, orchestrator.ErrUnsupported):
+		return http.StatusNotImplemented
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout
 	default:

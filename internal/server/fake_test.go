@@ -25,6 +25,15 @@ type fakeOrch struct {
 	lastReq   orchestrator.CreateRequest
 	lastTTL   time.Duration
 	nextID    int
+
+	caps        sandbox.Capabilities
+	snapshots   []orchestrator.SnapshotInfo // newest last
+	snapErr     error
+	forkErr     error
+	forkFail    map[int]error // child index → error
+	lastFork    [2]int        // count, timeout seconds
+	lastConnect orchestrator.ConnectOptions
+	lastPause   sandbox.PauseOptions
 }
 
 func newFakeOrch() *fakeOrch {
@@ -87,6 +96,7 @@ func (f *fakeOrch) Connect(_ context.Context, id string, o orchestrator.ConnectO
 		return nil, false, err
 	}
 	f.lastTTL = o.Timeout
+	f.lastConnect = o
 	if sb.State == orchestrator.StatePaused {
 		sb.State = orchestrator.StateRunning
 		sb.EndAt = f.now.Add(o.Timeout)
@@ -207,9 +217,10 @@ func (f *fakeOrch) Refresh(_ context.Context, id string, d time.Duration) error 
 	return nil
 }
 
-func (f *fakeOrch) Pause(_ context.Context, id string, _ sandbox.PauseOptions) error {
+func (f *fakeOrch) Pause(_ context.Context, id string, o sandbox.PauseOptions) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.lastPause = o
 	sb, err := f.get(id)
 	if err != nil {
 		return err

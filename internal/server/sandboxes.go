@@ -24,6 +24,8 @@ type createParams struct {
 	memoryMB      *int32
 	network       *api.SandboxNetworkConfig
 	secure        bool
+	// autoPauseMemory false makes the timeout pause a pause to disk (v2 only).
+	autoPauseMemory *bool
 }
 
 func (h *handlers) CreateSandboxV2(w http.ResponseWriter, r *http.Request) {
@@ -36,7 +38,7 @@ func (h *handlers) CreateSandboxV2(w http.ResponseWriter, r *http.Request) {
 		autoPause: body.AutoPause, autoResume: body.AutoResume, allowInternet: body.AllowInternetAccess,
 		cpuCount: body.CpuCount, memoryMB: body.MemoryMB, network: body.Network,
 		// v2 creates are always secure: the SDK expects an envd access token.
-		secure: true,
+		secure: true, autoPauseMemory: body.AutoPauseMemory,
 	}, h.s.defaultTimeout)
 }
 
@@ -83,6 +85,7 @@ func (s *Server) createRequest(p createParams, defTimeout time.Duration) (orches
 		Timeout:       timeout,
 		AllowInternet: p.allowInternet == nil || *p.allowInternet,
 		AutoPause:     p.autoPause != nil && *p.autoPause,
+		AutoPauseDisk: p.autoPauseMemory != nil && !*p.autoPauseMemory,
 		AutoResume:    p.autoResume != nil && p.autoResume.Enabled,
 		Secure:        p.secure,
 		Private:       p.network != nil && p.network.AllowPublicTraffic != nil && !*p.network.AllowPublicTraffic,
@@ -131,7 +134,7 @@ func (h *handlers) ConnectSandboxV2(w http.ResponseWriter, r *http.Request, id a
 	if !decodeOptional(w, r, &body) {
 		return
 	}
-	h.connect(w, r, id, body.Timeout, false)
+	h.connect(w, r, id, body.Timeout, false, body.Memory != nil && !*body.Memory)
 }
 
 func (h *handlers) ConnectSandboxV1(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
@@ -147,7 +150,7 @@ func (h *handlers) ConnectSandboxV1(w http.ResponseWriter, r *http.Request, id a
 		writeError(w, http.StatusBadRequest, "timeout is required")
 		return
 	}
-	h.connect(w, r, id, raw.Timeout, false)
+	h.connect(w, r, id, raw.Timeout, false, raw.Memory != nil && !*raw.Memory)
 }
 
 func (h *handlers) ResumeSandbox(w http.ResponseWriter, r *http.Request, id api.SandboxID) {
@@ -155,13 +158,14 @@ func (h *handlers) ResumeSandbox(w http.ResponseWriter, r *http.Request, id api.
 	if !decodeOptional(w, r, &body) {
 		return
 	}
-	h.connect(w, r, id, body.Timeout, true)
+	h.connect(w, r, id, body.Timeout, true, false)
 }
 
 // connect serves connect (v1, v2) and the deprecated resume: 200 when the sandbox was
 // running (TTL extended only), 201 when it was resumed. resumeOnly answers 409 for a
-// sandbox that was not paused, as E2B's resume does.
-func (h *handlers) connect(w http.ResponseWriter, r *http.Request, id string, timeout *int32, resumeOnly bool) {
+// sandbox that was not paused, as E2B's resume does. cold is memory:false: a paused
+// sandbox restarts its processes on its filesystem instead of restoring memory.
+func (h *handlers) connect(w http.ResponseWriter, r *http.Request, id string, timeout *int32, resumeOnly, cold bool) {
 	d, err := h.s.timeoutSeconds(timeout, h.s.defaultTimeout)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "%s", err.Error())
@@ -178,7 +182,7 @@ func (h *handlers) connect(w http.ResponseWriter, r *http.Request, id string, ti
 			return
 		}
 	}
-	sb, resumed, err := h.s.orch.Connect(r.Context(), id, orchestrator.ConnectOptions{Timeout: d})
+	sb, resumed, err := h.s.orch.Connect(r.Context(), id, orchestrator.ConnectOptions{Timeout: d, ColdBoot: cold})
 	if err != nil {
 		writeOrchError(w, r, err)
 		return

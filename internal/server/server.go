@@ -38,6 +38,12 @@ type Orchestrator interface {
 	Pause(ctx context.Context, id string, o sandbox.PauseOptions) error
 	Metrics(ctx context.Context, id string) ([]sandbox.Stats, error)
 	Endpoint(ctx context.Context, id string, autoResume bool) (sandbox.Endpoint, *orchestrator.Sandbox, error)
+	Snapshot(ctx context.Context, id, name string) (orchestrator.SnapshotInfo, error)
+	ListSnapshots(ctx context.Context, f orchestrator.SnapshotFilter) (items []orchestrator.SnapshotInfo, nextToken string, err error)
+	DeleteTemplate(ctx context.Context, idOrName string) error
+	Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]orchestrator.ForkResult, error)
+	Capabilities() sandbox.Capabilities
+	BackendName() string
 }
 
 // Authenticator checks an API key from X-API-Key: ok is false for an unknown or revoked

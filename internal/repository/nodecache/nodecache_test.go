@@ -16,6 +16,8 @@ import (
 	"github.com/aenv-dev/aenv/internal/repository"
 	"github.com/aenv-dev/aenv/internal/repository/posixfs"
 	"github.com/aenv-dev/aenv/internal/repository/repositorytest"
+	"github.com/aenv-dev/aenv/internal/repository/s3"
+	"github.com/aenv-dev/aenv/internal/repository/s3/s3test"
 )
 
 func newRemote(t *testing.T) *posixfs.Repo {
@@ -336,4 +338,19 @@ func TestOptionsRejected(t *testing.T) {
 			t.Errorf("Open(%+v) = %v, want ErrInvalid", o, err)
 		}
 	}
+}
+
+// The cache in front of a real S3 server passes the same suite.
+func TestConformanceOverS3(t *testing.T) {
+	srv := s3test.Start(t)
+	repositorytest.Run(t, func(t *testing.T) repository.Repository {
+		remote, err := s3.Open(context.Background(), s3.Config{
+			Endpoint: srv.Endpoint, Bucket: srv.Bucket(t), Addressing: s3.AddressPath,
+			AccessKey: s3test.AccessKey, SecretKey: s3test.SecretKey,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return open(t, remote, t.TempDir(), Options{MaxBytes: 64 << 20})
+	})
 }

@@ -123,6 +123,9 @@ func (r *Repo) PutBlob(ctx context.Context, d repository.Digest, size int64, src
 	if err := d.Validate(); err != nil {
 		return repository.BlobInfo{}, err
 	}
+	if src == nil {
+		return repository.BlobInfo{}, fmt.Errorf("%w: nil reader for %s", repository.ErrInvalid, d)
+	}
 	final := r.blobPath(d)
 	if info, err := r.touch(final, d, size); err == nil || !errors.Is(err, repository.ErrNotFound) {
 		return info, err

@@ -16,3 +16,15 @@ func newRepo(t *testing.T) repository.Repository {
 }
 
 func TestConformance(t *testing.T) { repositorytest.Run(t, newRepo) }
+
+func benchRepo(b *testing.B) *Repo {
+	r, err := Open(b.TempDir(), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r
+}
+
+func BenchmarkPut64MiB(b *testing.B)   { repositorytest.BenchPut(b, benchRepo(b), 64<<20) }
+func BenchmarkGet64MiB(b *testing.B)   { repositorytest.BenchGet(b, benchRepo(b), 64<<20) }
+func BenchmarkReadAt1MiB(b *testing.B) { repositorytest.BenchReadAt(b, benchRepo(b), 64<<20) }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"sync"
@@ -293,21 +294,21 @@ func testGC(t *testing.T, r repository.Repository) {
 	mustPut(t, r, Record(repository.KindSnapshot, "publishing", pendingOnly))
 
 	// Within the grace period nothing unreferenced goes.
-	res, err := repository.GC(ctx, r, repository.GCOptions{Pinned: []repository.Digest{pinned}, Grace: time.Hour})
+	res, err := repository.GC(ctx, r, repository.GCOptions{Logger: quiet(), Pinned: []repository.Digest{pinned}, Grace: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(res.Deleted) != 0 || res.InUse != 2 || res.Blobs != 6 {
 		t.Fatalf("GC with grace = %+v, want nothing deleted, 2 in use", res)
 	}
-	dry, err := repository.GC(ctx, r, repository.GCOptions{Pinned: []repository.Digest{pinned}, Grace: -1, DryRun: true})
+	dry, err := repository.GC(ctx, r, repository.GCOptions{Logger: quiet(), Pinned: []repository.Digest{pinned}, Grace: -1, DryRun: true})
 	if err != nil || len(dry.Deleted) != 2 {
 		t.Fatalf("dry run = %+v, %v", dry, err)
 	}
 	if _, err := r.StatBlob(ctx, orphan); err != nil {
 		t.Fatalf("dry run deleted: %v", err)
 	}
-	res, err = repository.GC(ctx, r, repository.GCOptions{Pinned: []repository.Digest{pinned}, Grace: -1})
+	res, err = repository.GC(ctx, r, repository.GCOptions{Logger: quiet(), Pinned: []repository.Digest{pinned}, Grace: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,7 +333,7 @@ func testGC(t *testing.T, r repository.Repository) {
 	if err := r.DeleteRecord(ctx, repository.KindSnapshot, "snap"); err != nil {
 		t.Fatal(err)
 	}
-	res, err = repository.GC(ctx, r, repository.GCOptions{Grace: -1})
+	res, err = repository.GC(ctx, r, repository.GCOptions{Logger: quiet(), Grace: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,3 +369,5 @@ func mustPut(t *testing.T, r repository.Repository, rec repository.Record) repos
 	}
 	return out
 }
+
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -252,6 +252,9 @@ func testNotFound(t *testing.T, r repository.Repository) {
 			t.Errorf("StatBlob(%q): %v, want ErrInvalid", bad, err)
 		}
 	}
+	if _, err := r.PutBlob(ctx, missing, 1, nil); !errors.Is(err, repository.ErrInvalid) {
+		t.Errorf("PutBlob(nil reader): %v, want ErrInvalid", err)
+	}
 	for _, id := range []string{"", "../x", "a/b", ".hidden", string(make([]byte, 200))} {
 		if _, err := r.GetRecord(ctx, repository.KindTemplate, id); !errors.Is(err, repository.ErrInvalid) {
 			t.Errorf("GetRecord(%q): %v, want ErrInvalid", id, err)

@@ -169,6 +169,9 @@ func (r *Repo) PutBlob(ctx context.Context, d repository.Digest, size int64, src
 	if err := d.Validate(); err != nil {
 		return repository.BlobInfo{}, err
 	}
+	if src == nil {
+		return repository.BlobInfo{}, fmt.Errorf("%w: nil reader for %s", repository.ErrInvalid, d)
+	}
 	if info, err := r.statObject(ctx, r.blobKey(d)); err == nil {
 		if size >= 0 && info.Size != size {
 			return repository.BlobInfo{}, fmt.Errorf("%w: %s is stored with %d bytes, declared %d", repository.ErrDigestMismatch, d, info.Size, size)

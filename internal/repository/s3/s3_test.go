@@ -22,3 +22,19 @@ func TestConformance(t *testing.T) {
 		return r
 	})
 }
+
+func benchRepo(b *testing.B) *Repo {
+	srv := s3test.Start(b)
+	r, err := Open(context.Background(), Config{
+		Endpoint: srv.Endpoint, Bucket: srv.Bucket(b), Addressing: AddressPath,
+		AccessKey: s3test.AccessKey, SecretKey: s3test.SecretKey,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r
+}
+
+func BenchmarkPut64MiB(b *testing.B)   { repositorytest.BenchPut(b, benchRepo(b), 64<<20) }
+func BenchmarkGet64MiB(b *testing.B)   { repositorytest.BenchGet(b, benchRepo(b), 64<<20) }
+func BenchmarkReadAt1MiB(b *testing.B) { repositorytest.BenchReadAt(b, benchRepo(b), 64<<20) }

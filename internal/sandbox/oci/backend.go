@@ -40,6 +40,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/storage/stack"
 )
 
 // ErrUnsupported is returned for operations this backend does not do (yet).
@@ -174,6 +175,10 @@ type Backend struct {
 
 	mu        sync.Mutex
 	instances map[string]*Instance
+
+	// layersMu orders snapshots (which add layer files and capture records) against the
+	// garbage collection of layer files (see gcLayers).
+	layersMu sync.Mutex
 }
 
 var _ sandbox.Backend = (*Backend)(nil)
@@ -223,10 +228,13 @@ func (b *Backend) Runtime() string { return b.rt.name }
 // UserNamespaces reports whether sandboxes run in their own user namespace.
 func (b *Backend) UserNamespaces() bool { return b.userns }
 
-// Capabilities implements sandbox.Backend: pause freezes the cgroup, so processes survive
-// and memory stays allocated; nothing is captured.
+// Capabilities implements sandbox.Backend. Pause with KeepMemory freezes the cgroup, so
+// processes survive and memory stays allocated. Snapshots capture the filesystem only
+// (sandboxes on layered block roots; a sandbox on a directory template cannot snapshot):
+// children of a fork and sandboxes resumed from a pause to disk boot fresh processes on
+// the captured filesystem.
 func (b *Backend) Capabilities() sandbox.Capabilities {
-	return sandbox.Capabilities{PauseKeepsProcesses: true}
+	return sandbox.Capabilities{PauseKeepsProcesses: true, Snapshots: true}
 }
 
 // Close removes the warm containers and the network pool's warm slots. Running sandboxes
@@ -245,6 +253,7 @@ type savedState struct {
 	ID            string            `json:"id"` // sandbox id; "" for a warm container
 	ContainerID   string            `json:"containerID"`
 	LowerDir      string            `json:"lowerDir"`
+	Block         bool              `json:"block,omitempty"` // a layered block root (never adopted)
 	Resources     sandbox.Resources `json:"resources"`
 	SlotIndex     int               `json:"slotIndex"`
 	AllowInternet bool              `json:"allowInternet"`
@@ -258,19 +267,33 @@ func (b *Backend) layout(id string) layout {
 
 func (b *Backend) cgroupsPath(id string) string { return "/" + b.cfg.CgroupParent + "/" + id }
 
-// Launch implements sandbox.Backend. Fresh creates a sandbox, from a warm (created, not
-// started) container of the same template when one is ready; Resume thaws a sandbox paused
-// in place (this backend's pause keeps it on the node); snapshots are not supported yet.
+// Launch implements sandbox.Backend. Fresh creates a sandbox on the template's layered
+// block root when RootFS has Layers, otherwise on an overlay of its directory (from a warm,
+// created but not started, container of the same template when one is ready).
+// FromSnapshot creates one on a fresh upper over a capture's sealed layers. Resume thaws a
+// sandbox paused in place, or relaunches one paused to disk from its capture.
 func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {
 	if !idRE.MatchString(plan.SandboxID) {
 		return nil, fmt.Errorf("oci: invalid sandbox id %q", plan.SandboxID)
 	}
+	if plan.Resources.CPUCount < 0 || plan.Resources.MemoryMB < 0 || plan.Resources.DiskSizeMB < 0 {
+		return nil, fmt.Errorf("oci: negative resources %+v", plan.Resources)
+	}
 	switch plan.Kind {
 	case sandbox.LaunchFresh:
+		if len(plan.RootFS.Layers) > 0 {
+			return b.launchBlock(ctx, plan, layerRefs(plan.RootFS.Layers), plan.RootFS.VirtualSize)
+		}
 	case sandbox.LaunchResume:
-		return b.resumeInPlace(ctx, plan)
+		return b.resume(ctx, plan)
+	case sandbox.LaunchFromSnapshot:
+		c, ok := plan.Snapshot.(*Captured)
+		if !ok || c == nil {
+			return nil, fmt.Errorf("oci: launch from snapshot: capture is %T, not this backend's", plan.Snapshot)
+		}
+		return b.launchBlock(ctx, plan, c.Layers, c.VirtualSize)
 	default:
-		return nil, fmt.Errorf("%w: launch from snapshot", ErrUnsupported)
+		return nil, fmt.Errorf("oci: unknown launch kind %d", plan.Kind)
 	}
 	if plan.RootFS.LowerDir == "" {
 		return nil, errors.New("oci: launch plan has no RootFS.LowerDir")
@@ -278,17 +301,10 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 	if fi, err := os.Stat(plan.RootFS.LowerDir); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("oci: template rootfs %q is not a directory: %v", plan.RootFS.LowerDir, err)
 	}
-	if plan.Resources.CPUCount < 0 || plan.Resources.MemoryMB < 0 {
-		return nil, fmt.Errorf("oci: negative resources %+v", plan.Resources)
+	inst, err := b.reserve(plan)
+	if err != nil {
+		return nil, err
 	}
-	b.mu.Lock()
-	if _, ok := b.instances[plan.SandboxID]; ok {
-		b.mu.Unlock()
-		return nil, fmt.Errorf("%w: %s", ErrExists, plan.SandboxID)
-	}
-	inst := &Instance{b: b, id: plan.SandboxID, res: plan.Resources, started: time.Now()}
-	b.instances[plan.SandboxID] = inst // reserves the id
-	b.mu.Unlock()
 
 	if w := b.warm.take(plan.RootFS.LowerDir); w != nil {
 		err := b.startWarm(ctx, w, plan)
@@ -305,13 +321,29 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 		b.warm.want(plan.RootFS.LowerDir)
 	}
 
+	return b.launchNew(ctx, inst, plan, createOpts{lower: plan.RootFS.LowerDir})
+}
+
+// reserve registers a new instance under plan.SandboxID, or fails if the id is taken.
+func (b *Backend) reserve(plan sandbox.LaunchPlan) (*Instance, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.instances[plan.SandboxID]; ok {
+		return nil, fmt.Errorf("%w: %s", ErrExists, plan.SandboxID)
+	}
+	inst := &Instance{b: b, id: plan.SandboxID, res: plan.Resources, started: time.Now(), allowInternet: plan.AllowInternet}
+	b.instances[plan.SandboxID] = inst // reserves the id
+	return inst, nil
+}
+
+// launchNew creates and starts a container for the reserved inst with a bundle of its own;
+// o names the root (the rest of o comes from plan). On failure nothing is left behind.
+func (b *Backend) launchNew(ctx context.Context, inst *Instance, plan sandbox.LaunchPlan, o createOpts) (sandbox.Instance, error) {
 	inst.cid, inst.l = plan.SandboxID, b.layout(plan.SandboxID)
+	o.allowInternet, o.res, o.hostname, o.run = plan.AllowInternet, plan.Resources, hostname(plan.SandboxID), true
 	err := os.Mkdir(inst.l.dir, 0o711)
 	if err == nil {
-		err = b.create(ctx, inst, createOpts{
-			lower: plan.RootFS.LowerDir, allowInternet: plan.AllowInternet, res: plan.Resources,
-			hostname: hostname(plan.SandboxID), run: true,
-		})
+		err = b.create(ctx, inst, o)
 	} else if errors.Is(err, os.ErrExist) {
 		// A bundle nobody tracks (Reconcile not run yet?): leave it alone.
 		b.mu.Lock()
@@ -332,6 +364,8 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 // createOpts describes one container to create.
 type createOpts struct {
 	lower         string
+	layers        []stack.LayerRef // a layered block root instead of an overlay on lower
+	vsize         uint64           // the block root's device size; 0 = the layers'
 	allowInternet bool
 	res           sandbox.Resources
 	hostname      string
@@ -361,7 +395,11 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		return err
 	}
 	t1 := time.Now()
-	if err := mountRootfs(inst.l, o.lower, m, userns); err != nil {
+	if len(o.layers) > 0 {
+		if err := b.mountBlock(ctx, inst, o, userns); err != nil {
+			return err
+		}
+	} else if err := mountRootfs(inst.l, o.lower, m, userns); err != nil {
 		return err
 	}
 	t2 := time.Now()
@@ -395,7 +433,7 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 // saveState records what Reconcile needs to adopt the container after a restart.
 func (b *Backend) saveState(inst *Instance, lower string, allowInternet bool) error {
 	st := savedState{
-		ID: inst.id, ContainerID: inst.cid, LowerDir: lower, Resources: inst.res,
+		ID: inst.id, ContainerID: inst.cid, LowerDir: lower, Block: inst.isBlock(), Resources: inst.res,
 		SlotIndex: inst.slot.Index, AllowInternet: allowInternet, IDMap: inst.idmap, Created: inst.started,
 	}
 	tmp := inst.l.state() + ".tmp"
@@ -446,9 +484,11 @@ func hostname(id string) string {
 	return id
 }
 
-// pausedState is this backend's PausedState: the sandbox stays frozen on this node.
+// pausedState is this backend's PausedState: the sandbox stays frozen on this node, or,
+// with Disk, it was stopped after a snapshot and resumes from that capture.
 type pausedState struct {
-	ID string `json:"id"`
+	ID   string    `json:"id"`
+	Disk *Captured `json:"disk,omitempty"`
 }
 
 func (p pausedState) Encode() ([]byte, error) { return json.Marshal(p) }
@@ -459,12 +499,28 @@ func (b *Backend) DecodePaused(raw []byte) (sandbox.PausedState, error) {
 	if err := json.Unmarshal(raw, &p); err != nil || p.ID == "" {
 		return nil, fmt.Errorf("oci: bad paused state %q: %v", raw, err)
 	}
+	if p.Disk != nil {
+		if err := p.Disk.validate(); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
-// DecodeCaptured implements sandbox.Backend; this backend cannot snapshot yet.
-func (b *Backend) DecodeCaptured([]byte) (sandbox.Captured, error) {
-	return nil, fmt.Errorf("%w: decode snapshot", ErrUnsupported)
+// resume thaws a sandbox paused in place, or relaunches one paused to disk.
+func (b *Backend) resume(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {
+	if ps, ok := plan.Paused.(pausedState); ok && ps.Disk != nil {
+		inst, err := b.launchBlock(ctx, plan, ps.Disk.Layers, ps.Disk.VirtualSize)
+		if err != nil {
+			return nil, err
+		}
+		// The new root references the layers itself; the capture is no longer needed.
+		if err := b.discardCapture(ps.Disk); err != nil {
+			b.log.Warn("oci: discard capture after resume", "id", plan.SandboxID, "err", err)
+		}
+		return inst, nil
+	}
+	return b.resumeInPlace(ctx, plan)
 }
 
 func (b *Backend) resumeInPlace(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {

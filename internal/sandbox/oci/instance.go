@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
@@ -20,10 +21,16 @@ type Instance struct {
 	l       layout // keyed by cid
 	res     sandbox.Resources
 	started time.Time
+	// allowInternet is the network policy it was launched with (fork children inherit it).
+	allowInternet bool
+
+	// snapMu serializes snapshots (and a pause to disk) of this sandbox.
+	snapMu sync.Mutex
 
 	mu      sync.Mutex
 	slot    *network.Slot
 	idmap   *idMap
+	block   *rootfs.Block // the layered block root; nil for an overlay root
 	stopped bool
 	lastCPU uint64
 	lastAt  time.Time
@@ -87,11 +94,16 @@ func (i *Instance) live() error {
 	return nil
 }
 
-// Pause implements sandbox.Instance by freezing the cgroup: CPU is released, memory and
-// processes stay. KeepMemory is thus always honoured.
-func (i *Instance) Pause(ctx context.Context, _ sandbox.PauseOptions) (sandbox.PausedState, error) {
+// Pause implements sandbox.Instance. With KeepMemory, or for a sandbox on an overlay root
+// (which cannot snapshot), it freezes the cgroup: CPU is released, memory and processes
+// stay. Without KeepMemory a sandbox on a block root is paused to disk: snapshot, then
+// stop, releasing everything; Launch(LaunchResume) relaunches it from the capture.
+func (i *Instance) Pause(ctx context.Context, o sandbox.PauseOptions) (sandbox.PausedState, error) {
 	if err := i.live(); err != nil {
 		return nil, err
+	}
+	if !o.KeepMemory && i.isBlock() {
+		return i.pauseToDisk(ctx)
 	}
 	st, err := i.Status(ctx)
 	if err != nil {
@@ -128,27 +140,21 @@ func (i *Instance) Resume(ctx context.Context) error {
 	}
 }
 
-// Snapshot implements sandbox.Instance.
-func (i *Instance) Snapshot(context.Context) (sandbox.Captured, error) {
-	return nil, fmt.Errorf("%w: snapshot", ErrUnsupported)
-}
-
-// Fork implements sandbox.Instance.
-func (i *Instance) Fork(context.Context, []sandbox.ForkSpec) ([]sandbox.ForkResult, error) {
-	return nil, fmt.Errorf("%w: fork", ErrUnsupported)
-}
-
 // Stop implements sandbox.Instance: kill every process, delete the container and its
 // cgroups, unmount the rootfs, release the network slot, remove the bundle. Idempotent;
 // each step runs even if an earlier one failed, so nothing is left that can be removed.
 func (i *Instance) Stop(ctx context.Context) error {
 	i.mu.Lock()
-	slot := i.slot
-	i.slot = nil
+	slot, blk := i.slot, i.block
+	i.slot, i.block = nil, nil
 	i.stopped = true
 	i.mu.Unlock()
 	errs := []error{i.b.rt.remove(ctx, i.cid)}
 	errs = append(errs, removeCgroups(i.b.cgroupsPath(i.cid), i.b.v2))
+	if blk != nil {
+		// ext4, then the loop device, then FUSE and the stack: each holds the next.
+		errs = append(errs, blk.Close())
+	}
 	errs = append(errs, unmountAll(i.l.dir))
 	if slot != nil {
 		errs = append(errs, i.b.pool.Release(ctx, slot))
@@ -161,6 +167,10 @@ func (i *Instance) Stop(ctx context.Context) error {
 		delete(i.b.instances, i.id)
 	}
 	i.b.mu.Unlock()
+	if blk != nil {
+		// Layers only this root still used (sealed by its snapshots, all discarded) go.
+		errs = append(errs, i.b.gcLayers())
+	}
 	return errors.Join(errs...)
 }
 
@@ -193,6 +203,10 @@ func (i *Instance) Stats(ctx context.Context) (sandbox.Stats, error) {
 	if el := now.Sub(prevAt); el > 0 && c.cpuNanos >= prevCPU {
 		pct = float64(c.cpuNanos-prevCPU) / float64(el.Nanoseconds()) / float64(cpus) * 100
 	}
+	diskUsed, diskTotal := diskUsage(i.l.upper()), int64(i.res.DiskSizeMB)<<20
+	if i.isBlock() {
+		diskUsed, diskTotal = fsUsage(i.l.rootfs())
+	}
 	memTotal := c.memLimit
 	if i.res.MemoryMB > 0 && (memTotal <= 0 || memTotal > int64(i.res.MemoryMB)<<20) {
 		memTotal = int64(i.res.MemoryMB) << 20
@@ -204,7 +218,7 @@ func (i *Instance) Stats(ctx context.Context) (sandbox.Stats, error) {
 		MemUsed:    c.memUsage,
 		MemTotal:   memTotal,
 		MemCache:   c.memCache,
-		DiskUsed:   diskUsage(i.l.upper()),
-		DiskTotal:  int64(i.res.DiskSizeMB) << 20,
+		DiskUsed:   diskUsed,
+		DiskTotal:  diskTotal,
 	}, nil
 }

@@ -12,13 +12,19 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
 // Reconcile implements sandbox.Backend. It adopts the containers of known ids that are
 // still running or paused and removes everything else this backend owns: other containers
-// in its runtime root, bundle directories and their mounts, cgroups under CgroupParent, and
-// network slots. Call it once at startup, before Launch.
+// in its runtime root, bundle directories and their mounts, loop devices and FUSE mounts
+// of block roots, cgroups under CgroupParent, network slots, and layer files no capture
+// record lists. Call it once at startup, before Launch.
+//
+// Sandboxes on block roots are never adopted: their FUSE server lived in the previous
+// process, so their root filesystem is gone. They are removed (a sandbox paused to disk
+// is not affected: it has no container, only its capture).
 func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]sandbox.Instance, error) {
 	want := map[string]bool{}
 	for _, id := range known {
@@ -39,7 +45,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 			if st.ContainerID == "" {
 				st.ContainerID = st.ID
 			}
-			if err == nil && st.ID != "" && want[st.ID] && st.ContainerID == c.ID && adopt[st.ID] == nil {
+			if err == nil && st.ID != "" && want[st.ID] && st.ContainerID == c.ID && adopt[st.ID] == nil && !st.Block {
 				adopt[st.ID] = &Instance{b: b, id: st.ID, cid: c.ID, l: l, res: st.Resources, started: st.Created, idmap: st.IDMap}
 				states[st.ID] = st
 				cids[c.ID] = true
@@ -53,6 +59,9 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	}
 	// Bundles without an adopted container: a crash between mount and run, or after the
 	// container died.
+	// Block roots first (ext4 mounts, loop devices, FUSE mounts): the adopted sandboxes
+	// all have overlay roots, which this leaves alone.
+	errs = append(errs, rootfs.Sweep(ctx, filepath.Join(b.cfg.DataDir, "sandboxes")))
 	ents, err := os.ReadDir(filepath.Join(b.cfg.DataDir, "sandboxes"))
 	if err != nil {
 		return nil, fmt.Errorf("oci: list bundles: %w", err)
@@ -88,6 +97,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 		b.mu.Unlock()
 		alive[id] = inst
 	}
+	errs = append(errs, b.gcLayers())
 	b.warm.start()
 	return alive, errors.Join(errs...)
 }

@@ -138,7 +138,9 @@ type NewSandboxV2 struct {
 	AllowInternetAccess *bool `json:"allow_internet_access,omitempty"`
 
 	// AutoPause Pause instead of kill on expiry.
-	AutoPause       *bool                    `json:"autoPause,omitempty"`
+	AutoPause *bool `json:"autoPause,omitempty"`
+
+	// AutoPauseMemory With autoPause, false pauses to disk on timeout (filesystem only, processes restart on connect).
 	AutoPauseMemory *bool                    `json:"autoPauseMemory,omitempty"`
 	AutoResume      *SandboxAutoResumeConfig `json:"autoResume,omitempty"`
 
@@ -157,6 +159,27 @@ type NewSandboxV2 struct {
 	// Timeout Seconds until the sandbox expires (default 300).
 	Timeout      *int32                `json:"timeout,omitempty"`
 	VolumeMounts *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// NodeCapabilities defines model for NodeCapabilities.
+type NodeCapabilities struct {
+	// Backend The sandbox backend (oci, microvm, mock).
+	Backend string `json:"backend"`
+
+	// LiveFork Fork children continue the source's processes.
+	LiveFork bool `json:"liveFork"`
+
+	// MemorySnapshots Snapshots and pauses capture RAM and processes, not only the filesystem.
+	MemorySnapshots bool `json:"memorySnapshots"`
+
+	// PauseKeepsProcesses Processes survive a pause with memory:true (freezer or memory snapshot).
+	PauseKeepsProcesses bool `json:"pauseKeepsProcesses"`
+
+	// PauseReleasesMemory A pause with memory:true gives RAM back to the host.
+	PauseReleasesMemory bool `json:"pauseReleasesMemory"`
+
+	// Snapshots Snapshot, fork, create from a snapshot and pause to disk (memory:false) work.
+	Snapshots bool `json:"snapshots"`
 }
 
 // OrderDirection defines model for OrderDirection.
@@ -213,6 +236,21 @@ type SandboxDetail struct {
 	TemplateID string                `json:"templateID"`
 }
 
+// SandboxForkRequest defines model for SandboxForkRequest.
+type SandboxForkRequest struct {
+	// Count Children to create, 1..100 (default 1).
+	Count *int32 `json:"count,omitempty"`
+
+	// Timeout Seconds until each child expires (default 15).
+	Timeout *int32 `json:"timeout,omitempty"`
+}
+
+// SandboxForkResult Exactly one of sandbox and error is set.
+type SandboxForkResult struct {
+	Error   *Error   `json:"error,omitempty"`
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+}
+
 // SandboxLifecycle defines model for SandboxLifecycle.
 type SandboxLifecycle struct {
 	AutoResume bool                      `json:"autoResume"`
@@ -250,7 +288,10 @@ type SandboxNetworkConfig struct {
 
 // SandboxPauseRequest defines model for SandboxPauseRequest.
 type SandboxPauseRequest struct {
-	// Memory Keep RAM and processes (default true).
+	// Memory Keep RAM and processes (default true). false pauses to disk: the filesystem is
+	// snapshotted, the sandbox stops and releases CPU and memory, and connect restarts its
+	// processes on the filesystem as it was (on backends without snapshots the sandbox is
+	// paused in place instead).
 	Memory *bool `json:"memory,omitempty"`
 }
 
@@ -258,6 +299,12 @@ type SandboxPauseRequest struct {
 type SandboxRefreshRequest struct {
 	// Duration Seconds to extend by, 0..3600.
 	Duration *int `json:"duration,omitempty"`
+}
+
+// SandboxSnapshotRequest defines model for SandboxSnapshotRequest.
+type SandboxSnapshotRequest struct {
+	// Name Optional unique name; resolves to the snapshot like a template alias.
+	Name *string `json:"name,omitempty"`
 }
 
 // SandboxState defines model for SandboxState.
@@ -277,6 +324,20 @@ type SandboxVolumeMount struct {
 // SandboxesWithMetrics defines model for SandboxesWithMetrics.
 type SandboxesWithMetrics struct {
 	Sandboxes map[string]SandboxMetric `json:"sandboxes"`
+}
+
+// SnapshotInfo defines model for SnapshotInfo.
+type SnapshotInfo struct {
+	// CreatedAt aenv extension.
+	CreatedAt *time.Time `json:"createdAt,omitempty"`
+	Names     []string   `json:"names"`
+
+	// ParentID aenv extension; the snapshot the source sandbox was created from.
+	ParentID   *string `json:"parentID,omitempty"`
+	SnapshotID string  `json:"snapshotID"`
+
+	// SourceSandboxID aenv extension; the sandbox it was taken from.
+	SourceSandboxID *string `json:"sourceSandboxID,omitempty"`
 }
 
 // Metadata defines model for metadata.
@@ -299,6 +360,9 @@ type N409 = Error
 
 // N500 defines model for 500.
 type N500 = Error
+
+// N501 defines model for 501.
+type N501 = Error
 
 // N503 defines model for 503.
 type N503 = Error
@@ -329,6 +393,21 @@ type GetSandboxMetricsParams struct {
 
 	// End Unix seconds; only samples at or before it.
 	End *int64 `form:"end,omitempty" json:"end,omitempty"`
+}
+
+// ListSnapshotsParams defines parameters for ListSnapshots.
+type ListSnapshotsParams struct {
+	// SandboxID Only snapshots taken from this sandbox.
+	SandboxID *string `form:"sandboxID,omitempty" json:"sandboxID,omitempty"`
+
+	// Name Only the snapshot with this name (or ID).
+	Name *string `form:"name,omitempty" json:"name,omitempty"`
+
+	// Limit Page size, 1..100 (default 100).
+	Limit *int32 `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// NextToken Opaque cursor from a previous response's X-Next-Token header.
+	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
 }
 
 // ListSandboxesV2Params defines parameters for ListSandboxesV2.
@@ -363,6 +442,9 @@ type CreateSandboxV1JSONRequestBody = NewSandbox
 // ConnectSandboxV1JSONRequestBody defines body for ConnectSandboxV1 for application/json ContentType.
 type ConnectSandboxV1JSONRequestBody = ConnectSandbox
 
+// ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
+type ForkSandboxJSONRequestBody = SandboxForkRequest
+
 // PauseSandboxJSONRequestBody defines body for PauseSandbox for application/json ContentType.
 type PauseSandboxJSONRequestBody = SandboxPauseRequest
 
@@ -371,6 +453,9 @@ type RefreshSandboxJSONRequestBody = SandboxRefreshRequest
 
 // ResumeSandboxJSONRequestBody defines body for ResumeSandbox for application/json ContentType.
 type ResumeSandboxJSONRequestBody = ResumedSandbox
+
+// CreateSandboxSnapshotJSONRequestBody defines body for CreateSandboxSnapshot for application/json ContentType.
+type CreateSandboxSnapshotJSONRequestBody = SandboxSnapshotRequest
 
 // SetSandboxTimeoutJSONRequestBody defines body for SetSandboxTimeout for application/json ContentType.
 type SetSandboxTimeoutJSONRequestBody = SandboxTimeoutRequest
@@ -454,6 +539,9 @@ func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
 
 // The interface specification for the client above.
 type ClientInterface interface {
+	// GetCapabilities request
+	GetCapabilities(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListAPIKeys request
 	ListAPIKeys(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -493,6 +581,11 @@ type ClientInterface interface {
 
 	ConnectSandboxV1(ctx context.Context, sandboxID SandboxID, body ConnectSandboxV1JSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ForkSandboxWithBody request with any body
+	ForkSandboxWithBody(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	ForkSandbox(ctx context.Context, sandboxID SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetSandboxMetrics request
 	GetSandboxMetrics(ctx context.Context, sandboxID SandboxID, params *GetSandboxMetricsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -511,10 +604,21 @@ type ClientInterface interface {
 
 	ResumeSandbox(ctx context.Context, sandboxID SandboxID, body ResumeSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// CreateSandboxSnapshotWithBody request with any body
+	CreateSandboxSnapshotWithBody(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	CreateSandboxSnapshot(ctx context.Context, sandboxID SandboxID, body CreateSandboxSnapshotJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// SetSandboxTimeoutWithBody request with any body
 	SetSandboxTimeoutWithBody(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	SetSandboxTimeout(ctx context.Context, sandboxID SandboxID, body SetSandboxTimeoutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListSnapshots request
+	ListSnapshots(ctx context.Context, params *ListSnapshotsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteTemplate request
+	DeleteTemplate(ctx context.Context, templateID string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListSandboxesV2 request
 	ListSandboxesV2(ctx context.Context, params *ListSandboxesV2Params, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -528,6 +632,18 @@ type ClientInterface interface {
 	ConnectSandboxV2WithBody(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	ConnectSandboxV2(ctx context.Context, sandboxID SandboxID, body ConnectSandboxV2JSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+}
+
+func (c *Client) GetCapabilities(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetCapabilitiesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
 }
 
 func (c *Client) ListAPIKeys(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -698,6 +814,30 @@ func (c *Client) ConnectSandboxV1(ctx context.Context, sandboxID SandboxID, body
 	return c.Client.Do(req)
 }
 
+func (c *Client) ForkSandboxWithBody(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewForkSandboxRequestWithBody(c.Server, sandboxID, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) ForkSandbox(ctx context.Context, sandboxID SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewForkSandboxRequest(c.Server, sandboxID, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 func (c *Client) GetSandboxMetrics(ctx context.Context, sandboxID SandboxID, params *GetSandboxMetricsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetSandboxMetricsRequest(c.Server, sandboxID, params)
 	if err != nil {
@@ -782,6 +922,30 @@ func (c *Client) ResumeSandbox(ctx context.Context, sandboxID SandboxID, body Re
 	return c.Client.Do(req)
 }
 
+func (c *Client) CreateSandboxSnapshotWithBody(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateSandboxSnapshotRequestWithBody(c.Server, sandboxID, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) CreateSandboxSnapshot(ctx context.Context, sandboxID SandboxID, body CreateSandboxSnapshotJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateSandboxSnapshotRequest(c.Server, sandboxID, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 func (c *Client) SetSandboxTimeoutWithBody(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewSetSandboxTimeoutRequestWithBody(c.Server, sandboxID, contentType, body)
 	if err != nil {
@@ -796,6 +960,30 @@ func (c *Client) SetSandboxTimeoutWithBody(ctx context.Context, sandboxID Sandbo
 
 func (c *Client) SetSandboxTimeout(ctx context.Context, sandboxID SandboxID, body SetSandboxTimeoutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewSetSandboxTimeoutRequest(c.Server, sandboxID, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) ListSnapshots(ctx context.Context, params *ListSnapshotsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListSnapshotsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) DeleteTemplate(ctx context.Context, templateID string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteTemplateRequest(c.Server, templateID)
 	if err != nil {
 		return nil, err
 	}
@@ -864,6 +1052,33 @@ func (c *Client) ConnectSandboxV2(ctx context.Context, sandboxID SandboxID, body
 		return nil, err
 	}
 	return c.Client.Do(req)
+}
+
+// NewGetCapabilitiesRequest generates requests for GetCapabilities
+func NewGetCapabilitiesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/aenv/capabilities")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
 }
 
 // NewListAPIKeysRequest generates requests for ListAPIKeys
@@ -1270,6 +1485,53 @@ func NewConnectSandboxV1RequestWithBody(server string, sandboxID SandboxID, cont
 	return req, nil
 }
 
+// NewForkSandboxRequest calls the generic ForkSandbox builder with application/json body
+func NewForkSandboxRequest(server string, sandboxID SandboxID, body ForkSandboxJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewForkSandboxRequestWithBody(server, sandboxID, "application/json", bodyReader)
+}
+
+// NewForkSandboxRequestWithBody generates requests for ForkSandbox with any type of body
+func NewForkSandboxRequestWithBody(server string, sandboxID SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "sandboxID", runtime.ParamLocationPath, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/fork", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetSandboxMetricsRequest generates requests for GetSandboxMetrics
 func NewGetSandboxMetricsRequest(server string, sandboxID SandboxID, params *GetSandboxMetricsParams) (*http.Request, error) {
 	var err error
@@ -1483,6 +1745,53 @@ func NewResumeSandboxRequestWithBody(server string, sandboxID SandboxID, content
 	return req, nil
 }
 
+// NewCreateSandboxSnapshotRequest calls the generic CreateSandboxSnapshot builder with application/json body
+func NewCreateSandboxSnapshotRequest(server string, sandboxID SandboxID, body CreateSandboxSnapshotJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateSandboxSnapshotRequestWithBody(server, sandboxID, "application/json", bodyReader)
+}
+
+// NewCreateSandboxSnapshotRequestWithBody generates requests for CreateSandboxSnapshot with any type of body
+func NewCreateSandboxSnapshotRequestWithBody(server string, sandboxID SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "sandboxID", runtime.ParamLocationPath, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/snapshots", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewSetSandboxTimeoutRequest calls the generic SetSandboxTimeout builder with application/json body
 func NewSetSandboxTimeoutRequest(server string, sandboxID SandboxID, body SetSandboxTimeoutJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -1526,6 +1835,137 @@ func NewSetSandboxTimeoutRequestWithBody(server string, sandboxID SandboxID, con
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewListSnapshotsRequest generates requests for ListSnapshots
+func NewListSnapshotsRequest(server string, params *ListSnapshotsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/snapshots")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if params.SandboxID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "sandboxID", runtime.ParamLocationQuery, *params.SandboxID); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Name != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "name", runtime.ParamLocationQuery, *params.Name); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "limit", runtime.ParamLocationQuery, *params.Limit); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.NextToken != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "nextToken", runtime.ParamLocationQuery, *params.NextToken); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewDeleteTemplateRequest generates requests for DeleteTemplate
+func NewDeleteTemplateRequest(server string, templateID string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "templateID", runtime.ParamLocationPath, templateID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("DELETE", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
 
 	return req, nil
 }
@@ -1805,6 +2245,9 @@ func WithBaseURL(baseURL string) ClientOption {
 
 // ClientWithResponsesInterface is the interface specification for the client with responses above.
 type ClientWithResponsesInterface interface {
+	// GetCapabilitiesWithResponse request
+	GetCapabilitiesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetCapabilitiesResponse, error)
+
 	// ListAPIKeysWithResponse request
 	ListAPIKeysWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListAPIKeysResponse, error)
 
@@ -1844,6 +2287,11 @@ type ClientWithResponsesInterface interface {
 
 	ConnectSandboxV1WithResponse(ctx context.Context, sandboxID SandboxID, body ConnectSandboxV1JSONRequestBody, reqEditors ...RequestEditorFn) (*ConnectSandboxV1Response, error)
 
+	// ForkSandboxWithBodyWithResponse request with any body
+	ForkSandboxWithBodyWithResponse(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
+
+	ForkSandboxWithResponse(ctx context.Context, sandboxID SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
+
 	// GetSandboxMetricsWithResponse request
 	GetSandboxMetricsWithResponse(ctx context.Context, sandboxID SandboxID, params *GetSandboxMetricsParams, reqEditors ...RequestEditorFn) (*GetSandboxMetricsResponse, error)
 
@@ -1862,10 +2310,21 @@ type ClientWithResponsesInterface interface {
 
 	ResumeSandboxWithResponse(ctx context.Context, sandboxID SandboxID, body ResumeSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ResumeSandboxResponse, error)
 
+	// CreateSandboxSnapshotWithBodyWithResponse request with any body
+	CreateSandboxSnapshotWithBodyWithResponse(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateSandboxSnapshotResponse, error)
+
+	CreateSandboxSnapshotWithResponse(ctx context.Context, sandboxID SandboxID, body CreateSandboxSnapshotJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSandboxSnapshotResponse, error)
+
 	// SetSandboxTimeoutWithBodyWithResponse request with any body
 	SetSandboxTimeoutWithBodyWithResponse(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxTimeoutResponse, error)
 
 	SetSandboxTimeoutWithResponse(ctx context.Context, sandboxID SandboxID, body SetSandboxTimeoutJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxTimeoutResponse, error)
+
+	// ListSnapshotsWithResponse request
+	ListSnapshotsWithResponse(ctx context.Context, params *ListSnapshotsParams, reqEditors ...RequestEditorFn) (*ListSnapshotsResponse, error)
+
+	// DeleteTemplateWithResponse request
+	DeleteTemplateWithResponse(ctx context.Context, templateID string, reqEditors ...RequestEditorFn) (*DeleteTemplateResponse, error)
 
 	// ListSandboxesV2WithResponse request
 	ListSandboxesV2WithResponse(ctx context.Context, params *ListSandboxesV2Params, reqEditors ...RequestEditorFn) (*ListSandboxesV2Response, error)
@@ -1879,6 +2338,29 @@ type ClientWithResponsesInterface interface {
 	ConnectSandboxV2WithBodyWithResponse(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ConnectSandboxV2Response, error)
 
 	ConnectSandboxV2WithResponse(ctx context.Context, sandboxID SandboxID, body ConnectSandboxV2JSONRequestBody, reqEditors ...RequestEditorFn) (*ConnectSandboxV2Response, error)
+}
+
+type GetCapabilitiesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *NodeCapabilities
+	JSON401      *N401
+}
+
+// Status returns HTTPResponse.Status
+func (r GetCapabilitiesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetCapabilitiesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
 }
 
 type ListAPIKeysResponse struct {
@@ -2152,6 +2634,34 @@ func (r ConnectSandboxV1Response) StatusCode() int {
 	return 0
 }
 
+type ForkSandboxResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON201      *[]SandboxForkResult
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON409      *N409
+	JSON500      *N500
+	JSON501      *N501
+}
+
+// Status returns HTTPResponse.Status
+func (r ForkSandboxResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ForkSandboxResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
 type GetSandboxMetricsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -2255,6 +2765,34 @@ func (r ResumeSandboxResponse) StatusCode() int {
 	return 0
 }
 
+type CreateSandboxSnapshotResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON201      *SnapshotInfo
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON409      *N409
+	JSON500      *N500
+	JSON501      *N501
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateSandboxSnapshotResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateSandboxSnapshotResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
 type SetSandboxTimeoutResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -2274,6 +2812,55 @@ func (r SetSandboxTimeoutResponse) Status() string {
 
 // StatusCode returns HTTPResponse.StatusCode
 func (r SetSandboxTimeoutResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type ListSnapshotsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *[]SnapshotInfo
+	JSON400      *N400
+	JSON401      *N401
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r ListSnapshotsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListSnapshotsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type DeleteTemplateResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteTemplateResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteTemplateResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -2358,6 +2945,15 @@ func (r ConnectSandboxV2Response) StatusCode() int {
 		return r.HTTPResponse.StatusCode
 	}
 	return 0
+}
+
+// GetCapabilitiesWithResponse request returning *GetCapabilitiesResponse
+func (c *ClientWithResponses) GetCapabilitiesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetCapabilitiesResponse, error) {
+	rsp, err := c.GetCapabilities(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetCapabilitiesResponse(rsp)
 }
 
 // ListAPIKeysWithResponse request returning *ListAPIKeysResponse
@@ -2483,6 +3079,23 @@ func (c *ClientWithResponses) ConnectSandboxV1WithResponse(ctx context.Context, 
 	return ParseConnectSandboxV1Response(rsp)
 }
 
+// ForkSandboxWithBodyWithResponse request with arbitrary body returning *ForkSandboxResponse
+func (c *ClientWithResponses) ForkSandboxWithBodyWithResponse(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error) {
+	rsp, err := c.ForkSandboxWithBody(ctx, sandboxID, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseForkSandboxResponse(rsp)
+}
+
+func (c *ClientWithResponses) ForkSandboxWithResponse(ctx context.Context, sandboxID SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error) {
+	rsp, err := c.ForkSandbox(ctx, sandboxID, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseForkSandboxResponse(rsp)
+}
+
 // GetSandboxMetricsWithResponse request returning *GetSandboxMetricsResponse
 func (c *ClientWithResponses) GetSandboxMetricsWithResponse(ctx context.Context, sandboxID SandboxID, params *GetSandboxMetricsParams, reqEditors ...RequestEditorFn) (*GetSandboxMetricsResponse, error) {
 	rsp, err := c.GetSandboxMetrics(ctx, sandboxID, params, reqEditors...)
@@ -2543,6 +3156,23 @@ func (c *ClientWithResponses) ResumeSandboxWithResponse(ctx context.Context, san
 	return ParseResumeSandboxResponse(rsp)
 }
 
+// CreateSandboxSnapshotWithBodyWithResponse request with arbitrary body returning *CreateSandboxSnapshotResponse
+func (c *ClientWithResponses) CreateSandboxSnapshotWithBodyWithResponse(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateSandboxSnapshotResponse, error) {
+	rsp, err := c.CreateSandboxSnapshotWithBody(ctx, sandboxID, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateSandboxSnapshotResponse(rsp)
+}
+
+func (c *ClientWithResponses) CreateSandboxSnapshotWithResponse(ctx context.Context, sandboxID SandboxID, body CreateSandboxSnapshotJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSandboxSnapshotResponse, error) {
+	rsp, err := c.CreateSandboxSnapshot(ctx, sandboxID, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateSandboxSnapshotResponse(rsp)
+}
+
 // SetSandboxTimeoutWithBodyWithResponse request with arbitrary body returning *SetSandboxTimeoutResponse
 func (c *ClientWithResponses) SetSandboxTimeoutWithBodyWithResponse(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetSandboxTimeoutResponse, error) {
 	rsp, err := c.SetSandboxTimeoutWithBody(ctx, sandboxID, contentType, body, reqEditors...)
@@ -2558,6 +3188,24 @@ func (c *ClientWithResponses) SetSandboxTimeoutWithResponse(ctx context.Context,
 		return nil, err
 	}
 	return ParseSetSandboxTimeoutResponse(rsp)
+}
+
+// ListSnapshotsWithResponse request returning *ListSnapshotsResponse
+func (c *ClientWithResponses) ListSnapshotsWithResponse(ctx context.Context, params *ListSnapshotsParams, reqEditors ...RequestEditorFn) (*ListSnapshotsResponse, error) {
+	rsp, err := c.ListSnapshots(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListSnapshotsResponse(rsp)
+}
+
+// DeleteTemplateWithResponse request returning *DeleteTemplateResponse
+func (c *ClientWithResponses) DeleteTemplateWithResponse(ctx context.Context, templateID string, reqEditors ...RequestEditorFn) (*DeleteTemplateResponse, error) {
+	rsp, err := c.DeleteTemplate(ctx, templateID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteTemplateResponse(rsp)
 }
 
 // ListSandboxesV2WithResponse request returning *ListSandboxesV2Response
@@ -2601,6 +3249,39 @@ func (c *ClientWithResponses) ConnectSandboxV2WithResponse(ctx context.Context, 
 		return nil, err
 	}
 	return ParseConnectSandboxV2Response(rsp)
+}
+
+// ParseGetCapabilitiesResponse parses an HTTP response from a GetCapabilitiesWithResponse call
+func ParseGetCapabilitiesResponse(rsp *http.Response) (*GetCapabilitiesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetCapabilitiesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest NodeCapabilities
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	}
+
+	return response, nil
 }
 
 // ParseListAPIKeysResponse parses an HTTP response from a ListAPIKeysWithResponse call
@@ -3086,6 +3767,74 @@ func ParseConnectSandboxV1Response(rsp *http.Response) (*ConnectSandboxV1Respons
 	return response, nil
 }
 
+// ParseForkSandboxResponse parses an HTTP response from a ForkSandboxWithResponse call
+func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ForkSandboxResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest []SandboxForkResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest N409
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest N501
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON501 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseGetSandboxMetricsResponse parses an HTTP response from a GetSandboxMetricsWithResponse call
 func ParseGetSandboxMetricsResponse(rsp *http.Response) (*GetSandboxMetricsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -3295,6 +4044,74 @@ func ParseResumeSandboxResponse(rsp *http.Response) (*ResumeSandboxResponse, err
 	return response, nil
 }
 
+// ParseCreateSandboxSnapshotResponse parses an HTTP response from a CreateSandboxSnapshotWithResponse call
+func ParseCreateSandboxSnapshotResponse(rsp *http.Response) (*CreateSandboxSnapshotResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateSandboxSnapshotResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest SnapshotInfo
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest N409
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest N501
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON501 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseSetSandboxTimeoutResponse parses an HTTP response from a SetSandboxTimeoutWithResponse call
 func ParseSetSandboxTimeoutResponse(rsp *http.Response) (*SetSandboxTimeoutResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -3316,6 +4133,93 @@ func ParseSetSandboxTimeoutResponse(rsp *http.Response) (*SetSandboxTimeoutRespo
 		}
 		response.JSON400 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseListSnapshotsResponse parses an HTTP response from a ListSnapshotsWithResponse call
+func ParseListSnapshotsResponse(rsp *http.Response) (*ListSnapshotsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListSnapshotsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest []SnapshotInfo
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseDeleteTemplateResponse parses an HTTP response from a DeleteTemplateWithResponse call
+func ParseDeleteTemplateResponse(rsp *http.Response) (*DeleteTemplateResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteTemplateResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest N401
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3520,6 +4424,9 @@ func ParseConnectSandboxV2Response(rsp *http.Response) (*ConnectSandboxV2Respons
 
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
+	// What this node's sandbox backend can do (aenv extension)
+	// (GET /aenv/capabilities)
+	GetCapabilities(w http.ResponseWriter, r *http.Request)
 	// List API keys (aenv extension; secrets are never returned)
 	// (GET /aenv/keys)
 	ListAPIKeys(w http.ResponseWriter, r *http.Request)
@@ -3553,6 +4460,9 @@ type ServerInterface interface {
 	// Connect (v1); resumes a paused sandbox
 	// (POST /sandboxes/{sandboxID}/connect)
 	ConnectSandboxV1(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+	// Fork a running sandbox into count new sandboxes
+	// (POST /sandboxes/{sandboxID}/fork)
+	ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
 	// Resource metrics of one sandbox
 	// (GET /sandboxes/{sandboxID}/metrics)
 	GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams)
@@ -3565,9 +4475,18 @@ type ServerInterface interface {
 	// Resume a paused sandbox (deprecated; use connect)
 	// (POST /sandboxes/{sandboxID}/resume)
 	ResumeSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+	// Snapshot a running sandbox (it keeps running with the same ID, token and TTL)
+	// (POST /sandboxes/{sandboxID}/snapshots)
+	CreateSandboxSnapshot(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
 	// Set the expiry to now + timeout (may shorten; <= 0 expires now)
 	// (POST /sandboxes/{sandboxID}/timeout)
 	SetSandboxTimeout(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+	// List snapshots, newest first, with paging
+	// (GET /snapshots)
+	ListSnapshots(w http.ResponseWriter, r *http.Request, params ListSnapshotsParams)
+	// Delete a template or snapshot
+	// (DELETE /templates/{templateID})
+	DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID string)
 	// List sandboxes with filters and paging
 	// (GET /v2/sandboxes)
 	ListSandboxesV2(w http.ResponseWriter, r *http.Request, params ListSandboxesV2Params)
@@ -3587,6 +4506,26 @@ type ServerInterfaceWrapper struct {
 }
 
 type MiddlewareFunc func(http.Handler) http.Handler
+
+// GetCapabilities operation middleware
+func (siw *ServerInterfaceWrapper) GetCapabilities(w http.ResponseWriter, r *http.Request) {
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetCapabilities(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
 
 // ListAPIKeys operation middleware
 func (siw *ServerInterfaceWrapper) ListAPIKeys(w http.ResponseWriter, r *http.Request) {
@@ -3873,6 +4812,37 @@ func (siw *ServerInterfaceWrapper) ConnectSandboxV1(w http.ResponseWriter, r *ht
 	handler.ServeHTTP(w, r)
 }
 
+// ForkSandbox operation middleware
+func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", r.PathValue("sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ForkSandbox(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetSandboxMetrics operation middleware
 func (siw *ServerInterfaceWrapper) GetSandboxMetrics(w http.ResponseWriter, r *http.Request) {
 
@@ -4016,6 +4986,37 @@ func (siw *ServerInterfaceWrapper) ResumeSandbox(w http.ResponseWriter, r *http.
 	handler.ServeHTTP(w, r)
 }
 
+// CreateSandboxSnapshot operation middleware
+func (siw *ServerInterfaceWrapper) CreateSandboxSnapshot(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", r.PathValue("sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateSandboxSnapshot(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // SetSandboxTimeout operation middleware
 func (siw *ServerInterfaceWrapper) SetSandboxTimeout(w http.ResponseWriter, r *http.Request) {
 
@@ -4038,6 +5039,94 @@ func (siw *ServerInterfaceWrapper) SetSandboxTimeout(w http.ResponseWriter, r *h
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.SetSandboxTimeout(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListSnapshots operation middleware
+func (siw *ServerInterfaceWrapper) ListSnapshots(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListSnapshotsParams
+
+	// ------------- Optional query parameter "sandboxID" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "sandboxID", r.URL.Query(), &params.SandboxID)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "name" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "name", r.URL.Query(), &params.Name)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "limit", r.URL.Query(), &params.Limit)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "nextToken" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "nextToken", r.URL.Query(), &params.NextToken)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "nextToken", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListSnapshots(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteTemplate operation middleware
+func (siw *ServerInterfaceWrapper) DeleteTemplate(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", r.PathValue("templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteTemplate(w, r, templateID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -4299,6 +5388,7 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 		ErrorHandlerFunc:   options.ErrorHandlerFunc,
 	}
 
+	m.HandleFunc("GET "+options.BaseURL+"/aenv/capabilities", wrapper.GetCapabilities)
 	m.HandleFunc("GET "+options.BaseURL+"/aenv/keys", wrapper.ListAPIKeys)
 	m.HandleFunc("POST "+options.BaseURL+"/aenv/keys", wrapper.CreateAPIKey)
 	m.HandleFunc("DELETE "+options.BaseURL+"/aenv/keys/{keyID}", wrapper.RevokeAPIKey)
@@ -4310,11 +5400,15 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc("DELETE "+options.BaseURL+"/sandboxes/{sandboxID}", wrapper.KillSandbox)
 	m.HandleFunc("GET "+options.BaseURL+"/sandboxes/{sandboxID}", wrapper.GetSandbox)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/connect", wrapper.ConnectSandboxV1)
+	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/fork", wrapper.ForkSandbox)
 	m.HandleFunc("GET "+options.BaseURL+"/sandboxes/{sandboxID}/metrics", wrapper.GetSandboxMetrics)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/pause", wrapper.PauseSandbox)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/refreshes", wrapper.RefreshSandbox)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/resume", wrapper.ResumeSandbox)
+	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/snapshots", wrapper.CreateSandboxSnapshot)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/timeout", wrapper.SetSandboxTimeout)
+	m.HandleFunc("GET "+options.BaseURL+"/snapshots", wrapper.ListSnapshots)
+	m.HandleFunc("DELETE "+options.BaseURL+"/templates/{templateID}", wrapper.DeleteTemplate)
 	m.HandleFunc("GET "+options.BaseURL+"/v2/sandboxes", wrapper.ListSandboxesV2)
 	m.HandleFunc("POST "+options.BaseURL+"/v2/sandboxes", wrapper.CreateSandboxV2)
 	m.HandleFunc("POST "+options.BaseURL+"/v2/sandboxes/{sandboxID}/connect", wrapper.ConnectSandboxV2)

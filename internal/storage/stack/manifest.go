@@ -21,7 +21,7 @@ type Manifest struct {
 }
 
 // LayerRef names one sealed layer. Path is used when set; otherwise
-// Options.Resolve opens the layer by Digest (a remote or cached blob).
+// Options.Resolver opens the layer by Digest (a remote or cached blob).
 type LayerRef struct {
 	Path   string `json:"path,omitempty"`
 	Digest string `json:"digest,omitempty"`

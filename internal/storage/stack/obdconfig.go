@@ -31,8 +31,8 @@ type overlaybdConfig struct {
 // LoadOverlaybdConfig converts an overlaybd image.json into a Manifest.
 // Lowers resolve as overlaybd does: file, else dir/overlaybd.commit, else
 // dir/overlaybd.sealed, else a remote blob by digest (RepoBlobURL is returned
-// for the caller's Resolver). TurboOCI lowers (gzipIndex, targetFile) and
-// hybrid uppers are rejected.
+// for the caller's Resolver). TurboOCI lowers (gzipIndex, targetFile) are
+// rejected.
 func LoadOverlaybdConfig(path string) (m *Manifest, repoBlobURL string, err error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -65,6 +65,8 @@ func LoadOverlaybdConfig(path string) (m *Manifest, repoBlobURL string, err erro
 		switch u.Mode {
 		case "", "logStructured":
 			m.Upper = &Upper{Data: u.Data, Index: u.Index}
+		case "hybridLogStructured":
+			m.Upper = &Upper{Data: u.Data, Index: u.Index, Hybrid: true}
 		case "sparse":
 			m.Upper = &Upper{Data: u.Data, Sparse: true}
 		default:

@@ -42,7 +42,7 @@ func TestLoadOverlaybdConfig(t *testing.T) {
 	for _, bad := range []string{
 		`{"lowers":[{"gzipIndex":"x","file":"a"}]}`,
 		`{"lowers":[{}]}`,
-		`{"lowers":[],"upper":{"mode":"hybridLogStructured","data":"d","index":"i"}}`,
+		`{"lowers":[],"upper":{"mode":"turbo","data":"d","index":"i"}}`,
 		`{"lowers":`,
 	} {
 		os.WriteFile(p, []byte(bad), 0o644)

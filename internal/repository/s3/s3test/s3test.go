@@ -28,6 +28,7 @@ const (
 // Server is a running versitygw.
 type Server struct {
 	Endpoint string // http://127.0.0.1:<port>
+	Addr     string // 127.0.0.1:<port>
 	Dir      string // backend directory; buckets are its subdirectories
 	client   *minio.Client
 }
@@ -86,7 +87,10 @@ func start(t testing.TB, bin, dir string) (*Server, error) {
 		return nil, err
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	cmd := exec.Command(bin, "--access", AccessKey, "--secret", SecretKey, "--port", addr, "--quiet", "posix", dir)
+	// --virtual-domain localhost also serves bucket.localhost host names, so
+	// virtual-host addressing can be tested against loopback.
+	cmd := exec.Command(bin, "--access", AccessKey, "--secret", SecretKey, "--port", addr, "--quiet",
+		"--virtual-domain", "localhost", "posix", dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	logPath := filepath.Join(t.TempDir(), "versitygw.log")
 	logf, err := os.Create(logPath)
@@ -131,7 +135,7 @@ func start(t testing.TB, bin, dir string) (*Server, error) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Cleanup(stop)
-	return &Server{Endpoint: "http://" + addr, Dir: dir, client: c}, nil
+	return &Server{Endpoint: "http://" + addr, Addr: addr, Dir: dir, client: c}, nil
 }
 
 func freePort() (int, error) {

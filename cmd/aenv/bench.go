@@ -1,0 +1,185 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/aenv-dev/aenv/internal/bench"
+)
+
+// newBenchCmd is `aenv bench`: measurements of a running node from the outside, through the
+// same REST and envd paths the SDKs use (and, with --sdk-script, through the JS SDK itself).
+func newBenchCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure a running node: create → first command latency, density",
+		Long: "bench measures a running aenv node (from --url / $AENV_URL, key as for every client\n" +
+			"command). Sandboxes it creates get a short TTL and are killed when it ends, also when\n" +
+			"interrupted. Figures on a busy machine are noisy: use --repeat and read the medians.",
+	}
+	// resolve finds the node like every other client command (flags, env, login, admin.key).
+	resolve := func(cmd *cobra.Command) (string, string, error) {
+		g := &globals{}
+		g.url, _ = cmd.Flags().GetString("url")
+		g.apiKey, _ = cmd.Flags().GetString("api-key")
+		return g.resolve()
+	}
+	// local reports whether host is this machine, where MemAvailable describes the node.
+	local := func(host string) bool {
+		if host == "localhost" {
+			return true
+		}
+		ip := net.ParseIP(host)
+		return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
+	}
+	format := func(output string) (string, error) {
+		switch output {
+		case "":
+			if isTerminal(os.Stdout) {
+				return "table", nil
+			}
+			return "json", nil
+		case "table", "json":
+			return output, nil
+		}
+		return "", fmt.Errorf("-o %q: want table or json", output)
+	}
+
+	var (
+		co            bench.CreateOptions
+		conc          []int
+		repeat        int
+		sdkScript     string
+		node          string
+		createOut     string
+		density       bench.DensityOptions
+		densityOut    string
+		densitySettle time.Duration
+	)
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "Latency of create → first command completed, sequential and concurrent",
+		Long: "create measures, per sandbox, POST /v2/sandboxes followed by `/bin/bash -l -c true`\n" +
+			"through envd's process.Start via the node's proxy (what the SDKs' commands.run does),\n" +
+			"until the command's end event; then kills the sandbox (not timed). With --sdk-script\n" +
+			"the same is measured through the E2B JS SDK (test/e2e/bench.mjs, needs node and\n" +
+			"`npm ci` in test/e2e).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := format(createOut)
+			if err != nil {
+				return err
+			}
+			base, key, err := resolve(cmd)
+			if err != nil {
+				return err
+			}
+			if repeat < 1 {
+				return fmt.Errorf("--repeat %d: want at least 1", repeat)
+			}
+			if len(conc) == 0 || slices.Min(conc) < 1 {
+				return fmt.Errorf("--concurrency %v: want positive values", conc)
+			}
+			c := bench.NewClient(base, key, slices.Max(conc))
+			defer c.Close()
+			prog := bench.NewProgress(cmd.ErrOrStderr(), isTerminal(os.Stderr))
+			defer prog.Done()
+			var runs [][]bench.Result
+			for _, n := range conc {
+				var rest, sdk []bench.Result
+				for i := range repeat {
+					o := co
+					o.Concurrency = n
+					prog.Label(fmt.Sprintf("rest c=%d run %d/%d", n, i+1, repeat))
+					o.Progress = prog.Update
+					r, err := bench.RunCreate(cmd.Context(), c, o)
+					if err != nil {
+						return err
+					}
+					rest = append(rest, r)
+					if sdkScript == "" {
+						continue
+					}
+					prog.Label(fmt.Sprintf("sdk c=%d run %d/%d", n, i+1, repeat))
+					prog.Update(0, o.N)
+					o.Progress = nil
+					r, err = bench.RunSDK(cmd.Context(), bench.SDKOptions{Script: sdkScript, Node: node, URL: base, APIKey: key, CreateOptions: o})
+					if err != nil {
+						return err
+					}
+					sdk = append(sdk, r)
+				}
+				runs = append(runs, rest)
+				if sdk != nil {
+					runs = append(runs, sdk)
+				}
+			}
+			prog.Done()
+			return bench.NewCreateReport(runs).Write(cmd.OutOrStdout(), f)
+		},
+	}
+	cf := create.Flags()
+	cf.StringVar(&co.Template, "template", "base", "template to create sandboxes from")
+	cf.IntVarP(&co.N, "n", "n", 50, "sandboxes measured per run")
+	cf.IntSliceVar(&conc, "concurrency", []int{1, 16}, "sandboxes in flight at once; one run per value")
+	cf.IntVar(&repeat, "repeat", 1, "runs per concurrency; percentiles are reported as medians over them")
+	cf.IntVar(&co.Warmup, "warmup", 2, "unmeasured sandboxes before each run (fills the node's warm pools)")
+	cf.StringVar(&co.Command, "command", "true", "the first command")
+	cf.StringVar(&sdkScript, "sdk-script", "", "also measure through the E2B JS SDK with this script (test/e2e/bench.mjs)")
+	cf.StringVar(&node, "node", "node", "node binary for --sdk-script")
+	cf.StringVarP(&createOut, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
+
+	dens := &cobra.Command{
+		Use:   "density",
+		Short: "How many idle sandboxes fit, and what each costs in host memory",
+		Long: "density creates sandboxes until --count exist or the first create fails, checks that\n" +
+			"each answers a command, reports the ceiling and the host's MemAvailable before and after\n" +
+			"(meaningful only when the node runs on this machine), then kills them all.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := format(densityOut)
+			if err != nil {
+				return err
+			}
+			base, key, err := resolve(cmd)
+			if err != nil {
+				return err
+			}
+			if u, err := url.Parse(base); err == nil && !local(u.Hostname()) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "aenv: %s is not on this machine: the memory figures are this machine's, not the node's\n", base)
+			}
+			c := bench.NewClient(base, key, density.Concurrency)
+			defer c.Close()
+			prog := bench.NewProgress(cmd.ErrOrStderr(), isTerminal(os.Stderr))
+			defer prog.Done()
+			o := density
+			o.Settle = densitySettle
+			o.Progress = func(phase string, done, total int) {
+				prog.Label(phase)
+				prog.Update(done, total)
+			}
+			r, err := bench.RunDensity(cmd.Context(), c, o)
+			prog.Done()
+			if err != nil {
+				return err
+			}
+			return r.Write(cmd.OutOrStdout(), f)
+		},
+	}
+	df := dens.Flags()
+	df.StringVar(&density.Template, "template", "base", "template to create sandboxes from")
+	df.IntVar(&density.Count, "count", 200, "sandboxes to hold at once at most")
+	df.IntVar(&density.Concurrency, "concurrency", 4, "creates in flight at once")
+	df.IntVar(&density.MemoryMB, "memory", 0, "memory limit per sandbox in MiB (default: the template's)")
+	df.DurationVar(&densitySettle, "settle", 3*time.Second, "wait before each memory reading")
+	df.StringVarP(&densityOut, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
+
+	root.AddCommand(create, dens)
+	return root
+}

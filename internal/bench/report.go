@@ -1,0 +1,140 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+	"time"
+)
+
+// Combine merges repeated runs of one configuration: every percentile, the wall time and the
+// rate are the median over the runs (the figures on a shared machine are noisy, a median
+// of runs is steadier than any single one); counts are summed.
+func Combine(runs []Result) Result {
+	if len(runs) == 0 {
+		return Result{}
+	}
+	out := Result{Mode: runs[0].Mode, Concurrency: runs[0].Concurrency}
+	pick := func(f func(Result) time.Duration) time.Duration {
+		v := make([]time.Duration, len(runs))
+		for i, r := range runs {
+			v[i] = f(r)
+		}
+		return Median(v)
+	}
+	median := func(f func(Result) Summary) Summary {
+		return Summary{
+			Min:  pick(func(r Result) time.Duration { return f(r).Min }),
+			P50:  pick(func(r Result) time.Duration { return f(r).P50 }),
+			P95:  pick(func(r Result) time.Duration { return f(r).P95 }),
+			P99:  pick(func(r Result) time.Duration { return f(r).P99 }),
+			Max:  pick(func(r Result) time.Duration { return f(r).Max }),
+			Mean: pick(func(r Result) time.Duration { return f(r).Mean }),
+		}
+	}
+	out.Total = median(func(r Result) Summary { return r.Total })
+	out.Create = median(func(r Result) Summary { return r.Create })
+	out.Command = median(func(r Result) Summary { return r.Command })
+	out.Wall = pick(func(r Result) time.Duration { return r.Wall })
+	rates := make([]float64, len(runs))
+	seen := map[string]bool{}
+	for i, r := range runs {
+		out.N += r.N
+		out.Failures += r.Failures
+		out.Total.N, out.Create.N, out.Command.N = out.Total.N+r.Total.N, out.Create.N+r.Create.N, out.Command.N+r.Command.N
+		rates[i] = r.Rate
+		for _, e := range r.Errors {
+			if !seen[e] && len(out.Errors) < maxErrors {
+				seen[e] = true
+				out.Errors = append(out.Errors, e)
+			}
+		}
+	}
+	slices.Sort(rates)
+	out.Rate = rates[(len(rates)-1)/2]
+	return out
+}
+
+// CreateReport is the outcome of `aenv bench create`: every run, and per configuration the
+// median over its repeats.
+type CreateReport struct {
+	Runs    [][]Result `json:"runs"`    // per configuration, each repeat
+	Medians []Result   `json:"medians"` // per configuration, Combine of its repeats
+}
+
+// NewCreateReport combines the repeats of each configuration.
+func NewCreateReport(runs [][]Result) CreateReport {
+	r := CreateReport{Runs: runs}
+	for _, rs := range runs {
+		r.Medians = append(r.Medians, Combine(rs))
+	}
+	return r
+}
+
+// Write prints the report as a table ("table") or JSON ("json").
+func (r CreateReport) Write(w io.Writer, format string) error {
+	if format == "json" {
+		return writeJSON(w, r)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "path\tconc\truns\tn\tfail\tp50\tp95\tp99\tmax\tcreate p50\tcmd p50\tsbx/s\t")
+	for i, m := range r.Medians {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t\n",
+			m.Mode, m.Concurrency, len(r.Runs[i]), m.N, m.Failures,
+			ms(m.Total.P50), ms(m.Total.P95), ms(m.Total.P99), ms(m.Total.Max),
+			ms(m.Create.P50), ms(m.Command.P50), m.Rate)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, m := range r.Medians {
+		for _, e := range m.Errors {
+			fmt.Fprintf(w, "%s c=%d failure: %s\n", m.Mode, m.Concurrency, e)
+		}
+	}
+	if len(r.Runs) > 0 && len(r.Runs[0]) > 1 {
+		fmt.Fprintln(w, "(percentiles are medians over the runs; create → first command completed)")
+	}
+	return nil
+}
+
+// Write prints the density result as a table ("table") or JSON ("json").
+func (d DensityResult) Write(w io.Writer, format string) error {
+	if format == "json" {
+		return writeJSON(w, d)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "requested\t%d\n", d.Requested)
+	fmt.Fprintf(tw, "ceiling (held at once)\t%d\n", d.Created)
+	if d.FirstError != "" {
+		fmt.Fprintf(tw, "stopped by\t%s\n", d.FirstError)
+	}
+	fmt.Fprintf(tw, "answered a command\t%d\n", d.Responsive)
+	fmt.Fprintf(tw, "create time\t%s (%.1f sandboxes/s)\n", d.CreateTime.Round(time.Millisecond), rate(d.Created, d.CreateTime))
+	fmt.Fprintf(tw, "host MemAvailable before\t%s\n", mib(d.MemAvailableBefore))
+	fmt.Fprintf(tw, "host MemAvailable after\t%s\n", mib(d.MemAvailableAfter))
+	fmt.Fprintf(tw, "per idle sandbox\t%s\n", mib(d.PerSandbox))
+	if d.KillErrors > 0 {
+		fmt.Fprintf(tw, "failed kills\t%d\n", d.KillErrors)
+	}
+	return tw.Flush()
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond)) }
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func rate(n int, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}

@@ -1,0 +1,169 @@
+package build
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/aenv-dev/aenv/internal/image/unpack"
+)
+
+// Capturer turns a finished build sandbox into the new template's root filesystem.
+//
+// TarCapture is the implementation for backends that cannot snapshot (the OCI backend
+// today): it streams the sandbox's root out through envd. A backend with snapshots can
+// supply a Capturer that snapshots the sandbox instead and returns its artifact, without
+// changes to the executor.
+type Capturer interface {
+	// Capture stores the sandbox's filesystem under dir (which it creates; dir must not
+	// exist) and says how the template refers to it. On error dir is left absent.
+	Capture(ctx context.Context, s *Session, dir string, logf func(level, msg string)) (Captured, error)
+}
+
+// Captured is a template's storage as a Capturer produced it.
+type Captured struct {
+	// RootFSDir is an unpacked root filesystem (directory templates).
+	RootFSDir string
+	// Artifact is stored verbatim as the catalog template's artifact.
+	Artifact json.RawMessage
+}
+
+// captureExcludes are the sandbox's kernel and runtime mounts and the envd mount
+// point: their content is not the template's.
+var captureExcludes = []string{"./proc", "./sys", "./dev", "./.aenv", "./run/e2b"}
+
+// TarCapture materialises the build sandbox's merged root (template lower plus the
+// sandbox's upper, as the sandbox sees it) into dir/rootfs by running tar as root inside
+// the sandbox and unpacking the stream on the host. It works on any backend that runs
+// envd, needs tar in the image, and is replaced by a snapshot capture where the backend
+// has one.
+type TarCapture struct{}
+
+// RootFSName is the rootfs directory inside a captured template directory.
+const RootFSName = "rootfs"
+
+// Capture implements Capturer.
+func (TarCapture) Capture(ctx context.Context, s *Session, dir string, logf func(level, msg string)) (Captured, error) {
+	if _, err := os.Lstat(dir); err == nil {
+		return Captured{}, fmt.Errorf("capture: %s already exists", dir)
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return Captured{}, fmt.Errorf("capture: %w", err)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".tmp-")
+	if err != nil {
+		return Captured{}, fmt.Errorf("capture: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return Captured{}, err
+	}
+	rootfs := filepath.Join(tmp, RootFSName)
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return Captured{}, err
+	}
+	script := "exec tar -c -f - -C /"
+	for _, e := range captureExcludes {
+		script += " --exclude=" + e
+	}
+	script += " ."
+
+	pr, pw := io.Pipe()
+	type result struct {
+		stats unpack.Stats
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		st, err := unpack.Apply(ctx, rootfs, pr, unpack.Options{})
+		// Drain what is left so the stream's writer never blocks on a failed unpack.
+		io.Copy(io.Discard, pr)
+		done <- result{st, err}
+	}()
+	var stderr bytes.Buffer
+	runErr := s.Run(ctx, Command{Argv: []string{"/bin/sh", "-c", script}, User: "root", Dir: "/",
+		Stdout: pw, Stderr: &limitedBuffer{b: &stderr, n: 64 << 10}})
+	pw.Close()
+	res := <-done
+	msg := strings.TrimSpace(stderr.String())
+	var exit *ExitError
+	switch {
+	case res.err != nil:
+		return Captured{}, fmt.Errorf("capture: unpack the sandbox root: %w (tar: %s)", res.err, msg)
+	case errors.As(runErr, &exit) && exit.Code == 127:
+		return Captured{}, fmt.Errorf("capture: the image has no tar, which the capture needs (%s)", msg)
+	case errors.As(runErr, &exit) && exit.Code == 1 && res.err == nil:
+		// GNU tar: "file changed as we read it" and sockets skipped; the archive is whole.
+		logf("warn", "capture: tar reported: "+msg)
+	case runErr != nil:
+		return Captured{}, fmt.Errorf("capture: tar in the sandbox: %w: %s", runErr, msg)
+	}
+	if err := mountPoints(rootfs); err != nil {
+		return Captured{}, fmt.Errorf("capture: %w", err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return Captured{}, fmt.Errorf("capture: %w", err)
+	}
+	ok = true
+	art, _ := json.Marshal(map[string]string{"kind": "build-rootfs"})
+	return Captured{RootFSDir: filepath.Join(dir, RootFSName), Artifact: art}, nil
+}
+
+// mountPoints recreates what captureExcludes left out and what sandboxes mount over:
+// kernel filesystems, the envd mount point and the files the runtime binds.
+func mountPoints(rootfs string) error {
+	r, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	for _, d := range []struct {
+		p    string
+		mode fs.FileMode
+	}{{"proc", 0o555}, {"sys", 0o555}, {"dev", 0o755}, {".aenv", 0o755}, {"etc", 0o755}, {"tmp", 0o777 | fs.ModeSticky}, {"run", 0o755}} {
+		if _, err := r.Lstat(d.p); errors.Is(err, fs.ErrNotExist) {
+			if err := r.Mkdir(d.p, 0o755); err != nil {
+				return err
+			}
+			if err := r.Chmod(d.p, d.mode); err != nil {
+				return err
+			}
+		}
+	}
+	for _, f := range []struct {
+		p    string
+		mode fs.FileMode
+	}{{".aenv/envd", 0o755}, {"etc/hosts", 0o644}, {"etc/resolv.conf", 0o644}, {"etc/hostname", 0o644}} {
+		if _, err := r.Lstat(f.p); errors.Is(err, fs.ErrNotExist) {
+			if err := r.WriteFile(f.p, nil, f.mode); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// limitedBuffer keeps the first n bytes written and discards the rest.
+type limitedBuffer struct {
+	b *bytes.Buffer
+	n int
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	if room := l.n - l.b.Len(); room > 0 {
+		l.b.Write(p[:min(room, len(p))])
+	}
+	return len(p), nil
+}
