@@ -37,7 +37,9 @@ lint:
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
+# The repository tests run against a real S3 server process (versitygw, built once from the Go proxy).
 unit:
+	scripts/s3-test-server.sh install
 	$(GO) test -count=1 ./...
 
 e2e: build

@@ -24,6 +24,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/sandbox/oci"
 	"github.com/aenv-dev/aenv/internal/server"
 	"github.com/aenv-dev/aenv/internal/template/base"
+	"github.com/aenv-dev/aenv/internal/template/build"
 )
 
 // baseTemplateID is the template the SDKs create from by default.
@@ -185,8 +186,16 @@ func serve(ctx context.Context, cfg config.Config) error {
 		return err
 	}
 
+	// Builds run in sandboxes of this node; Close cancels running ones (they end in error).
+	builds, err := build.New(build.Config{DataDir: cfg.DataDir, Logger: log}, orch, cat.Templates())
+	if err != nil {
+		return fmt.Errorf("start the template builder: %w", err)
+	}
+	defer builds.Close()
+
 	srv, err := server.New(server.Options{
 		Orchestrator:     orch,
+		Builds:           builds,
 		Auth:             apikey.NewVerifier(cat.APIKeys()),
 		Keys:             cat.APIKeys(),
 		Domains:          cfg.Proxy.Domains,

@@ -8,7 +8,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/template/base"
 )
 
-func newTemplateCmd() *cobra.Command {
+func newTemplateCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "template",
 		Short: "Build and manage templates",
@@ -36,6 +36,6 @@ func newTemplateCmd() *cobra.Command {
 	buildBase.Flags().StringVar(&busybox, "busybox", "", "static busybox to copy (default /bin/busybox, Debian busybox-static)")
 	buildBase.Flags().StringVar(&bash, "bash", "", "static bash to copy (default /bin/bash-static, Debian bash-static)")
 	buildBase.Flags().BoolVar(&force, "force", false, "rebuild even if DIR holds a finished build")
-	cmd.AddCommand(buildBase)
+	cmd.AddCommand(buildBase, newTemplateLsCmd(g), newTemplateRmCmd(g), newTemplateLogsCmd(g))
 	return cmd
 }

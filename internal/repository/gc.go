@@ -68,7 +68,7 @@ func GC(ctx context.Context, repo Repository, o GCOptions) (GCResult, error) {
 	for _, d := range o.Pinned {
 		keep[d] = true
 	}
-	for _, kind := range Kinds {
+	for _, kind := range Kinds() {
 		page := Page{Next: ""}
 		for first := true; first || page.Next != ""; first = false {
 			page, err = repo.ListRecords(ctx, kind, ListOptions{After: page.Next, Limit: MaxListLimit})

@@ -17,11 +17,11 @@ const (
 
 // Kinds lists every kind; GC scans all of them, so a kind that references
 // blobs must be listed here or its blobs would be collected.
-var Kinds = [...]Kind{KindTemplate, KindSnapshot}
+func Kinds() []Kind { return []Kind{KindTemplate, KindSnapshot} }
 
 // Validate reports whether k is a known kind.
 func (k Kind) Validate() error {
-	for _, known := range Kinds {
+	for _, known := range Kinds() {
 		if k == known {
 			return nil
 		}

@@ -2,8 +2,9 @@
 // content-addressed blobs (sealed layers, memory images, VM state) and small
 // JSON records (template and snapshot manifests) that every node sharing the
 // repository sees. Implementations live in posixfs (a shared directory, NFS
-// included) and s3 (S3-compatible object storage); cache puts a bounded
-// node-local copy of blobs in front of either; repositorytest is the
+// included) and s3 (S3-compatible object storage); nodecache puts a bounded
+// node-local copy of blobs in front of either; layers opens stack lowers from
+// any of them through the storage block cache; repositorytest is the
 // conformance suite every implementation passes.
 //
 // Publication protocol, which GC relies on: a publisher first creates the

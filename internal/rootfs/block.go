@@ -134,6 +134,21 @@ func (b *Block) UpperBytes() int64 {
 	return fi.Size()
 }
 
+// Quiesce selects how Snapshot makes the filesystem consistent.
+type Quiesce int
+
+const (
+	// QuiesceFreeze freezes the filesystem (FIFREEZE) around the seal: the sealed image
+	// is clean (no journal to replay, fsck-clean). Writes block for the freeze, which on
+	// Linux costs a few RCU grace periods (tens of ms) when no freeze ran recently.
+	QuiesceFreeze Quiesce = iota
+	// QuiesceSync flushes the filesystem (syncfs) and then seals the device at a point
+	// in time without freezing: the image is crash-consistent (the journal, replayed at
+	// the next mount, covers writes racing the seal) and holds everything written before
+	// the snapshot began. Writes block only while the stack swaps its upper.
+	QuiesceSync
+)
+
 // SnapshotTimes are the phases of one Snapshot.
 type SnapshotTimes struct {
 	Sync   time.Duration // flushing dirty data while the root stays writable
@@ -143,11 +158,11 @@ type SnapshotTimes struct {
 
 // Snapshot seals the root's current state into a new lower at output (which must not
 // exist and must be on Dir's filesystem) while the filesystem stays mounted: dirty data is
-// flushed first with the root still writable, then the filesystem is frozen only for the
-// final flush and the seal-and-restack, and thawed. It returns every lower of the
+// flushed first with the root still writable, then (QuiesceFreeze) the filesystem is
+// frozen only for the final flush and the seal-and-restack, and thawed. It returns every lower of the
 // snapshot, bottom first (the new one last). A failure before the seal leaves the root as
 // it was; one after it leaves the stack broken (stack.ErrBroken) and the root unusable.
-func (b *Block) Snapshot(ctx context.Context, output string) ([]stack.LayerRef, SnapshotTimes, error) {
+func (b *Block) Snapshot(ctx context.Context, output string, q Quiesce) ([]stack.LayerRef, SnapshotTimes, error) {
 	var t SnapshotTimes
 	t0 := time.Now()
 	// Most dirty pages go down now, so the frozen window only covers what was written
@@ -156,9 +171,12 @@ func (b *Block) Snapshot(ctx context.Context, output string) ([]stack.LayerRef, 
 		return nil, t, err
 	}
 	t1 := time.Now()
-	thaw, err := blockdev.Freeze(b.target)
-	if err != nil {
-		return nil, t, fmt.Errorf("rootfs: %w", err)
+	thaw := func() error { return nil }
+	if q == QuiesceFreeze {
+		var err error
+		if thaw, err = blockdev.Freeze(b.target); err != nil {
+			return nil, t, fmt.Errorf("rootfs: %w", err)
+		}
 	}
 	ref, serr := b.st.SealAndRestack(ctx, output)
 	terr := thaw()
@@ -225,6 +243,11 @@ func mountExt4(dev, target string, userns int) error {
 	defer unix.Close(fsfd)
 	if err := unix.FsconfigSetString(fsfd, "source", dev); err != nil {
 		return fmt.Errorf("rootfs: fsconfig source %s: %w", dev, err)
+	}
+	// No background zeroing of inode tables: it would write most of the device's inode
+	// tables into this sandbox's upper, and delay the first freeze while it runs.
+	if err := unix.FsconfigSetFlag(fsfd, "noinit_itable"); err != nil {
+		return fmt.Errorf("rootfs: fsconfig noinit_itable: %w", err)
 	}
 	if err := unix.FsconfigCreate(fsfd); err != nil {
 		return fmt.Errorf("rootfs: mount ext4 from %s: %w", dev, err)

@@ -9,8 +9,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 	"golang.org/x/sys/unix"
@@ -104,7 +107,7 @@ func TestSnapshotAndFork(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mnt, "one"), big, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	lowers, times, err := a.Snapshot(ctx, filepath.Join(dir, "layers", "snap1.commit"))
+	lowers, times, err := a.Snapshot(ctx, filepath.Join(dir, "layers", "snap1.commit"), QuiesceFreeze)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,5 +190,98 @@ func TestSweep(t *testing.T) {
 	}
 	if bf, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file")); err == nil && strings.Contains(string(bf), dir) {
 		t.Fatalf("loop %s still attached to %s", dev, bf)
+	}
+}
+
+// TestSnapshotUnderWrites snapshots while a writer creates files, in both quiesce modes:
+// every file finished before the snapshot began is complete in a root opened from the
+// snapshot, and the filesystem checks clean (after the journal replay the mount does).
+func TestSnapshotUnderWrites(t *testing.T) {
+	for _, q := range []struct {
+		name string
+		q    Quiesce
+	}{{"freeze", QuiesceFreeze}, {"sync", QuiesceSync}} {
+		t.Run(q.name, func(t *testing.T) { testSnapshotUnderWrites(t, q.q) })
+	}
+}
+
+func testSnapshotUnderWrites(t *testing.T, q Quiesce) {
+	needBlock(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	base := baseLayer(t, dir, 128, map[string]string{"f": "x"})
+	mnt := filepath.Join(dir, "a", "root")
+	a := open(t, Spec{Dir: filepath.Join(dir, "a"), Lowers: []stack.LayerRef{base}, Target: mnt})
+	body := func(n int) []byte { return bytes.Repeat([]byte(strconv.Itoa(n)+"\n"), 2000+n) }
+	stop := make(chan struct{})
+	done := make(chan int)
+	var mu sync.Mutex
+	written := 0 // files fully written (write + close returned)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				done <- n
+				return
+			default:
+			}
+			if err := os.WriteFile(filepath.Join(mnt, "w"+strconv.Itoa(n)), body(n), 0o644); err != nil {
+				t.Error(err)
+				done <- n
+				return
+			}
+			n++
+			mu.Lock()
+			written = n
+			mu.Unlock()
+		}
+	}()
+	for {
+		mu.Lock()
+		w := written
+		mu.Unlock()
+		if w >= 200 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	mu.Lock()
+	before := written
+	mu.Unlock()
+	lowers, times, err := a.Snapshot(ctx, filepath.Join(dir, "layers", "s.commit"), q)
+	close(stop)
+	total := <-done
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d files before the snapshot, %d in all; %+v", before, total, times)
+	kdir := filepath.Join(dir, "k")
+	k := open(t, Spec{Dir: kdir, Lowers: lowers, Target: filepath.Join(kdir, "root")})
+	for n := 0; n < before; n++ {
+		got, err := os.ReadFile(filepath.Join(kdir, "root", "w"+strconv.Itoa(n)))
+		if err != nil || !bytes.Equal(got, body(n)) {
+			t.Fatalf("file %d of %d written before the snapshot: %d bytes, %v", n, before, len(got), err)
+		}
+	}
+	if err := k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// fsck the child's device (lowers + the upper it wrote during its mount).
+	st, err := stack.Open(ctx, &stack.Manifest{Dir: kdir, Lowers: lowers, Upper: &stack.Upper{Data: upperData, Index: upperIndex}}, stack.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ex, err := blockdev.Expose(ctx, filepath.Join(kdir, "fsck"), st, blockdev.MountOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, ferr := exec.Command("fsck.ext4", "-n", "-f", ex.Device()).CombinedOutput()
+	if err := ex.Close(); err != nil {
+		t.Error(err)
+	}
+	if ferr != nil {
+		t.Fatalf("fsck: %v\n%s", ferr, out)
 	}
 }

@@ -9,6 +9,7 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -59,6 +60,8 @@ type Options struct {
 	Auth Authenticator
 	// Keys serves /aenv/keys (key management over the API); nil answers 404 there.
 	Keys KeyManager
+	// Builds serves the template build and template endpoints; nil answers 501 there.
+	Builds TemplateBuilder
 	// Domains enable host routing of {port}-{id}.{domain}; the first one is reported to
 	// clients as the sandbox domain.
 	Domains []string
@@ -78,15 +81,18 @@ type Options struct {
 
 // Server serves the control plane and sandbox traffic on one handler.
 type Server struct {
-	orch     Orchestrator
-	auth     Authenticator
-	keys     KeyManager
-	domains  []string
-	registry *prometheus.Registry
-	metrics  *httpMetrics
-	mux      *http.ServeMux
-	proxy    *sandboxProxy
-	log      *slog.Logger
+	orch   Orchestrator
+	auth   Authenticator
+	keys   KeyManager
+	builds TemplateBuilder
+	// uploadKey signs the upload URLs of template builds (valid for this process's life).
+	uploadKey []byte
+	domains   []string
+	registry  *prometheus.Registry
+	metrics   *httpMetrics
+	mux       *http.ServeMux
+	proxy     *sandboxProxy
+	log       *slog.Logger
 
 	defaultTimeout   time.Duration
 	defaultTimeoutV1 time.Duration
@@ -106,6 +112,8 @@ func New(o Options) (*Server, error) {
 		orch:             o.Orchestrator,
 		auth:             o.Auth,
 		keys:             o.Keys,
+		builds:           o.Builds,
+		uploadKey:        randomKey(),
 		domains:          normalizeDomains(o.Domains),
 		registry:         o.Registry,
 		log:              o.Logger,
@@ -292,4 +300,11 @@ func (s *Server) timeoutSeconds(v *int32, def time.Duration) (time.Duration, err
 		return 0, fmt.Errorf("timeout must be between 1 and %d seconds, got %d", int(s.maxTimeout/time.Second), *v)
 	}
 	return d, nil
+}
+
+// randomKey returns 32 random bytes (crypto/rand does not fail on Linux).
+func randomKey() []byte {
+	k := make([]byte, 32)
+	rand.Read(k)
+	return k
 }

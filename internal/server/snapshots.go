@@ -62,6 +62,9 @@ func (h *handlers) ListSnapshots(w http.ResponseWriter, r *http.Request, p api.L
 }
 
 func (h *handlers) DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
+	if h.deleteBuiltTemplate(w, r, templateID) {
+		return
+	}
 	if err := h.s.orch.DeleteTemplate(r.Context(), templateID); err != nil {
 		writeOrchError(w, r, err)
 		return

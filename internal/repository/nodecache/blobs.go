@@ -204,6 +204,9 @@ func (c *Cache) PutLocal(ctx context.Context, d repository.Digest, size int64, r
 	if err := d.Validate(); err != nil {
 		return repository.BlobInfo{}, err
 	}
+	if r == nil {
+		return repository.BlobInfo{}, fmt.Errorf("%w: nil reader for %s", repository.ErrInvalid, d)
+	}
 	tmp, err := c.putLocal(ctx, d, size, r)
 	if tmp != "" {
 		os.Remove(tmp)

@@ -183,9 +183,9 @@ func (c *Cache) Cached(d repository.Digest) bool {
 	return c.entries[d] != nil
 }
 
-// reserve makes room for n more bytes, evicting down to the low watermark
-// (or further, if n needs it); it fails with ErrCacheFull when pins and open
-// files leave too little evictable.
+// reserve makes room for n more bytes: past the high watermark it evicts
+// until usage plus n is at the low watermark. It fails with ErrCacheFull
+// when pins and open files leave too little evictable.
 func (c *Cache) reserve(d repository.Digest, n int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -354,3 +354,79 @@ func TestConformanceOverS3(t *testing.T) {
 		return open(t, remote, t.TempDir(), Options{MaxBytes: 64 << 20})
 	})
 }
+
+// Two nodes, each with its own cache, share one S3 repository: what node A
+// publishes (blob, then record marked complete) node B lists, fetches once
+// and reads locally; GC spares what node B pins.
+func TestTwoNodesShareS3(t *testing.T) {
+	srv := s3test.Start(t)
+	ctx := context.Background()
+	remote, err := s3.Open(ctx, s3.Config{
+		Endpoint: srv.Endpoint, Bucket: srv.Bucket(t), Addressing: s3.AddressPath,
+		AccessKey: s3test.AccessKey, SecretKey: s3test.SecretKey,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeA := open(t, remote, t.TempDir(), Options{MaxBytes: 16 << 20})
+	nodeB := open(t, remote, t.TempDir(), Options{MaxBytes: 16 << 20, FetchOnOpen: true})
+
+	layer, d := repositorytest.Blob(42, 3<<20)
+	rec, err := nodeA.PutRecord(ctx, repositorytest.Record(repository.KindSnapshot, "snap-a", d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nodeA.Pin("publish-snap-a", d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodeA.PutLocal(ctx, d, int64(len(layer)), bytes.NewReader(layer)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodeA.Publish(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	rec.State = repository.StateComplete
+	if _, err := nodeA.PutRecord(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodeA.Unpin("publish-snap-a"); err != nil {
+		t.Fatal(err)
+	}
+
+	page, err := nodeB.ListRecords(ctx, repository.KindSnapshot, repository.ListOptions{})
+	if err != nil || len(page.Records) != 1 || page.Records[0].State != repository.StateComplete {
+		t.Fatalf("node B lists %+v (err %v)", page.Records, err)
+	}
+	got := page.Records[0]
+	if err := nodeB.Pin("sbx-on-b", got.Digests()...); err != nil {
+		t.Fatal(err)
+	}
+	br, err := nodeB.OpenBlob(ctx, got.Layers[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 4096)
+	if _, err := br.ReadAt(ctx, p, 1<<20); err != nil || !bytes.Equal(p, layer[1<<20:1<<20+4096]) {
+		t.Fatalf("node B read: %v", err)
+	}
+	br.Close()
+	if !nodeB.Cached(d) {
+		t.Fatal("node B did not cache the layer")
+	}
+
+	// The snapshot is deleted while node B still runs a sandbox on it.
+	if err := nodeA.DeleteRecord(ctx, repository.KindSnapshot, "snap-a"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := repository.GC(ctx, nodeA, repository.GCOptions{Grace: -1, Pinned: nodeB.Pinned()})
+	if err != nil || len(res.Deleted) != 0 {
+		t.Fatalf("GC with node B's pins deleted %v (err %v)", res.Deleted, err)
+	}
+	if err := nodeB.Unpin("sbx-on-b"); err != nil {
+		t.Fatal(err)
+	}
+	res, err = repository.GC(ctx, nodeA, repository.GCOptions{Grace: -1, Pinned: nodeB.Pinned()})
+	if err != nil || len(res.Deleted) != 1 || res.Deleted[0] != d {
+		t.Fatalf("GC after unpin deleted %v (err %v), want %s", res.Deleted, err, d)
+	}
+}

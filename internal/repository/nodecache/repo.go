@@ -45,13 +45,15 @@ func (c *Cache) GetBlob(ctx context.Context, d repository.Digest) (io.ReadCloser
 		return nil, err
 	}
 	for try := 0; ; try++ {
-		f, _, ok, err := c.acquire(d)
+		f, size, ok, err := c.acquire(d)
 		if err != nil {
 			return nil, err
 		}
 		if ok {
 			c.hits.Add(1)
-			return &localFile{File: f, release: func() { c.release(d) }}, nil
+			// Verified when cached; checked again as it streams, as the
+			// interface promises, to catch corruption since then.
+			return repository.VerifyingReadCloser(&localFile{File: f, release: func() { c.release(d) }}, d, size), nil
 		}
 		if try > 0 {
 			break // evicted between the fetch and now: read remotely

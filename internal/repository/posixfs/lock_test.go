@@ -157,6 +157,22 @@ func TestOpenCleansStaleTmpAndChecksLayout(t *testing.T) {
 	if _, err := os.Stat(fresh); err != nil {
 		t.Fatalf("another writer's in-flight temp file removed: %v", err)
 	}
+	// A blob a crashed GC had moved aside comes back.
+	blob, d := repositorytest.Blob(3, 100)
+	aside := filepath.Join(dir, "tmp", "gc-"+d.Hex()+"-deadbeef")
+	if err := os.WriteFile(aside, blob, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := repository.ReadAll(context.Background(), r, d); err != nil || string(got) != string(blob) {
+		t.Fatalf("blob moved aside by a crashed GC not restored: %v", err)
+	}
+	if _, err := os.Stat(aside); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("GC leftover kept: %v", err)
+	}
 	if err := os.WriteFile(filepath.Join(dir, layoutFile), []byte(`{"layout": 9}`), 0o644); err != nil {
 		t.Fatal(err)
 	}

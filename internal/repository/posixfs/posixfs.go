@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -74,7 +75,7 @@ func Open(root string, o Options) (*Repo, error) {
 	}
 	r := &Repo{root: root, host: host, o: o}
 	dirs := []string{r.path("blobs", "sha256"), r.path("tmp")}
-	for _, k := range repository.Kinds {
+	for _, k := range repository.Kinds() {
 		dirs = append(dirs, r.path("records", string(k)))
 	}
 	for _, d := range dirs {
@@ -111,9 +112,20 @@ func (r *Repo) cleanTmp() {
 		return
 	}
 	for _, e := range ents {
+		name := e.Name()
+		if hex, ok := strings.CutPrefix(name, "gc-"); ok && len(hex) > 64 {
+			// A GC that crashed between moving a blob aside and deciding
+			// may have been about to restore it: put it back (never over a
+			// newer copy); the next GC deletes it again if it is unused.
+			if d := repository.Digest("sha256:" + hex[:64]); d.Validate() == nil {
+				_ = os.Link(r.path("tmp", name), r.blobPath(d))
+			}
+			os.Remove(r.path("tmp", name))
+			continue
+		}
 		info, err := e.Info()
 		if err == nil && time.Since(info.ModTime()) > r.o.StaleTmpAge {
-			os.Remove(r.path("tmp", e.Name()))
+			os.Remove(r.path("tmp", name))
 		}
 	}
 }
@@ -264,9 +276,12 @@ func (r *Repo) DeleteBlobIfUnused(ctx context.Context, d repository.Digest, cuto
 	}
 	defer os.Remove(aside)
 	st, err := os.Stat(aside)
-	if err == nil && !st.ModTime().Before(cutoff) {
+	if err != nil || !st.ModTime().Before(cutoff) {
 		if lerr := os.Link(aside, final); lerr != nil && !errors.Is(lerr, os.ErrExist) {
 			return fmt.Errorf("posixfs: restore %s: %w", d, lerr)
+		}
+		if err != nil {
+			return fmt.Errorf("posixfs: stat %s: %w", d, err)
 		}
 		return fmt.Errorf("%w: %s used at %s", repository.ErrInUse, d, st.ModTime().UTC().Format(time.RFC3339Nano))
 	}

@@ -7,7 +7,10 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/minio/minio-go/v7"
 
 	"github.com/aenv-dev/aenv/internal/repository"
 	"github.com/aenv-dev/aenv/internal/repository/repositorytest"
@@ -72,9 +75,12 @@ func TestServer(t *testing.T) {
 		cfg := static
 		cfg.Endpoint = "http://localhost:" + port
 		cfg.Addressing = AddressVirtual
+		var mu sync.Mutex
 		var hosts []string
 		cfg.Transport = &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			mu.Lock()
 			hosts = append(hosts, addr)
+			mu.Unlock()
 			return dialer.DialContext(ctx, network, srv.Addr)
 		}}
 		r, err := Open(ctx, cfg)
@@ -88,8 +94,36 @@ func TestServer(t *testing.T) {
 		if got, err := repository.ReadAll(ctx, r, d); err != nil || !bytes.Equal(got, b) {
 			t.Fatalf("read back: %v", err)
 		}
+		mu.Lock()
+		defer mu.Unlock()
 		if len(hosts) == 0 || !strings.HasPrefix(hosts[0], bucket+".localhost:") {
 			t.Fatalf("dialled %v, want virtual host %s.localhost", hosts, bucket)
+		}
+	})
+	t.Run("ConditionalWritesHonoured", func(t *testing.T) {
+		// Record publication relies on these; a server that ignored them
+		// would make PutRecord last-writer-wins.
+		r, err := Open(ctx, static)
+		if err != nil {
+			t.Fatal(err)
+		}
+		put := func(body string, cond func(*minio.PutObjectOptions)) (minio.UploadInfo, error) {
+			o := minio.PutObjectOptions{DisableMultipart: true}
+			cond(&o)
+			return r.c.PutObject(ctx, bucket, "cond", strings.NewReader(body), int64(len(body)), o)
+		}
+		first, err := put("a", func(o *minio.PutObjectOptions) { o.SetMatchETagExcept("*") })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := put("b", func(o *minio.PutObjectOptions) { o.SetMatchETagExcept("*") }); minio.ToErrorResponse(err).StatusCode != http.StatusPreconditionFailed {
+			t.Fatalf("If-None-Match * over an object: %v, want 412", err)
+		}
+		if _, err := put("c", func(o *minio.PutObjectOptions) { o.SetMatchETag(first.ETag) }); err != nil {
+			t.Fatalf("If-Match current etag: %v", err)
+		}
+		if _, err := put("d", func(o *minio.PutObjectOptions) { o.SetMatchETag(first.ETag) }); minio.ToErrorResponse(err).StatusCode != http.StatusPreconditionFailed {
+			t.Fatalf("If-Match stale etag: %v, want 412", err)
 		}
 	})
 	t.Run("PrefixesIsolate", func(t *testing.T) {

@@ -15,19 +15,23 @@
 // (single PUT or multipart, above PartSize) is aborted before it completes;
 // nothing is stored under a wrong digest. Records are published with
 // conditional writes: If-None-Match: * to create, If-Match: <etag> to update
-// (AWS S3 since 2024, MinIO, versitygw); a precondition failure is
-// ErrExists / ErrConflict. Servers that ignore the headers get last-writer-
-// wins, and every record write is read back: when another writer's document
-// is what the read returns, the write reports ErrConflict, which catches a
-// lost update in every interleaving but one (the other writer's PUT landing
-// between ours and our read-back, in which case theirs is the final state and
-// ours is reported as committed). GC's conditional blob delete checks
-// LastUsed and then deletes: a publisher that dedups the blob within those
-// two requests can lose it; publishers therefore Stat their blobs after
-// writing the pending record and before marking it complete.
+// (AWS S3 since 2024, MinIO, versitygw; the tests check that versitygw
+// honours them); a precondition failure is ErrExists / ErrConflict, so
+// racing writers get compare-and-swap and no update is lost. Every record
+// write is also read back: a later revision there means another writer built
+// on ours (ours committed); the same revision with other bytes means ours
+// was replaced by a writer that never saw it, which only a server ignoring
+// the conditions allows, and is reported as ErrConflict. On such a server a
+// lost update still goes unnoticed when the other PUT lands between ours and
+// our read-back: use a server with conditional writes for a repository that
+// several nodes write. GC's conditional blob delete checks LastUsed and then
+// deletes: a publisher that dedups the blob between those two requests can
+// lose it, so publishers Stat their blobs after writing the pending record
+// and before marking it complete.
 package s3
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -69,6 +73,9 @@ type Config struct {
 	// PartSize is the multipart part size; blobs larger than it are
 	// uploaded in parts (default 16 MiB, minimum 5 MiB as S3 requires).
 	PartSize uint64
+	// UploadParallelism is how many parts of one blob are in flight at once
+	// (default 4); each holds a PartSize buffer.
+	UploadParallelism uint
 	// Transport overrides the HTTP transport (tests, custom CAs).
 	Transport http.RoundTripper
 	Logger    *slog.Logger
@@ -76,11 +83,12 @@ type Config struct {
 
 // Repo is a repository in a bucket.
 type Repo struct {
-	c      *minio.Client
-	bucket string
-	prefix string
-	part   uint64
-	log    *slog.Logger
+	c        *minio.Client
+	bucket   string
+	prefix   string
+	part     uint64
+	parallel uint
+	log      *slog.Logger
 }
 
 var _ repository.Repository = (*Repo)(nil)
@@ -150,7 +158,11 @@ func Open(ctx context.Context, cfg Config) (*Repo, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: s3 bucket %s at %s", repository.ErrNotFound, cfg.Bucket, cfg.Endpoint)
 	}
-	return &Repo{c: c, bucket: cfg.Bucket, prefix: prefix, part: part, log: log}, nil
+	parallel := cfg.UploadParallelism
+	if parallel == 0 {
+		parallel = 4
+	}
+	return &Repo{c: c, bucket: cfg.Bucket, prefix: prefix, part: part, parallel: parallel, log: log}, nil
 }
 
 func (r *Repo) blobKey(d repository.Digest) string { return r.prefix + "blobs/sha256/" + d.Hex() }
@@ -184,9 +196,7 @@ func (r *Repo) PutBlob(ctx context.Context, d repository.Digest, size int64, src
 		return repository.BlobInfo{}, err
 	}
 	v := repository.NewVerifier(d, size)
-	up, err := r.c.PutObject(ctx, r.bucket, r.blobKey(d), repository.VerifyingReader(src, v), size, minio.PutObjectOptions{
-		ContentType: "application/octet-stream", PartSize: r.part,
-	})
+	up, err := r.upload(ctx, d, size, repository.VerifyingReader(src, v))
 	if err != nil {
 		if verr := v.Check(); verr != nil {
 			return repository.BlobInfo{}, fmt.Errorf("s3: put %s: %w", d, verr)
@@ -200,6 +210,36 @@ func (r *Repo) PutBlob(ctx context.Context, d repository.Digest, size int64, src
 		return repository.BlobInfo{}, fmt.Errorf("s3: put %s: %w (uploaded %d of %d bytes)", d, errors.Join(verr, repository.ErrDigestMismatch), up.Size, v.N())
 	}
 	return repository.BlobInfo{Digest: d, Size: up.Size, LastUsed: time.Now()}, nil
+}
+
+// upload sends the verified stream vr. Whether a bad blob could become
+// visible must not depend on how a server treats a request body cut short
+// (some store what arrived), so no request body is ever read from the
+// stream: a blob of up to one part is read and verified in memory, then put
+// in one request; a larger one goes multipart, each part buffered before it
+// is sent, and the object appears only with CompleteMultipartUpload, which
+// the verifier's failure on the last read prevents.
+func (r *Repo) upload(ctx context.Context, d repository.Digest, size int64, vr io.Reader) (minio.UploadInfo, error) {
+	key := r.blobKey(d)
+	if size < 0 || uint64(size) <= r.part {
+		buf, err := io.ReadAll(io.LimitReader(vr, int64(r.part)+1))
+		if err != nil {
+			return minio.UploadInfo{}, err
+		}
+		if uint64(len(buf)) <= r.part {
+			return r.c.PutObject(ctx, r.bucket, key, bytes.NewReader(buf), int64(len(buf)), minio.PutObjectOptions{
+				ContentType: "application/octet-stream", DisableMultipart: true,
+			})
+		}
+		vr = io.MultiReader(bytes.NewReader(buf), vr) // unknown size, more than a part
+	}
+	// Parts come from memory, so the SigV4 payload hash (a second sha256
+	// pass) is skipped; minio-go's CRC32C part checksums still protect the
+	// transfer. Parts are filled in order and uploaded in parallel.
+	return r.c.PutObject(ctx, r.bucket, key, vr, size, minio.PutObjectOptions{
+		ContentType: "application/octet-stream", PartSize: r.part, DisableContentSha256: true,
+		ConcurrentStreamParts: r.parallel > 1, NumThreads: r.parallel,
+	})
 }
 
 func (r *Repo) markUsed(ctx context.Context, d repository.Digest) error {

@@ -52,6 +52,12 @@ var ErrExists = errors.New("oci: sandbox already exists")
 // ErrNoRuntime means no OCI runtime could run a container on this host.
 var ErrNoRuntime = errors.New("oci: no working OCI runtime")
 
+// Snapshot quiesce modes for Config.SnapshotQuiesce.
+const (
+	QuiesceFreeze = "freeze"
+	QuiesceSync   = "sync"
+)
+
 // User namespace modes for Config.UserNamespace.
 const (
 	UserNSAuto = "auto" // use one when the probe shows runtime and kernel support it
@@ -93,6 +99,10 @@ type Config struct {
 	// uses the host's /etc/resolv.conf unless its nameservers are loopback addresses (which
 	// a sandbox cannot reach), "none" keeps the template's file, anything else is a path.
 	ResolvConf string
+	// SnapshotQuiesce is how snapshots of block roots make the filesystem consistent:
+	// "freeze" (default; fsfreeze, a clean image) or "sync" (syncfs, then a
+	// crash-consistent point-in-time seal: a much shorter write stall).
+	SnapshotQuiesce string
 	// Busybox is a static busybox used to probe the runtime. Default /bin/busybox.
 	Busybox string
 	Logger  *slog.Logger
@@ -137,6 +147,13 @@ func (c *Config) defaults() error {
 	}
 	if c.CgroupParent == "" {
 		c.CgroupParent = "aenv"
+	}
+	switch c.SnapshotQuiesce {
+	case "":
+		c.SnapshotQuiesce = QuiesceFreeze
+	case QuiesceFreeze, QuiesceSync:
+	default:
+		return fmt.Errorf("oci: SnapshotQuiesce %q is not freeze or sync", c.SnapshotQuiesce)
 	}
 	if c.Busybox == "" {
 		c.Busybox = "/bin/busybox"
@@ -306,9 +323,16 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 		return nil, err
 	}
 
-	if w := b.warm.take(plan.RootFS.LowerDir); w != nil {
+	return b.launchWarmOrNew(ctx, inst, plan, plan.RootFS.LowerDir, createOpts{lower: plan.RootFS.LowerDir})
+}
+
+// launchWarmOrNew starts the reserved inst from a warm container of root (key names it)
+// when one is ready, else creates one; either way the pool learns root is in demand.
+func (b *Backend) launchWarmOrNew(ctx context.Context, inst *Instance, plan sandbox.LaunchPlan, key string, root createOpts) (sandbox.Instance, error) {
+	w := b.warm.take(key)
+	b.warm.want(key, root)
+	if w != nil {
 		err := b.startWarm(ctx, w, plan)
-		b.warm.want(plan.RootFS.LowerDir)
 		if err == nil {
 			inst.adopt(w)
 			return inst, nil
@@ -317,11 +341,8 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 		if cerr := w.Stop(context.WithoutCancel(ctx)); cerr != nil {
 			b.log.Warn("oci: cleanup of a failed warm container", "cid", w.cid, "err", cerr)
 		}
-	} else {
-		b.warm.want(plan.RootFS.LowerDir)
 	}
-
-	return b.launchNew(ctx, inst, plan, createOpts{lower: plan.RootFS.LowerDir})
+	return b.launchNew(ctx, inst, plan, root)
 }
 
 // reserve registers a new instance under plan.SandboxID, or fails if the id is taken.
@@ -391,7 +412,7 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		defer closeFD(userns)
 	}
 	inst.idmap = m
-	if err := b.saveState(inst, o.lower, o.allowInternet); err != nil {
+	if err := b.saveState(inst, o.lower, len(o.layers) > 0, o.allowInternet); err != nil {
 		return err
 	}
 	t1 := time.Now()
@@ -431,9 +452,9 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 }
 
 // saveState records what Reconcile needs to adopt the container after a restart.
-func (b *Backend) saveState(inst *Instance, lower string, allowInternet bool) error {
+func (b *Backend) saveState(inst *Instance, lower string, block, allowInternet bool) error {
 	st := savedState{
-		ID: inst.id, ContainerID: inst.cid, LowerDir: lower, Block: inst.isBlock(), Resources: inst.res,
+		ID: inst.id, ContainerID: inst.cid, LowerDir: lower, Block: block, Resources: inst.res,
 		SlotIndex: inst.slot.Index, AllowInternet: allowInternet, IDMap: inst.idmap, Created: inst.started,
 	}
 	tmp := inst.l.state() + ".tmp"

@@ -113,7 +113,22 @@ func (b *Backend) launchBlock(ctx context.Context, plan sandbox.LaunchPlan, laye
 	if err != nil {
 		return nil, err
 	}
-	return b.launchNew(ctx, inst, plan, createOpts{layers: layers, vsize: vsize})
+	root := createOpts{layers: layers, vsize: vsize}
+	if plan.Kind == sandbox.LaunchFresh {
+		// Templates are launched again and again; a capture usually once per fork.
+		return b.launchWarmOrNew(ctx, inst, plan, blockKey(layers, vsize), root)
+	}
+	return b.launchNew(ctx, inst, plan, root)
+}
+
+// blockKey names a layered root in the warm pool.
+func blockKey(layers []stack.LayerRef, vsize uint64) string {
+	var k strings.Builder
+	k.WriteString("layers")
+	for _, l := range layers {
+		k.WriteString(":" + l.Path)
+	}
+	return fmt.Sprintf("%s@%d", k.String(), vsize)
 }
 
 // mountBlock opens inst's block root at its rootfs directory, id-mapped to userns.
@@ -167,7 +182,11 @@ func (i *Instance) snapshot(ctx context.Context) (*Captured, error) {
 			return nil, fmt.Errorf("oci: snapshot: %w", err)
 		}
 	}
-	lowers, times, err := blk.Snapshot(ctx, filepath.Join(b.layersDir(), id+".commit"))
+	q := rootfs.QuiesceFreeze
+	if b.cfg.SnapshotQuiesce == QuiesceSync {
+		q = rootfs.QuiesceSync
+	}
+	lowers, times, err := blk.Snapshot(ctx, filepath.Join(b.layersDir(), id+".commit"), q)
 	if errors.Is(err, stack.ErrBroken) {
 		return nil, fmt.Errorf("%w: %s: root filesystem lost in a failed snapshot: %w", sandbox.ErrGone, i.id, err)
 	}

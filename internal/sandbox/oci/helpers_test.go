@@ -300,7 +300,7 @@ func probeHealth(i *Instance, timeout time.Duration) error {
 
 // sh runs a shell script inside the sandbox through the test init's command port and
 // returns its combined output and exit code.
-func (e *testEnv) sh(t *testing.T, i *Instance, script string) (string, int) {
+func (e *testEnv) sh(t testing.TB, i *Instance, script string) (string, int) {
 	t.Helper()
 	addr := net.JoinHostPort(i.Endpoint().Host, strconv.Itoa(cmdPort))
 	// The init starts the command server just after httpd, so it may trail readiness.

@@ -42,7 +42,9 @@ var _ sandbox.Instance = (*Instance)(nil)
 func (i *Instance) adopt(w *Instance) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	i.cid, i.l, i.slot, i.idmap = w.cid, w.l, w.slot, w.idmap
+	w.mu.Lock()
+	i.cid, i.l, i.slot, i.idmap, i.block = w.cid, w.l, w.slot, w.idmap, w.block
+	w.mu.Unlock()
 }
 
 func (i *Instance) setSlot(s *network.Slot) {

@@ -164,7 +164,11 @@ func TestLaunchBadInput(t *testing.T) {
 		{"no rootfs", func(p *sandbox.LaunchPlan) { p.RootFS.LowerDir = "" }, nil},
 		{"missing rootfs", func(p *sandbox.LaunchPlan) { p.RootFS.LowerDir = "/nonexistent/rootfs" }, nil},
 		{"negative memory", func(p *sandbox.LaunchPlan) { p.Resources.MemoryMB = -1 }, nil},
-		{"snapshot", func(p *sandbox.LaunchPlan) { p.Kind = sandbox.LaunchFromSnapshot }, ErrUnsupported},
+		{"snapshot without capture", func(p *sandbox.LaunchPlan) { p.Kind = sandbox.LaunchFromSnapshot }, nil},
+		{"missing layer", func(p *sandbox.LaunchPlan) {
+			p.RootFS.Layers = []sandbox.LayerRef{{Path: "/nonexistent/layer.commit"}}
+		}, nil},
+		{"relative layer", func(p *sandbox.LaunchPlan) { p.RootFS.Layers = []sandbox.LayerRef{{Path: "layer.commit"}} }, nil},
 		{"resume unknown", func(p *sandbox.LaunchPlan) { p.Kind = sandbox.LaunchResume }, sandbox.ErrGone},
 	}
 	for _, tc := range tests {

@@ -31,7 +31,8 @@ type warmPool struct {
 	size int
 
 	mu      sync.Mutex
-	ready   map[string][]*Instance // by template lower dir
+	ready   map[string][]*Instance // by root key: a template's lower dir, or blockKey
+	roots   map[string]createOpts  // the root each wanted key stands for
 	wanted  []string               // most recently launched first
 	seq     int
 	running bool
@@ -43,7 +44,7 @@ type warmPool struct {
 
 func newWarmPool(b *Backend, size int) *warmPool {
 	return &warmPool{
-		b: b, size: size, ready: map[string][]*Instance{},
+		b: b, size: size, ready: map[string][]*Instance{}, roots: map[string]createOpts{},
 		wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{}),
 	}
 }
@@ -61,14 +62,16 @@ func (w *warmPool) take(lower string) *Instance {
 	return inst
 }
 
-// want records a launch of lower so the pool keeps it warm, evicting the least recently
-// launched template beyond maxWarmTemplates.
-func (w *warmPool) want(lower string) {
+// want records a launch of the root lower (a key) so the pool keeps it warm, evicting the
+// least recently launched template beyond maxWarmTemplates. root describes it (lower dir,
+// or layers and size).
+func (w *warmPool) want(lower string, root createOpts) {
 	if w.size == 0 {
 		return
 	}
 	var evicted []*Instance
 	w.mu.Lock()
+	w.roots[lower] = createOpts{lower: root.lower, layers: root.layers, vsize: root.vsize}
 	list := []string{lower}
 	for _, l := range w.wanted {
 		if l != lower {
@@ -78,6 +81,7 @@ func (w *warmPool) want(lower string) {
 	for _, l := range list[min(len(list), maxWarmTemplates):] {
 		evicted = append(evicted, w.ready[l]...)
 		delete(w.ready, l)
+		delete(w.roots, l)
 	}
 	w.wanted = list[:min(len(list), maxWarmTemplates)]
 	w.mu.Unlock()
@@ -162,9 +166,19 @@ func (w *warmPool) isWanted(lower string) bool {
 }
 
 func (w *warmPool) prepare(lower string) (*Instance, error) {
-	if fi, err := os.Stat(lower); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("template %s gone: %v", lower, err)
+	w.mu.Lock()
+	o := w.roots[lower]
+	w.mu.Unlock()
+	if len(o.layers) > 0 {
+		for _, l := range o.layers {
+			if _, err := os.Stat(l.Path); err != nil {
+				return nil, fmt.Errorf("template layer gone: %w", err)
+			}
+		}
+	} else if fi, err := os.Stat(o.lower); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("template %s gone: %v", o.lower, err)
 	}
+	o.allowInternet, o.hostname = true, "sandbox"
 	w.mu.Lock()
 	w.seq++
 	cid := fmt.Sprintf("warm.%d.%d", os.Getpid(), w.seq)
@@ -175,7 +189,7 @@ func (w *warmPool) prepare(lower string) (*Instance, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := w.b.create(ctx, inst, createOpts{lower: lower, allowInternet: true, hostname: "sandbox"}); err != nil {
+	if err := w.b.create(ctx, inst, o); err != nil {
 		return nil, errors.Join(err, inst.Stop(context.Background()))
 	}
 	return inst, nil
@@ -222,7 +236,7 @@ func (b *Backend) startWarm(ctx context.Context, w *Instance, plan sandbox.Launc
 			return err
 		}
 	}
-	if err := b.saveState(w, plan.RootFS.LowerDir, plan.AllowInternet); err != nil {
+	if err := b.saveState(w, plan.RootFS.LowerDir, w.isBlock(), plan.AllowInternet); err != nil {
 		return err
 	}
 	if err := setLimits(b.cgroupsPath(w.cid), b.v2, b.memsw, plan.Resources); err != nil {

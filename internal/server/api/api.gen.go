@@ -19,6 +19,14 @@ const (
 	ApiKeyAuthScopes = "ApiKeyAuth.Scopes"
 )
 
+// Defines values for LogLevel.
+const (
+	LogLevelDebug LogLevel = "debug"
+	LogLevelError LogLevel = "error"
+	LogLevelInfo  LogLevel = "info"
+	LogLevelWarn  LogLevel = "warn"
+)
+
 // Defines values for OrderDirection.
 const (
 	Asc  OrderDirection = "asc"
@@ -37,6 +45,14 @@ const (
 	Running SandboxState = "running"
 )
 
+// Defines values for TemplateBuildStatus.
+const (
+	TemplateBuildStatusBuilding TemplateBuildStatus = "building"
+	TemplateBuildStatusError    TemplateBuildStatus = "error"
+	TemplateBuildStatusReady    TemplateBuildStatus = "ready"
+	TemplateBuildStatusWaiting  TemplateBuildStatus = "waiting"
+)
+
 // APIKeyInfo defines model for APIKeyInfo.
 type APIKeyInfo struct {
 	CreatedAt time.Time  `json:"createdAt"`
@@ -46,6 +62,23 @@ type APIKeyInfo struct {
 
 	// Prefix The first characters of the key, to recognise it.
 	Prefix string `json:"prefix"`
+}
+
+// BuildLogEntry defines model for BuildLogEntry.
+type BuildLogEntry struct {
+	Level     LogLevel  `json:"level"`
+	Message   string    `json:"message"`
+	Step      *string   `json:"step,omitempty"`
+	Timestamp time.Time `json:"timestamp"`
+}
+
+// BuildStatusReason defines model for BuildStatusReason.
+type BuildStatusReason struct {
+	LogEntries *[]BuildLogEntry `json:"logEntries,omitempty"`
+	Message    string           `json:"message"`
+
+	// Step "base", "1".."N" (the steps, in order) or "finalize".
+	Step *string `json:"step,omitempty"`
 }
 
 // ConnectSandbox defines model for ConnectSandbox.
@@ -101,6 +134,9 @@ type ListedSandbox struct {
 	TemplateID   string                `json:"templateID"`
 	VolumeMounts *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
 }
+
+// LogLevel defines model for LogLevel.
+type LogLevel string
 
 // NewAPIKey defines model for NewAPIKey.
 type NewAPIKey struct {
@@ -340,11 +376,141 @@ type SnapshotInfo struct {
 	SourceSandboxID *string `json:"sourceSandboxID,omitempty"`
 }
 
+// Template defines model for Template.
+type Template struct {
+	Aliases       []string                `json:"aliases"`
+	BuildCount    int32                   `json:"buildCount"`
+	BuildID       string                  `json:"buildID"`
+	BuildStatus   TemplateBuildStatus     `json:"buildStatus"`
+	CpuCount      int32                   `json:"cpuCount"`
+	CreatedAt     time.Time               `json:"createdAt"`
+	CreatedBy     *map[string]interface{} `json:"createdBy"`
+	DiskSizeMB    int32                   `json:"diskSizeMB"`
+	EnvdVersion   string                  `json:"envdVersion"`
+	LastSpawnedAt *time.Time              `json:"lastSpawnedAt"`
+	MemoryMB      int32                   `json:"memoryMB"`
+	Names         []string                `json:"names"`
+	Public        bool                    `json:"public"`
+	SpawnCount    int64                   `json:"spawnCount"`
+	TemplateID    string                  `json:"templateID"`
+	UpdatedAt     time.Time               `json:"updatedAt"`
+}
+
+// TemplateAliasResponse defines model for TemplateAliasResponse.
+type TemplateAliasResponse struct {
+	Public     bool   `json:"public"`
+	TemplateID string `json:"templateID"`
+}
+
+// TemplateBuild defines model for TemplateBuild.
+type TemplateBuild struct {
+	BuildID     string              `json:"buildID"`
+	CpuCount    int32               `json:"cpuCount"`
+	CreatedAt   time.Time           `json:"createdAt"`
+	DiskSizeMB  *int32              `json:"diskSizeMB,omitempty"`
+	EnvdVersion *string             `json:"envdVersion,omitempty"`
+	FinishedAt  *time.Time          `json:"finishedAt,omitempty"`
+	MemoryMB    int32               `json:"memoryMB"`
+	Status      TemplateBuildStatus `json:"status"`
+	UpdatedAt   time.Time           `json:"updatedAt"`
+}
+
+// TemplateBuildFileUpload defines model for TemplateBuildFileUpload.
+type TemplateBuildFileUpload struct {
+	Headers *map[string]string `json:"headers,omitempty"`
+	Present bool               `json:"present"`
+
+	// Url Where to PUT a tar of the files (only when not present).
+	Url *string `json:"url,omitempty"`
+}
+
+// TemplateBuildInfo defines model for TemplateBuildInfo.
+type TemplateBuildInfo struct {
+	BuildID    string          `json:"buildID"`
+	LogEntries []BuildLogEntry `json:"logEntries"`
+	Logs       []string        `json:"logs"`
+
+	// LogsOffset Index of the first returned entry (aenv extension).
+	LogsOffset *int32              `json:"logsOffset,omitempty"`
+	Reason     *BuildStatusReason  `json:"reason,omitempty"`
+	Status     TemplateBuildStatus `json:"status"`
+	TemplateID string              `json:"templateID"`
+}
+
+// TemplateBuildRequestV3 defines model for TemplateBuildRequestV3.
+type TemplateBuildRequestV3 struct {
+	// Alias Deprecated name field of older SDKs.
+	Alias         *string `json:"alias,omitempty"`
+	CpuCount      *int32  `json:"cpuCount,omitempty"`
+	MemoryMB      *int32  `json:"memoryMB,omitempty"`
+	MinFreeDiskMb *int32  `json:"minFreeDiskMb,omitempty"`
+
+	// Name Template name, optionally with a `:tag` (the tag is ignored).
+	Name   *string   `json:"name,omitempty"`
+	Tags   *[]string `json:"tags,omitempty"`
+	TeamID *string   `json:"teamID,omitempty"`
+}
+
+// TemplateBuildStartV2 defines model for TemplateBuildStartV2.
+type TemplateBuildStartV2 struct {
+	Force     *bool   `json:"force,omitempty"`
+	FromImage *string `json:"fromImage,omitempty"`
+
+	// FromImageRegistry Registry credentials; not supported (use a docker config file on the node).
+	FromImageRegistry *map[string]interface{} `json:"fromImageRegistry,omitempty"`
+	FromTemplate      *string                 `json:"fromTemplate,omitempty"`
+	ReadyCmd          *string                 `json:"readyCmd,omitempty"`
+	StartCmd          *string                 `json:"startCmd,omitempty"`
+	Steps             *[]TemplateStep         `json:"steps,omitempty"`
+}
+
+// TemplateBuildStatus defines model for TemplateBuildStatus.
+type TemplateBuildStatus string
+
+// TemplateRequestResponseV3 defines model for TemplateRequestResponseV3.
+type TemplateRequestResponseV3 struct {
+	Aliases    []string `json:"aliases"`
+	BuildID    string   `json:"buildID"`
+	Names      []string `json:"names"`
+	Public     bool     `json:"public"`
+	Tags       []string `json:"tags"`
+	TemplateID string   `json:"templateID"`
+}
+
+// TemplateStep defines model for TemplateStep.
+type TemplateStep struct {
+	Args      *[]string `json:"args,omitempty"`
+	FilesHash *string   `json:"filesHash,omitempty"`
+	Force     *bool     `json:"force,omitempty"`
+
+	// Type RUN, ENV, WORKDIR, USER or COPY.
+	Type string `json:"type"`
+}
+
+// TemplateWithBuilds defines model for TemplateWithBuilds.
+type TemplateWithBuilds struct {
+	Aliases       []string        `json:"aliases"`
+	Builds        []TemplateBuild `json:"builds"`
+	CreatedAt     time.Time       `json:"createdAt"`
+	LastSpawnedAt *time.Time      `json:"lastSpawnedAt"`
+	Names         []string        `json:"names"`
+	Public        bool            `json:"public"`
+	SpawnCount    int64           `json:"spawnCount"`
+	TemplateID    string          `json:"templateID"`
+	UpdatedAt     time.Time       `json:"updatedAt"`
+}
+
+// BuildID defines model for buildID.
+type BuildID = string
+
 // Metadata defines model for metadata.
 type Metadata = string
 
 // SandboxID defines model for sandboxID.
 type SandboxID = string
+
+// TemplateID defines model for templateID.
+type TemplateID = string
 
 // N400 defines model for 400.
 type N400 = Error
@@ -357,6 +523,9 @@ type N404 = Error
 
 // N409 defines model for 409.
 type N409 = Error
+
+// N413 defines model for 413.
+type N413 = Error
 
 // N500 defines model for 500.
 type N500 = Error
@@ -372,6 +541,12 @@ type SandboxResumed = Sandbox
 
 // SandboxRunning defines model for SandboxRunning.
 type SandboxRunning = Sandbox
+
+// UploadTemplateFilesParams defines parameters for UploadTemplateFiles.
+type UploadTemplateFilesParams struct {
+	Token   string `form:"token" json:"token"`
+	Expires int64  `form:"expires" json:"expires"`
+}
 
 // ListSandboxesV1Params defines parameters for ListSandboxesV1.
 type ListSandboxesV1Params struct {
@@ -410,6 +585,29 @@ type ListSnapshotsParams struct {
 	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
 }
 
+// ListTemplatesParams defines parameters for ListTemplates.
+type ListTemplatesParams struct {
+	TeamID *string `form:"teamID,omitempty" json:"teamID,omitempty"`
+}
+
+// GetTemplateParams defines parameters for GetTemplate.
+type GetTemplateParams struct {
+	Limit     *int32  `form:"limit,omitempty" json:"limit,omitempty"`
+	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
+}
+
+// GetTemplateBuildStatusParams defines parameters for GetTemplateBuildStatus.
+type GetTemplateBuildStatusParams struct {
+	// LogsOffset Index of the first log entry to return (default 0).
+	LogsOffset *int32 `form:"logsOffset,omitempty" json:"logsOffset,omitempty"`
+
+	// Limit At most this many log entries (default all).
+	Limit *int32 `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Level Only entries at this level or above.
+	Level *LogLevel `form:"level,omitempty" json:"level,omitempty"`
+}
+
 // ListSandboxesV2Params defines parameters for ListSandboxesV2.
 type ListSandboxesV2Params struct {
 	// Metadata Metadata filter: a URL-encoded query string of key=value pairs whose keys and values are
@@ -430,6 +628,15 @@ type ListSandboxesV2Params struct {
 	Limit *int32 `form:"limit,omitempty" json:"limit,omitempty"`
 
 	// NextToken Opaque cursor from a previous response's X-Next-Token header.
+	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
+}
+
+// ListTemplatesV2Params defines parameters for ListTemplatesV2.
+type ListTemplatesV2Params struct {
+	TeamID *string `form:"teamID,omitempty" json:"teamID,omitempty"`
+
+	// Limit Page size, 1..100 (default 100).
+	Limit     *int32  `form:"limit,omitempty" json:"limit,omitempty"`
 	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
 }
 
@@ -465,6 +672,12 @@ type CreateSandboxV2JSONRequestBody = NewSandboxV2
 
 // ConnectSandboxV2JSONRequestBody defines body for ConnectSandboxV2 for application/json ContentType.
 type ConnectSandboxV2JSONRequestBody = ConnectSandboxV2
+
+// StartTemplateBuildV2JSONRequestBody defines body for StartTemplateBuildV2 for application/json ContentType.
+type StartTemplateBuildV2JSONRequestBody = TemplateBuildStartV2
+
+// RequestTemplateBuildV3JSONRequestBody defines body for RequestTemplateBuildV3 for application/json ContentType.
+type RequestTemplateBuildV3JSONRequestBody = TemplateBuildRequestV3
 
 // RequestEditorFn  is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
@@ -553,6 +766,9 @@ type ClientInterface interface {
 	// RevokeAPIKey request
 	RevokeAPIKey(ctx context.Context, keyID string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// UploadTemplateFilesWithBody request with any body
+	UploadTemplateFilesWithBody(ctx context.Context, hash string, params *UploadTemplateFilesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetHealth request
 	GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -617,8 +833,23 @@ type ClientInterface interface {
 	// ListSnapshots request
 	ListSnapshots(ctx context.Context, params *ListSnapshotsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListTemplates request
+	ListTemplates(ctx context.Context, params *ListTemplatesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetTemplateAlias request
+	GetTemplateAlias(ctx context.Context, alias string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// DeleteTemplate request
 	DeleteTemplate(ctx context.Context, templateID string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetTemplate request
+	GetTemplate(ctx context.Context, templateID string, params *GetTemplateParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetTemplateBuildStatus request
+	GetTemplateBuildStatus(ctx context.Context, templateID TemplateID, buildID BuildID, params *GetTemplateBuildStatusParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetTemplateFileUpload request
+	GetTemplateFileUpload(ctx context.Context, templateID TemplateID, hash string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListSandboxesV2 request
 	ListSandboxesV2(ctx context.Context, params *ListSandboxesV2Params, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -632,6 +863,19 @@ type ClientInterface interface {
 	ConnectSandboxV2WithBody(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	ConnectSandboxV2(ctx context.Context, sandboxID SandboxID, body ConnectSandboxV2JSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListTemplatesV2 request
+	ListTemplatesV2(ctx context.Context, params *ListTemplatesV2Params, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// StartTemplateBuildV2WithBody request with any body
+	StartTemplateBuildV2WithBody(ctx context.Context, templateID TemplateID, buildID BuildID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	StartTemplateBuildV2(ctx context.Context, templateID TemplateID, buildID BuildID, body StartTemplateBuildV2JSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RequestTemplateBuildV3WithBody request with any body
+	RequestTemplateBuildV3WithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	RequestTemplateBuildV3(ctx context.Context, body RequestTemplateBuildV3JSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 func (c *Client) GetCapabilities(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -684,6 +928,18 @@ func (c *Client) CreateAPIKey(ctx context.Context, body CreateAPIKeyJSONRequestB
 
 func (c *Client) RevokeAPIKey(ctx context.Context, keyID string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewRevokeAPIKeyRequest(c.Server, keyID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) UploadTemplateFilesWithBody(ctx context.Context, hash string, params *UploadTemplateFilesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUploadTemplateFilesRequestWithBody(c.Server, hash, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -982,8 +1238,68 @@ func (c *Client) ListSnapshots(ctx context.Context, params *ListSnapshotsParams,
 	return c.Client.Do(req)
 }
 
+func (c *Client) ListTemplates(ctx context.Context, params *ListTemplatesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListTemplatesRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) GetTemplateAlias(ctx context.Context, alias string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTemplateAliasRequest(c.Server, alias)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 func (c *Client) DeleteTemplate(ctx context.Context, templateID string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewDeleteTemplateRequest(c.Server, templateID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) GetTemplate(ctx context.Context, templateID string, params *GetTemplateParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTemplateRequest(c.Server, templateID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) GetTemplateBuildStatus(ctx context.Context, templateID TemplateID, buildID BuildID, params *GetTemplateBuildStatusParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTemplateBuildStatusRequest(c.Server, templateID, buildID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) GetTemplateFileUpload(ctx context.Context, templateID TemplateID, hash string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTemplateFileUploadRequest(c.Server, templateID, hash)
 	if err != nil {
 		return nil, err
 	}
@@ -1044,6 +1360,66 @@ func (c *Client) ConnectSandboxV2WithBody(ctx context.Context, sandboxID Sandbox
 
 func (c *Client) ConnectSandboxV2(ctx context.Context, sandboxID SandboxID, body ConnectSandboxV2JSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewConnectSandboxV2Request(c.Server, sandboxID, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) ListTemplatesV2(ctx context.Context, params *ListTemplatesV2Params, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListTemplatesV2Request(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) StartTemplateBuildV2WithBody(ctx context.Context, templateID TemplateID, buildID BuildID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewStartTemplateBuildV2RequestWithBody(c.Server, templateID, buildID, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) StartTemplateBuildV2(ctx context.Context, templateID TemplateID, buildID BuildID, body StartTemplateBuildV2JSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewStartTemplateBuildV2Request(c.Server, templateID, buildID, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) RequestTemplateBuildV3WithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRequestTemplateBuildV3RequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) RequestTemplateBuildV3(ctx context.Context, body RequestTemplateBuildV3JSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRequestTemplateBuildV3Request(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1178,6 +1554,72 @@ func NewRevokeAPIKeyRequest(server string, keyID string) (*http.Request, error) 
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewUploadTemplateFilesRequestWithBody generates requests for UploadTemplateFiles with any type of body
+func NewUploadTemplateFilesRequestWithBody(server string, hash string, params *UploadTemplateFilesParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "hash", runtime.ParamLocationPath, hash)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/aenv/uploads/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if queryFrag, err := runtime.StyleParamWithLocation("form", true, "token", runtime.ParamLocationQuery, params.Token); err != nil {
+			return nil, err
+		} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+			return nil, err
+		} else {
+			for k, v := range parsed {
+				for _, v2 := range v {
+					queryValues.Add(k, v2)
+				}
+			}
+		}
+
+		if queryFrag, err := runtime.StyleParamWithLocation("form", true, "expires", runtime.ParamLocationQuery, params.Expires); err != nil {
+			return nil, err
+		} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+			return nil, err
+		} else {
+			for k, v := range parsed {
+				for _, v2 := range v {
+					queryValues.Add(k, v2)
+				}
+			}
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("PUT", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -1936,6 +2378,89 @@ func NewListSnapshotsRequest(server string, params *ListSnapshotsParams) (*http.
 	return req, nil
 }
 
+// NewListTemplatesRequest generates requests for ListTemplates
+func NewListTemplatesRequest(server string, params *ListTemplatesParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if params.TeamID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "teamID", runtime.ParamLocationQuery, *params.TeamID); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetTemplateAliasRequest generates requests for GetTemplateAlias
+func NewGetTemplateAliasRequest(server string, alias string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "alias", runtime.ParamLocationPath, alias)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/aliases/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewDeleteTemplateRequest generates requests for DeleteTemplate
 func NewDeleteTemplateRequest(server string, templateID string) (*http.Request, error) {
 	var err error
@@ -1963,6 +2488,214 @@ func NewDeleteTemplateRequest(server string, templateID string) (*http.Request, 
 	}
 
 	req, err := http.NewRequest("DELETE", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetTemplateRequest generates requests for GetTemplate
+func NewGetTemplateRequest(server string, templateID string, params *GetTemplateParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "templateID", runtime.ParamLocationPath, templateID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "limit", runtime.ParamLocationQuery, *params.Limit); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.NextToken != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "nextToken", runtime.ParamLocationQuery, *params.NextToken); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetTemplateBuildStatusRequest generates requests for GetTemplateBuildStatus
+func NewGetTemplateBuildStatusRequest(server string, templateID TemplateID, buildID BuildID, params *GetTemplateBuildStatusParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "templateID", runtime.ParamLocationPath, templateID)
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithLocation("simple", false, "buildID", runtime.ParamLocationPath, buildID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/%s/builds/%s/status", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if params.LogsOffset != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "logsOffset", runtime.ParamLocationQuery, *params.LogsOffset); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "limit", runtime.ParamLocationQuery, *params.Limit); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Level != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "level", runtime.ParamLocationQuery, *params.Level); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetTemplateFileUploadRequest generates requests for GetTemplateFileUpload
+func NewGetTemplateFileUploadRequest(server string, templateID TemplateID, hash string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "templateID", runtime.ParamLocationPath, templateID)
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithLocation("simple", false, "hash", runtime.ParamLocationPath, hash)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/%s/files/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -2202,6 +2935,181 @@ func NewConnectSandboxV2RequestWithBody(server string, sandboxID SandboxID, cont
 	return req, nil
 }
 
+// NewListTemplatesV2Request generates requests for ListTemplatesV2
+func NewListTemplatesV2Request(server string, params *ListTemplatesV2Params) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v2/templates")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if params.TeamID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "teamID", runtime.ParamLocationQuery, *params.TeamID); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "limit", runtime.ParamLocationQuery, *params.Limit); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.NextToken != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "nextToken", runtime.ParamLocationQuery, *params.NextToken); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewStartTemplateBuildV2Request calls the generic StartTemplateBuildV2 builder with application/json body
+func NewStartTemplateBuildV2Request(server string, templateID TemplateID, buildID BuildID, body StartTemplateBuildV2JSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewStartTemplateBuildV2RequestWithBody(server, templateID, buildID, "application/json", bodyReader)
+}
+
+// NewStartTemplateBuildV2RequestWithBody generates requests for StartTemplateBuildV2 with any type of body
+func NewStartTemplateBuildV2RequestWithBody(server string, templateID TemplateID, buildID BuildID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "templateID", runtime.ParamLocationPath, templateID)
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithLocation("simple", false, "buildID", runtime.ParamLocationPath, buildID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v2/templates/%s/builds/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewRequestTemplateBuildV3Request calls the generic RequestTemplateBuildV3 builder with application/json body
+func NewRequestTemplateBuildV3Request(server string, body RequestTemplateBuildV3JSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewRequestTemplateBuildV3RequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewRequestTemplateBuildV3RequestWithBody generates requests for RequestTemplateBuildV3 with any type of body
+func NewRequestTemplateBuildV3RequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v3/templates")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 func (c *Client) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
@@ -2258,6 +3166,9 @@ type ClientWithResponsesInterface interface {
 
 	// RevokeAPIKeyWithResponse request
 	RevokeAPIKeyWithResponse(ctx context.Context, keyID string, reqEditors ...RequestEditorFn) (*RevokeAPIKeyResponse, error)
+
+	// UploadTemplateFilesWithBodyWithResponse request with any body
+	UploadTemplateFilesWithBodyWithResponse(ctx context.Context, hash string, params *UploadTemplateFilesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UploadTemplateFilesResponse, error)
 
 	// GetHealthWithResponse request
 	GetHealthWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthResponse, error)
@@ -2323,8 +3234,23 @@ type ClientWithResponsesInterface interface {
 	// ListSnapshotsWithResponse request
 	ListSnapshotsWithResponse(ctx context.Context, params *ListSnapshotsParams, reqEditors ...RequestEditorFn) (*ListSnapshotsResponse, error)
 
+	// ListTemplatesWithResponse request
+	ListTemplatesWithResponse(ctx context.Context, params *ListTemplatesParams, reqEditors ...RequestEditorFn) (*ListTemplatesResponse, error)
+
+	// GetTemplateAliasWithResponse request
+	GetTemplateAliasWithResponse(ctx context.Context, alias string, reqEditors ...RequestEditorFn) (*GetTemplateAliasResponse, error)
+
 	// DeleteTemplateWithResponse request
 	DeleteTemplateWithResponse(ctx context.Context, templateID string, reqEditors ...RequestEditorFn) (*DeleteTemplateResponse, error)
+
+	// GetTemplateWithResponse request
+	GetTemplateWithResponse(ctx context.Context, templateID string, params *GetTemplateParams, reqEditors ...RequestEditorFn) (*GetTemplateResponse, error)
+
+	// GetTemplateBuildStatusWithResponse request
+	GetTemplateBuildStatusWithResponse(ctx context.Context, templateID TemplateID, buildID BuildID, params *GetTemplateBuildStatusParams, reqEditors ...RequestEditorFn) (*GetTemplateBuildStatusResponse, error)
+
+	// GetTemplateFileUploadWithResponse request
+	GetTemplateFileUploadWithResponse(ctx context.Context, templateID TemplateID, hash string, reqEditors ...RequestEditorFn) (*GetTemplateFileUploadResponse, error)
 
 	// ListSandboxesV2WithResponse request
 	ListSandboxesV2WithResponse(ctx context.Context, params *ListSandboxesV2Params, reqEditors ...RequestEditorFn) (*ListSandboxesV2Response, error)
@@ -2338,6 +3264,19 @@ type ClientWithResponsesInterface interface {
 	ConnectSandboxV2WithBodyWithResponse(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ConnectSandboxV2Response, error)
 
 	ConnectSandboxV2WithResponse(ctx context.Context, sandboxID SandboxID, body ConnectSandboxV2JSONRequestBody, reqEditors ...RequestEditorFn) (*ConnectSandboxV2Response, error)
+
+	// ListTemplatesV2WithResponse request
+	ListTemplatesV2WithResponse(ctx context.Context, params *ListTemplatesV2Params, reqEditors ...RequestEditorFn) (*ListTemplatesV2Response, error)
+
+	// StartTemplateBuildV2WithBodyWithResponse request with any body
+	StartTemplateBuildV2WithBodyWithResponse(ctx context.Context, templateID TemplateID, buildID BuildID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*StartTemplateBuildV2Response, error)
+
+	StartTemplateBuildV2WithResponse(ctx context.Context, templateID TemplateID, buildID BuildID, body StartTemplateBuildV2JSONRequestBody, reqEditors ...RequestEditorFn) (*StartTemplateBuildV2Response, error)
+
+	// RequestTemplateBuildV3WithBodyWithResponse request with any body
+	RequestTemplateBuildV3WithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RequestTemplateBuildV3Response, error)
+
+	RequestTemplateBuildV3WithResponse(ctx context.Context, body RequestTemplateBuildV3JSONRequestBody, reqEditors ...RequestEditorFn) (*RequestTemplateBuildV3Response, error)
 }
 
 type GetCapabilitiesResponse struct {
@@ -2432,6 +3371,31 @@ func (r RevokeAPIKeyResponse) Status() string {
 
 // StatusCode returns HTTPResponse.StatusCode
 func (r RevokeAPIKeyResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type UploadTemplateFilesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON400      *N400
+	JSON401      *N401
+	JSON413      *N413
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r UploadTemplateFilesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UploadTemplateFilesResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -2843,6 +3807,55 @@ func (r ListSnapshotsResponse) StatusCode() int {
 	return 0
 }
 
+type ListTemplatesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *[]Template
+	JSON401      *N401
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r ListTemplatesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListTemplatesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type GetTemplateAliasResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *TemplateAliasResponse
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r GetTemplateAliasResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetTemplateAliasResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
 type DeleteTemplateResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -2861,6 +3874,83 @@ func (r DeleteTemplateResponse) Status() string {
 
 // StatusCode returns HTTPResponse.StatusCode
 func (r DeleteTemplateResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type GetTemplateResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *TemplateWithBuilds
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r GetTemplateResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetTemplateResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type GetTemplateBuildStatusResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *TemplateBuildInfo
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r GetTemplateBuildStatusResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetTemplateBuildStatusResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type GetTemplateFileUploadResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON201      *TemplateBuildFileUpload
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r GetTemplateFileUploadResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetTemplateFileUploadResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -2947,6 +4037,83 @@ func (r ConnectSandboxV2Response) StatusCode() int {
 	return 0
 }
 
+type ListTemplatesV2Response struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *[]Template
+	JSON400      *N400
+	JSON401      *N401
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r ListTemplatesV2Response) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListTemplatesV2Response) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type StartTemplateBuildV2Response struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON409      *N409
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r StartTemplateBuildV2Response) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r StartTemplateBuildV2Response) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type RequestTemplateBuildV3Response struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON202      *TemplateRequestResponseV3
+	JSON400      *N400
+	JSON401      *N401
+	JSON409      *N409
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r RequestTemplateBuildV3Response) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RequestTemplateBuildV3Response) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
 // GetCapabilitiesWithResponse request returning *GetCapabilitiesResponse
 func (c *ClientWithResponses) GetCapabilitiesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetCapabilitiesResponse, error) {
 	rsp, err := c.GetCapabilities(ctx, reqEditors...)
@@ -2989,6 +4156,15 @@ func (c *ClientWithResponses) RevokeAPIKeyWithResponse(ctx context.Context, keyI
 		return nil, err
 	}
 	return ParseRevokeAPIKeyResponse(rsp)
+}
+
+// UploadTemplateFilesWithBodyWithResponse request with arbitrary body returning *UploadTemplateFilesResponse
+func (c *ClientWithResponses) UploadTemplateFilesWithBodyWithResponse(ctx context.Context, hash string, params *UploadTemplateFilesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UploadTemplateFilesResponse, error) {
+	rsp, err := c.UploadTemplateFilesWithBody(ctx, hash, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUploadTemplateFilesResponse(rsp)
 }
 
 // GetHealthWithResponse request returning *GetHealthResponse
@@ -3199,6 +4375,24 @@ func (c *ClientWithResponses) ListSnapshotsWithResponse(ctx context.Context, par
 	return ParseListSnapshotsResponse(rsp)
 }
 
+// ListTemplatesWithResponse request returning *ListTemplatesResponse
+func (c *ClientWithResponses) ListTemplatesWithResponse(ctx context.Context, params *ListTemplatesParams, reqEditors ...RequestEditorFn) (*ListTemplatesResponse, error) {
+	rsp, err := c.ListTemplates(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListTemplatesResponse(rsp)
+}
+
+// GetTemplateAliasWithResponse request returning *GetTemplateAliasResponse
+func (c *ClientWithResponses) GetTemplateAliasWithResponse(ctx context.Context, alias string, reqEditors ...RequestEditorFn) (*GetTemplateAliasResponse, error) {
+	rsp, err := c.GetTemplateAlias(ctx, alias, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetTemplateAliasResponse(rsp)
+}
+
 // DeleteTemplateWithResponse request returning *DeleteTemplateResponse
 func (c *ClientWithResponses) DeleteTemplateWithResponse(ctx context.Context, templateID string, reqEditors ...RequestEditorFn) (*DeleteTemplateResponse, error) {
 	rsp, err := c.DeleteTemplate(ctx, templateID, reqEditors...)
@@ -3206,6 +4400,33 @@ func (c *ClientWithResponses) DeleteTemplateWithResponse(ctx context.Context, te
 		return nil, err
 	}
 	return ParseDeleteTemplateResponse(rsp)
+}
+
+// GetTemplateWithResponse request returning *GetTemplateResponse
+func (c *ClientWithResponses) GetTemplateWithResponse(ctx context.Context, templateID string, params *GetTemplateParams, reqEditors ...RequestEditorFn) (*GetTemplateResponse, error) {
+	rsp, err := c.GetTemplate(ctx, templateID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetTemplateResponse(rsp)
+}
+
+// GetTemplateBuildStatusWithResponse request returning *GetTemplateBuildStatusResponse
+func (c *ClientWithResponses) GetTemplateBuildStatusWithResponse(ctx context.Context, templateID TemplateID, buildID BuildID, params *GetTemplateBuildStatusParams, reqEditors ...RequestEditorFn) (*GetTemplateBuildStatusResponse, error) {
+	rsp, err := c.GetTemplateBuildStatus(ctx, templateID, buildID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetTemplateBuildStatusResponse(rsp)
+}
+
+// GetTemplateFileUploadWithResponse request returning *GetTemplateFileUploadResponse
+func (c *ClientWithResponses) GetTemplateFileUploadWithResponse(ctx context.Context, templateID TemplateID, hash string, reqEditors ...RequestEditorFn) (*GetTemplateFileUploadResponse, error) {
+	rsp, err := c.GetTemplateFileUpload(ctx, templateID, hash, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetTemplateFileUploadResponse(rsp)
 }
 
 // ListSandboxesV2WithResponse request returning *ListSandboxesV2Response
@@ -3249,6 +4470,49 @@ func (c *ClientWithResponses) ConnectSandboxV2WithResponse(ctx context.Context, 
 		return nil, err
 	}
 	return ParseConnectSandboxV2Response(rsp)
+}
+
+// ListTemplatesV2WithResponse request returning *ListTemplatesV2Response
+func (c *ClientWithResponses) ListTemplatesV2WithResponse(ctx context.Context, params *ListTemplatesV2Params, reqEditors ...RequestEditorFn) (*ListTemplatesV2Response, error) {
+	rsp, err := c.ListTemplatesV2(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListTemplatesV2Response(rsp)
+}
+
+// StartTemplateBuildV2WithBodyWithResponse request with arbitrary body returning *StartTemplateBuildV2Response
+func (c *ClientWithResponses) StartTemplateBuildV2WithBodyWithResponse(ctx context.Context, templateID TemplateID, buildID BuildID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*StartTemplateBuildV2Response, error) {
+	rsp, err := c.StartTemplateBuildV2WithBody(ctx, templateID, buildID, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseStartTemplateBuildV2Response(rsp)
+}
+
+func (c *ClientWithResponses) StartTemplateBuildV2WithResponse(ctx context.Context, templateID TemplateID, buildID BuildID, body StartTemplateBuildV2JSONRequestBody, reqEditors ...RequestEditorFn) (*StartTemplateBuildV2Response, error) {
+	rsp, err := c.StartTemplateBuildV2(ctx, templateID, buildID, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseStartTemplateBuildV2Response(rsp)
+}
+
+// RequestTemplateBuildV3WithBodyWithResponse request with arbitrary body returning *RequestTemplateBuildV3Response
+func (c *ClientWithResponses) RequestTemplateBuildV3WithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RequestTemplateBuildV3Response, error) {
+	rsp, err := c.RequestTemplateBuildV3WithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRequestTemplateBuildV3Response(rsp)
+}
+
+func (c *ClientWithResponses) RequestTemplateBuildV3WithResponse(ctx context.Context, body RequestTemplateBuildV3JSONRequestBody, reqEditors ...RequestEditorFn) (*RequestTemplateBuildV3Response, error) {
+	rsp, err := c.RequestTemplateBuildV3(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRequestTemplateBuildV3Response(rsp)
 }
 
 // ParseGetCapabilitiesResponse parses an HTTP response from a GetCapabilitiesWithResponse call
@@ -3412,6 +4676,53 @@ func ParseRevokeAPIKeyResponse(rsp *http.Response) (*RevokeAPIKeyResponse, error
 			return nil, err
 		}
 		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseUploadTemplateFilesResponse parses an HTTP response from a UploadTemplateFilesWithResponse call
+func ParseUploadTemplateFilesResponse(rsp *http.Response) (*UploadTemplateFilesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UploadTemplateFilesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest N413
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest N500
@@ -4206,6 +5517,93 @@ func ParseListSnapshotsResponse(rsp *http.Response) (*ListSnapshotsResponse, err
 	return response, nil
 }
 
+// ParseListTemplatesResponse parses an HTTP response from a ListTemplatesWithResponse call
+func ParseListTemplatesResponse(rsp *http.Response) (*ListTemplatesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListTemplatesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest []Template
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetTemplateAliasResponse parses an HTTP response from a GetTemplateAliasWithResponse call
+func ParseGetTemplateAliasResponse(rsp *http.Response) (*GetTemplateAliasResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetTemplateAliasResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TemplateAliasResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseDeleteTemplateResponse parses an HTTP response from a DeleteTemplateWithResponse call
 func ParseDeleteTemplateResponse(rsp *http.Response) (*DeleteTemplateResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -4220,6 +5618,161 @@ func ParseDeleteTemplateResponse(rsp *http.Response) (*DeleteTemplateResponse, e
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetTemplateResponse parses an HTTP response from a GetTemplateWithResponse call
+func ParseGetTemplateResponse(rsp *http.Response) (*GetTemplateResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetTemplateResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TemplateWithBuilds
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetTemplateBuildStatusResponse parses an HTTP response from a GetTemplateBuildStatusWithResponse call
+func ParseGetTemplateBuildStatusResponse(rsp *http.Response) (*GetTemplateBuildStatusResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetTemplateBuildStatusResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TemplateBuildInfo
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetTemplateFileUploadResponse parses an HTTP response from a GetTemplateFileUploadWithResponse call
+func ParseGetTemplateFileUploadResponse(rsp *http.Response) (*GetTemplateFileUploadResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetTemplateFileUploadResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest TemplateBuildFileUpload
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest N401
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -4422,6 +5975,161 @@ func ParseConnectSandboxV2Response(rsp *http.Response) (*ConnectSandboxV2Respons
 	return response, nil
 }
 
+// ParseListTemplatesV2Response parses an HTTP response from a ListTemplatesV2WithResponse call
+func ParseListTemplatesV2Response(rsp *http.Response) (*ListTemplatesV2Response, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListTemplatesV2Response{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest []Template
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseStartTemplateBuildV2Response parses an HTTP response from a StartTemplateBuildV2WithResponse call
+func ParseStartTemplateBuildV2Response(rsp *http.Response) (*StartTemplateBuildV2Response, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &StartTemplateBuildV2Response{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest N409
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseRequestTemplateBuildV3Response parses an HTTP response from a RequestTemplateBuildV3WithResponse call
+func ParseRequestTemplateBuildV3Response(rsp *http.Response) (*RequestTemplateBuildV3Response, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RequestTemplateBuildV3Response{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest TemplateRequestResponseV3
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest N409
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 	// What this node's sandbox backend can do (aenv extension)
@@ -4436,6 +6144,9 @@ type ServerInterface interface {
 	// Revoke an API key by ID or name (aenv extension)
 	// (DELETE /aenv/keys/{keyID})
 	RevokeAPIKey(w http.ResponseWriter, r *http.Request, keyID string)
+	// Receive a COPY step's files (the URL getTemplateFileUpload returns; aenv extension)
+	// (PUT /aenv/uploads/{hash})
+	UploadTemplateFiles(w http.ResponseWriter, r *http.Request, hash string, params UploadTemplateFilesParams)
 	// API health
 	// (GET /health)
 	GetHealth(w http.ResponseWriter, r *http.Request)
@@ -4484,9 +6195,24 @@ type ServerInterface interface {
 	// List snapshots, newest first, with paging
 	// (GET /snapshots)
 	ListSnapshots(w http.ResponseWriter, r *http.Request, params ListSnapshotsParams)
+	// List templates (snapshots are listed by GET /snapshots)
+	// (GET /templates)
+	ListTemplates(w http.ResponseWriter, r *http.Request, params ListTemplatesParams)
+	// Resolve a template name (Template.exists)
+	// (GET /templates/aliases/{alias})
+	GetTemplateAlias(w http.ResponseWriter, r *http.Request, alias string)
 	// Delete a template or snapshot
 	// (DELETE /templates/{templateID})
 	DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID string)
+	// A template and its builds
+	// (GET /templates/{templateID})
+	GetTemplate(w http.ResponseWriter, r *http.Request, templateID string, params GetTemplateParams)
+	// A build's status and its log entries from logsOffset on
+	// (GET /templates/{templateID}/builds/{buildID}/status)
+	GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, templateID TemplateID, buildID BuildID, params GetTemplateBuildStatusParams)
+	// Ask whether a COPY step's files are on the node, and where to upload them
+	// (GET /templates/{templateID}/files/{hash})
+	GetTemplateFileUpload(w http.ResponseWriter, r *http.Request, templateID TemplateID, hash string)
 	// List sandboxes with filters and paging
 	// (GET /v2/sandboxes)
 	ListSandboxesV2(w http.ResponseWriter, r *http.Request, params ListSandboxesV2Params)
@@ -4496,6 +6222,15 @@ type ServerInterface interface {
 	// Connect (v2); resumes a paused sandbox
 	// (POST /v2/sandboxes/{sandboxID}/connect)
 	ConnectSandboxV2(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+	// List templates with paging
+	// (GET /v2/templates)
+	ListTemplatesV2(w http.ResponseWriter, r *http.Request, params ListTemplatesV2Params)
+	// Start a requested build with its base, steps, start and ready commands
+	// (POST /v2/templates/{templateID}/builds/{buildID})
+	StartTemplateBuildV2(w http.ResponseWriter, r *http.Request, templateID TemplateID, buildID BuildID)
+	// Request a template build (E2B Template.build, step 1)
+	// (POST /v3/templates)
+	RequestTemplateBuildV3(w http.ResponseWriter, r *http.Request)
 }
 
 // ServerInterfaceWrapper converts contexts to parameters.
@@ -4589,6 +6324,64 @@ func (siw *ServerInterfaceWrapper) RevokeAPIKey(w http.ResponseWriter, r *http.R
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.RevokeAPIKey(w, r, keyID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UploadTemplateFiles operation middleware
+func (siw *ServerInterfaceWrapper) UploadTemplateFiles(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "hash" -------------
+	var hash string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "hash", r.PathValue("hash"), &hash, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "hash", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params UploadTemplateFilesParams
+
+	// ------------- Required query parameter "token" -------------
+
+	if paramValue := r.URL.Query().Get("token"); paramValue != "" {
+
+	} else {
+		siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "token"})
+		return
+	}
+
+	err = runtime.BindQueryParameter("form", true, true, "token", r.URL.Query(), &params.Token)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "token", Err: err})
+		return
+	}
+
+	// ------------- Required query parameter "expires" -------------
+
+	if paramValue := r.URL.Query().Get("expires"); paramValue != "" {
+
+	} else {
+		siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "expires"})
+		return
+	}
+
+	err = runtime.BindQueryParameter("form", true, true, "expires", r.URL.Query(), &params.Expires)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "expires", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UploadTemplateFiles(w, r, hash, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -5105,6 +6898,70 @@ func (siw *ServerInterfaceWrapper) ListSnapshots(w http.ResponseWriter, r *http.
 	handler.ServeHTTP(w, r)
 }
 
+// ListTemplates operation middleware
+func (siw *ServerInterfaceWrapper) ListTemplates(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListTemplatesParams
+
+	// ------------- Optional query parameter "teamID" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "teamID", r.URL.Query(), &params.TeamID)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "teamID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListTemplates(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetTemplateAlias operation middleware
+func (siw *ServerInterfaceWrapper) GetTemplateAlias(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "alias" -------------
+	var alias string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "alias", r.PathValue("alias"), &alias, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "alias", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTemplateAlias(w, r, alias)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // DeleteTemplate operation middleware
 func (siw *ServerInterfaceWrapper) DeleteTemplate(w http.ResponseWriter, r *http.Request) {
 
@@ -5127,6 +6984,163 @@ func (siw *ServerInterfaceWrapper) DeleteTemplate(w http.ResponseWriter, r *http
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.DeleteTemplate(w, r, templateID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetTemplate operation middleware
+func (siw *ServerInterfaceWrapper) GetTemplate(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", r.PathValue("templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetTemplateParams
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "limit", r.URL.Query(), &params.Limit)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "nextToken" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "nextToken", r.URL.Query(), &params.NextToken)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "nextToken", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTemplate(w, r, templateID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetTemplateBuildStatus operation middleware
+func (siw *ServerInterfaceWrapper) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID TemplateID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", r.PathValue("templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "buildID" -------------
+	var buildID BuildID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "buildID", r.PathValue("buildID"), &buildID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "buildID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetTemplateBuildStatusParams
+
+	// ------------- Optional query parameter "logsOffset" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "logsOffset", r.URL.Query(), &params.LogsOffset)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "logsOffset", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "limit", r.URL.Query(), &params.Limit)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "level" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "level", r.URL.Query(), &params.Level)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "level", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTemplateBuildStatus(w, r, templateID, buildID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetTemplateFileUpload operation middleware
+func (siw *ServerInterfaceWrapper) GetTemplateFileUpload(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID TemplateID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", r.PathValue("templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "hash" -------------
+	var hash string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "hash", r.PathValue("hash"), &hash, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "hash", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTemplateFileUpload(w, r, templateID, hash)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -5268,6 +7282,115 @@ func (siw *ServerInterfaceWrapper) ConnectSandboxV2(w http.ResponseWriter, r *ht
 	handler.ServeHTTP(w, r)
 }
 
+// ListTemplatesV2 operation middleware
+func (siw *ServerInterfaceWrapper) ListTemplatesV2(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListTemplatesV2Params
+
+	// ------------- Optional query parameter "teamID" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "teamID", r.URL.Query(), &params.TeamID)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "teamID", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "limit", r.URL.Query(), &params.Limit)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "nextToken" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "nextToken", r.URL.Query(), &params.NextToken)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "nextToken", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListTemplatesV2(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// StartTemplateBuildV2 operation middleware
+func (siw *ServerInterfaceWrapper) StartTemplateBuildV2(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID TemplateID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", r.PathValue("templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "buildID" -------------
+	var buildID BuildID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "buildID", r.PathValue("buildID"), &buildID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "buildID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.StartTemplateBuildV2(w, r, templateID, buildID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// RequestTemplateBuildV3 operation middleware
+func (siw *ServerInterfaceWrapper) RequestTemplateBuildV3(w http.ResponseWriter, r *http.Request) {
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.RequestTemplateBuildV3(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 type UnescapedCookieParamError struct {
 	ParamName string
 	Err       error
@@ -5392,6 +7515,7 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc("GET "+options.BaseURL+"/aenv/keys", wrapper.ListAPIKeys)
 	m.HandleFunc("POST "+options.BaseURL+"/aenv/keys", wrapper.CreateAPIKey)
 	m.HandleFunc("DELETE "+options.BaseURL+"/aenv/keys/{keyID}", wrapper.RevokeAPIKey)
+	m.HandleFunc("PUT "+options.BaseURL+"/aenv/uploads/{hash}", wrapper.UploadTemplateFiles)
 	m.HandleFunc("GET "+options.BaseURL+"/health", wrapper.GetHealth)
 	m.HandleFunc("GET "+options.BaseURL+"/metrics", wrapper.GetPrometheusMetrics)
 	m.HandleFunc("GET "+options.BaseURL+"/sandboxes", wrapper.ListSandboxesV1)
@@ -5408,10 +7532,18 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/snapshots", wrapper.CreateSandboxSnapshot)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/timeout", wrapper.SetSandboxTimeout)
 	m.HandleFunc("GET "+options.BaseURL+"/snapshots", wrapper.ListSnapshots)
+	m.HandleFunc("GET "+options.BaseURL+"/templates", wrapper.ListTemplates)
+	m.HandleFunc("GET "+options.BaseURL+"/templates/aliases/{alias}", wrapper.GetTemplateAlias)
 	m.HandleFunc("DELETE "+options.BaseURL+"/templates/{templateID}", wrapper.DeleteTemplate)
+	m.HandleFunc("GET "+options.BaseURL+"/templates/{templateID}", wrapper.GetTemplate)
+	m.HandleFunc("GET "+options.BaseURL+"/templates/{templateID}/builds/{buildID}/status", wrapper.GetTemplateBuildStatus)
+	m.HandleFunc("GET "+options.BaseURL+"/templates/{templateID}/files/{hash}", wrapper.GetTemplateFileUpload)
 	m.HandleFunc("GET "+options.BaseURL+"/v2/sandboxes", wrapper.ListSandboxesV2)
 	m.HandleFunc("POST "+options.BaseURL+"/v2/sandboxes", wrapper.CreateSandboxV2)
 	m.HandleFunc("POST "+options.BaseURL+"/v2/sandboxes/{sandboxID}/connect", wrapper.ConnectSandboxV2)
+	m.HandleFunc("GET "+options.BaseURL+"/v2/templates", wrapper.ListTemplatesV2)
+	m.HandleFunc("POST "+options.BaseURL+"/v2/templates/{templateID}/builds/{buildID}", wrapper.StartTemplateBuildV2)
+	m.HandleFunc("POST "+options.BaseURL+"/v3/templates", wrapper.RequestTemplateBuildV3)
 
 	return m
 }

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/aenv-dev/aenv/internal/image/unpack"
@@ -35,9 +36,23 @@ type Captured struct {
 	Artifact json.RawMessage
 }
 
-// captureExcludes are the sandbox's kernel and runtime mounts and the envd mount
-// point: their content is not the template's.
-var captureExcludes = []string{"./proc", "./sys", "./dev", "./.aenv", "./run/e2b"}
+// captureScript archives the sandbox's root to stdout, leaving out the kernel and
+// runtime mounts and the envd mount point: their content is not the template's. It
+// names the top-level entries itself because busybox tar (Debian's) has no --exclude.
+const captureScript = `cd / || exit 2
+set --
+for f in .[!.]* ..?* *; do
+  case "$f" in proc|sys|dev|.aenv) continue ;; esac
+  if [ -e "$f" ] || [ -L "$f" ]; then set -- "$@" "$f"; fi
+done
+exec tar -c -f - "$@"`
+
+// runtimeLeftovers are paths envd and the runtime write at start that a template must
+// not carry (rootfs-relative).
+var runtimeLeftovers = []string{"run/e2b"}
+
+// benignTar matches GNU tar's warnings that leave a complete archive (exit status 1).
+var benignTar = regexp.MustCompile(`(?m)^tar: .*(file changed as we read it|socket ignored)$`)
 
 // TarCapture materialises the build sandbox's merged root (template lower plus the
 // sandbox's upper, as the sandbox sees it) into dir/rootfs by running tar as root inside
@@ -74,12 +89,6 @@ func (TarCapture) Capture(ctx context.Context, s *Session, dir string, logf func
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		return Captured{}, err
 	}
-	script := "exec tar -c -f - -C /"
-	for _, e := range captureExcludes {
-		script += " --exclude=" + e
-	}
-	script += " ."
-
 	pr, pw := io.Pipe()
 	type result struct {
 		stats unpack.Stats
@@ -93,7 +102,7 @@ func (TarCapture) Capture(ctx context.Context, s *Session, dir string, logf func
 		done <- result{st, err}
 	}()
 	var stderr bytes.Buffer
-	runErr := s.Run(ctx, Command{Argv: []string{"/bin/sh", "-c", script}, User: "root", Dir: "/",
+	runErr := s.Run(ctx, Command{Argv: []string{"/bin/sh", "-c", captureScript}, User: "root", Dir: "/",
 		Stdout: pw, Stderr: &limitedBuffer{b: &stderr, n: 64 << 10}})
 	pw.Close()
 	res := <-done
@@ -104,11 +113,19 @@ func (TarCapture) Capture(ctx context.Context, s *Session, dir string, logf func
 		return Captured{}, fmt.Errorf("capture: unpack the sandbox root: %w (tar: %s)", res.err, msg)
 	case errors.As(runErr, &exit) && exit.Code == 127:
 		return Captured{}, fmt.Errorf("capture: the image has no tar, which the capture needs (%s)", msg)
-	case errors.As(runErr, &exit) && exit.Code == 1 && res.err == nil:
-		// GNU tar: "file changed as we read it" and sockets skipped; the archive is whole.
+	case errors.As(runErr, &exit) && exit.Code == 1 && msg != "" && strings.TrimSpace(benignTar.ReplaceAllString(msg, "")) == "":
+		// GNU tar: files changed while read, sockets skipped; the archive is whole.
 		logf("warn", "capture: tar reported: "+msg)
 	case runErr != nil:
 		return Captured{}, fmt.Errorf("capture: tar in the sandbox: %w: %s", runErr, msg)
+	}
+	if res.stats.Entries == 0 {
+		return Captured{}, fmt.Errorf("capture: tar produced an empty archive (%s)", msg)
+	}
+	for _, p := range runtimeLeftovers {
+		if err := os.RemoveAll(filepath.Join(rootfs, p)); err != nil {
+			return Captured{}, fmt.Errorf("capture: %w", err)
+		}
 	}
 	if err := mountPoints(rootfs); err != nil {
 		return Captured{}, fmt.Errorf("capture: %w", err)

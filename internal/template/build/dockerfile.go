@@ -77,6 +77,9 @@ func dfLines(r io.Reader) ([]dfLine, error) {
 	for sc.Scan() {
 		no++
 		raw := sc.Text()
+		if strings.ContainsRune(raw, 0) {
+			return nil, fmt.Errorf("%w: line %d: NUL byte", ErrDockerfile, no)
+		}
 		total += len(raw) + 1
 		if total > maxDockerfile {
 			return nil, fmt.Errorf("%w: larger than %d bytes", ErrDockerfile, maxDockerfile)

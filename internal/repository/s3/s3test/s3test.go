@@ -30,13 +30,18 @@ type Server struct {
 	Endpoint string // http://127.0.0.1:<port>
 	Addr     string // 127.0.0.1:<port>
 	Dir      string // backend directory; buckets are its subdirectories
+	bin      string
 	client   *minio.Client
+	stop     func()
 }
 
 // Binary finds versitygw: $AENV_VERSITYGW, then PATH, then $GOBIN and
 // $GOPATH/bin (where scripts/s3-test-server.sh install puts it).
 func Binary() (string, error) {
 	if p := os.Getenv("AENV_VERSITYGW"); p != "" {
+		if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {
+			return "", fmt.Errorf("AENV_VERSITYGW=%s is not an executable", p)
+		}
 		return p, nil
 	}
 	if p, err := exec.LookPath("versitygw"); err == nil {
@@ -71,8 +76,14 @@ func Start(t testing.TB) *Server {
 	}
 	dir := t.TempDir()
 	for attempt := 0; ; attempt++ {
-		s, err := start(t, bin, dir)
-		if err == nil {
+		port, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &Server{Dir: dir, bin: bin, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+		s.Endpoint = "http://" + s.Addr
+		if err = s.start(t); err == nil {
+			t.Cleanup(func() { s.Kill() })
 			return s
 		}
 		if attempt == 2 {
@@ -81,26 +92,39 @@ func Start(t testing.TB) *Server {
 	}
 }
 
-func start(t testing.TB, bin, dir string) (*Server, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
+// Kill stops the server abruptly (SIGKILL), as a crash or a network cut
+// would; Restart brings it back on the same address and data.
+func (s *Server) Kill() {
+	if s.stop != nil {
+		s.stop()
+		s.stop = nil
 	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+}
+
+// Restart starts the server again after Kill.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Kill()
+	if err := s.start(t); err != nil {
+		t.Fatalf("restart versitygw: %v", err)
+	}
+}
+
+func (s *Server) start(t testing.TB) error {
 	// --virtual-domain localhost also serves bucket.localhost host names, so
 	// virtual-host addressing can be tested against loopback.
-	cmd := exec.Command(bin, "--access", AccessKey, "--secret", SecretKey, "--port", addr, "--quiet",
-		"--virtual-domain", "localhost", "posix", dir)
+	cmd := exec.Command(s.bin, "--access", AccessKey, "--secret", SecretKey, "--port", s.Addr, "--quiet",
+		"--virtual-domain", "localhost", "posix", s.Dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	logPath := filepath.Join(t.TempDir(), "versitygw.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, err
+		return err
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
@@ -109,10 +133,10 @@ func start(t testing.TB, bin, dir string) (*Server, error) {
 		<-exited
 		logf.Close()
 	}
-	c, err := minio.New(addr, &minio.Options{Creds: credentials.NewStaticV4(AccessKey, SecretKey, ""), BucketLookup: minio.BucketLookupPath})
+	c, err := minio.New(s.Addr, &minio.Options{Creds: credentials.NewStaticV4(AccessKey, SecretKey, ""), BucketLookup: minio.BucketLookupPath})
 	if err != nil {
 		stop()
-		return nil, err
+		return err
 	}
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -125,17 +149,18 @@ func start(t testing.TB, bin, dir string) (*Server, error) {
 		select {
 		case <-exited:
 			b, _ := os.ReadFile(logPath)
-			return nil, fmt.Errorf("versitygw exited: %s", b)
+			logf.Close()
+			return fmt.Errorf("versitygw exited: %s", b)
 		default:
 		}
 		if time.Now().After(deadline) {
 			stop()
-			return nil, fmt.Errorf("versitygw not ready on %s: %w", addr, err)
+			return fmt.Errorf("versitygw not ready on %s: %w", s.Addr, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Cleanup(stop)
-	return &Server{Endpoint: "http://" + addr, Addr: addr, Dir: dir, client: c}, nil
+	s.client, s.stop = c, stop
+	return nil
 }
 
 func freePort() (int, error) {

@@ -1,0 +1,556 @@
+// Package build builds templates: E2B's Template.build flow and `aenv build -f
+// Dockerfile`. A build boots a sandbox on its base (a pulled image or an existing
+// template), runs the steps in it through envd, runs the start command and waits for
+// the ready command, captures the result as a new template and registers it. Records,
+// logs and uploaded files live in the node's data directory.
+package build
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/image"
+	"github.com/aenv-dev/aenv/internal/image/install"
+	"github.com/aenv-dev/aenv/internal/orchestrator"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// Sandboxes is what a build needs from the orchestrator (*orchestrator.Orchestrator).
+type Sandboxes interface {
+	Create(ctx context.Context, req orchestrator.CreateRequest) (*orchestrator.Sandbox, error)
+	Endpoint(ctx context.Context, id string, autoResume bool) (sandbox.Endpoint, *orchestrator.Sandbox, error)
+	Kill(ctx context.Context, id string) error
+	List(ctx context.Context, f orchestrator.ListFilter) ([]*orchestrator.Sandbox, string, error)
+}
+
+// Templates is the catalog part builds use (*catalog.Templates).
+type Templates interface {
+	Get(id string) (catalog.Template, error)
+	Resolve(idOrAlias string) (catalog.Template, error)
+	Put(t catalog.Template) error
+	List(kind catalog.TemplateKind) ([]catalog.Template, error)
+	Delete(idOrAlias string) (catalog.Template, error)
+}
+
+// Config tunes a Service.
+type Config struct {
+	// DataDir is the node's data directory (templates/, images/, builds/).
+	DataDir string
+	Pull    image.Options
+	// Capturer turns the build sandbox into the template; default TarCapture.
+	Capturer Capturer
+	// BuildTimeout bounds a whole build (default 1 h), StepTimeout one step (default
+	// 30 min), ReadyTimeout the wait for the ready command (default 2 min).
+	BuildTimeout time.Duration
+	StepTimeout  time.Duration
+	ReadyTimeout time.Duration
+	// MaxUploadBytes bounds one uploaded file set (default 4 GiB).
+	MaxUploadBytes int64
+	// MaxConcurrent builds run at once (default 2); others wait in "building".
+	MaxConcurrent int
+	// EnvdPort is envd's port when an endpoint does not say (default 49983).
+	EnvdPort int
+	HTTP     *http.Client
+	Logger   *slog.Logger
+}
+
+// Service runs builds and answers questions about them.
+type Service struct {
+	cfg   Config
+	sbx   Sandboxes
+	tpls  Templates
+	store *store
+	files *fileStore
+	log   *slog.Logger
+	sem   chan struct{}
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	pullMu sync.Mutex // one image import at a time: imports of one image share a directory
+}
+
+// New opens the build records under cfg.DataDir. Builds a previous process left
+// unfinished are marked failed: their sandboxes died with it.
+func New(cfg Config, sbx Sandboxes, tpls Templates) (*Service, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("build: DataDir is required")
+	}
+	if sbx == nil || tpls == nil {
+		return nil, errors.New("build: sandboxes and templates are required")
+	}
+	if cfg.Capturer == nil {
+		cfg.Capturer = TarCapture{}
+	}
+	if cfg.BuildTimeout <= 0 {
+		cfg.BuildTimeout = time.Hour
+	}
+	if cfg.StepTimeout <= 0 {
+		cfg.StepTimeout = 30 * time.Minute
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = 2 * time.Minute
+	}
+	if cfg.MaxUploadBytes <= 0 {
+		cfg.MaxUploadBytes = 4 << 30
+	}
+	if cfg.MaxConcurrent <= 0 {
+		cfg.MaxConcurrent = 2
+	}
+	if cfg.EnvdPort == 0 {
+		cfg.EnvdPort = 49983
+	}
+	if cfg.HTTP == nil {
+		cfg.HTTP = &http.Client{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	st, err := openStore(filepath.Join(cfg.DataDir, "builds"))
+	if err != nil {
+		return nil, err
+	}
+	fs, err := openFileStore(filepath.Join(cfg.DataDir, "builds", "files"), cfg.MaxUploadBytes)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, sbx: sbx, tpls: tpls, store: st, files: fs, log: cfg.Logger.With("component", "build"),
+		sem: make(chan struct{}, cfg.MaxConcurrent)}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	for _, r := range st.list(func(r *Record) bool { return r.Status == StatusBuilding }) {
+		st.log(r.ID, "error", "the node stopped during the build")
+		if _, err := st.update(r.ID, func(r *Record) error {
+			r.Status, r.Reason, r.FinishedAt = StatusError, &Reason{Message: "the node stopped during the build"}, time.Now().UTC()
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Close cancels running builds and waits for them to clean up.
+func (s *Service) Close() {
+	s.cancel()
+	s.wg.Wait()
+}
+
+// RequestOptions is POST /v3/templates.
+type RequestOptions struct {
+	Name      string
+	Resources sandbox.Resources
+}
+
+// Request registers a new build of the template called Name (E2B's Template.build,
+// step 1). A name that is already a template builds a new version of it.
+func (s *Service) Request(_ context.Context, o RequestOptions) (Record, error) {
+	name, _, _ := strings.Cut(o.Name, ":") // E2B's name:tag; tags are not kept apart here
+	if !catalog.ValidName(name) {
+		return Record{}, fmt.Errorf("%w: template name %q (letters, digits, '.', '_', '-')", ErrInvalidSpec, o.Name)
+	}
+	r := o.Resources
+	if r.CPUCount < 0 || r.MemoryMB < 0 || r.DiskSizeMB < 0 {
+		return Record{}, fmt.Errorf("%w: negative resources", ErrInvalidSpec)
+	}
+	tplID := ""
+	t, err := s.tpls.Resolve(name)
+	switch {
+	case err == nil && t.Kind != catalog.KindTemplate:
+		return Record{}, fmt.Errorf("%w: %q is a snapshot, not a template", ErrConflict, name)
+	case err == nil:
+		tplID = t.ID
+	case errors.Is(err, catalog.ErrNotFound):
+		for _, b := range s.store.list(func(b *Record) bool { return b.Name == name }) {
+			tplID = b.TemplateID // an earlier, unfinished or failed build of the same name
+		}
+	default:
+		return Record{}, err
+	}
+	if tplID == "" {
+		tplID = install.NewID()
+	}
+	rec := &Record{ID: newBuildID(), TemplateID: tplID, Name: name, Status: StatusWaiting, Resources: r,
+		CreatedAt: time.Now().UTC()}
+	if err := s.store.put(rec); err != nil {
+		return Record{}, err
+	}
+	s.store.log(rec.ID, "info", fmt.Sprintf("build %s of template %s (%s) requested", rec.ID, name, tplID))
+	return *rec, nil
+}
+
+// Start runs a requested build in the background (E2B's trigger step). It fails with
+// ErrNotFound for an unknown build, ErrConflict when it was already started, and
+// ErrInvalidSpec for a spec that cannot run.
+func (s *Service) Start(_ context.Context, templateID, buildID string, spec Spec) error {
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	for _, st := range spec.Steps {
+		if st.Type == StepCopy && !s.files.has(st.FilesHash) {
+			return fmt.Errorf("%w: COPY %s: files %s were not uploaded", ErrInvalidSpec, st.Args[0], st.FilesHash)
+		}
+	}
+	if s.ctx.Err() != nil {
+		return fmt.Errorf("%w: the node is shutting down", ErrConflict)
+	}
+	rec, err := s.store.update(buildID, func(r *Record) error {
+		if r.TemplateID != templateID {
+			return fmt.Errorf("build %q of template %q: %w", buildID, templateID, ErrNotFound)
+		}
+		if r.Status != StatusWaiting {
+			return fmt.Errorf("%w: build %s is %s", ErrConflict, buildID, r.Status)
+		}
+		r.Status, r.Spec = StatusBuilding, &spec
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.run(rec)
+	}()
+	return nil
+}
+
+// Get returns a build of a template.
+func (s *Service) Get(templateID, buildID string) (Record, error) {
+	r, ok := s.store.get(buildID)
+	if !ok || r.TemplateID != templateID {
+		return Record{}, fmt.Errorf("build %q of template %q: %w", buildID, templateID, ErrNotFound)
+	}
+	return r, nil
+}
+
+// Logs returns a build's log entries from offset on (limit 0: all).
+func (s *Service) Logs(buildID string, offset, limit int) []LogEntry {
+	return s.store.logsFrom(buildID, offset, limit)
+}
+
+// Builds lists the builds of a template (all templates when templateID is empty),
+// oldest first.
+func (s *Service) Builds(templateID string) []Record {
+	return s.store.list(func(r *Record) bool { return templateID == "" || r.TemplateID == templateID })
+}
+
+// Forget removes a template's build records and logs (after the template was deleted).
+// Builds still running are left alone.
+func (s *Service) Forget(templateID string) error {
+	var errs []error
+	for _, r := range s.Builds(templateID) {
+		if r.Status == StatusBuilding {
+			continue
+		}
+		errs = append(errs, s.store.remove(r.ID))
+	}
+	return errors.Join(errs...)
+}
+
+// FilePresent reports whether the COPY file set with this hash was uploaded
+// (GET /templates/{id}/files/{hash}).
+func (s *Service) FilePresent(hash string) (bool, error) { return s.files.Present(hash) }
+
+// PutFile stores an uploaded COPY file set: a tar, optionally gzipped (the upload URL).
+func (s *Service) PutFile(hash string, r io.Reader) error { return s.files.Put(hash, r) }
+
+func newBuildID() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// run executes one build and records its outcome.
+func (s *Service) run(rec Record) {
+	logf := func(level, msg string) { s.store.log(rec.ID, level, msg) }
+	select {
+	case s.sem <- struct{}{}:
+		defer func() { <-s.sem }()
+	case <-s.ctx.Done():
+		s.finish(rec.ID, failStep("base", errors.New("the node stopped before the build ran")), logf)
+		return
+	default:
+		logf("info", "waiting for another build to finish")
+		select {
+		case s.sem <- struct{}{}:
+			defer func() { <-s.sem }()
+		case <-s.ctx.Done():
+			s.finish(rec.ID, failStep("base", errors.New("the node stopped before the build ran")), logf)
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.BuildTimeout)
+	defer cancel()
+	start := time.Now()
+	err := s.build(ctx, rec, logf)
+	if err == nil {
+		logf("info", fmt.Sprintf("build finished in %s", time.Since(start).Round(time.Millisecond)))
+	} else if ctx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
+		err = failStep(stepOf(err), fmt.Errorf("the build did not finish within %s", s.cfg.BuildTimeout))
+	}
+	s.finish(rec.ID, err, logf)
+}
+
+func stepOf(err error) string {
+	var se *stepError
+	if errors.As(err, &se) {
+		return se.step
+	}
+	return "finalize"
+}
+
+func (s *Service) finish(id string, err error, logf func(level, msg string)) {
+	if err != nil {
+		logf("error", err.Error())
+		s.log.Warn("template build failed", "build", id, "err", err)
+	}
+	if _, uerr := s.store.update(id, func(r *Record) error {
+		r.FinishedAt, r.SandboxID = time.Now().UTC(), ""
+		if err != nil {
+			r.Status, r.Reason = StatusError, &Reason{Message: err.Error(), Step: stepOf(err)}
+		} else {
+			r.Status = StatusReady
+		}
+		return nil
+	}); uerr != nil {
+		s.log.Error("save build result", "build", id, "err", uerr)
+	}
+}
+
+// build does the work: base, sandbox, steps, start/ready, capture, register.
+func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg string)) error {
+	spec := *rec.Spec
+	base, err := s.base(ctx, spec, logf)
+	if err != nil {
+		return failStep("base", err)
+	}
+	logf("info", fmt.Sprintf("starting the build sandbox on %s", base.ID))
+	sb, err := s.sbx.Create(ctx, orchestrator.CreateRequest{TemplateID: base.ID, Timeout: s.cfg.BuildTimeout + time.Minute,
+		Secure: true, AllowInternet: true, Resources: rec.Resources,
+		Metadata: map[string]string{"aenv.build": rec.ID, "aenv.template": rec.TemplateID}})
+	if err != nil {
+		return failStep("base", fmt.Errorf("start the build sandbox: %w", err))
+	}
+	defer func() {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := s.sbx.Kill(kctx, sb.ID); err != nil && !errors.Is(err, orchestrator.ErrNotFound) {
+			s.log.Error("kill the build sandbox", "sandbox", sb.ID, "err", err)
+		}
+	}()
+	if _, err := s.store.update(rec.ID, func(r *Record) error { r.SandboxID = sb.ID; return nil }); err != nil {
+		return err
+	}
+	ep, _, err := s.sbx.Endpoint(ctx, sb.ID, false)
+	if err != nil {
+		return failStep("base", fmt.Errorf("reach the build sandbox: %w", err))
+	}
+	port := ep.EnvdPort
+	if port == 0 {
+		port = s.cfg.EnvdPort
+	}
+	sess := NewSession(sb.ID, fmt.Sprintf("http://%s", joinHostPort(ep.Host, port)), sb.EnvdAccessToken, s.cfg.HTTP)
+	x := &executor{s: sess, files: s.files, logf: logf, stepTimeout: s.cfg.StepTimeout, readyTimeout: s.cfg.ReadyTimeout,
+		st: state{user: base.DefaultUser, workdir: base.DefaultWorkdir, env: base.EnvVars}}
+	if x.st.user == "" {
+		x.st.user = "user"
+	}
+	if x.st.workdir == "" {
+		x.st.workdir = "/home/user"
+	}
+	if err := x.ensureUser(ctx); err != nil {
+		return failStep("base", err)
+	}
+	if err := x.steps(ctx, spec.Steps); err != nil {
+		return err
+	}
+	if err := x.startAndWait(ctx, spec.StartCmd, spec.ReadyCmd); err != nil {
+		return failStep("finalize", err)
+	}
+	logf("info", "capturing the template")
+	dir := filepath.Join(s.cfg.DataDir, install.TemplatesDir, rec.TemplateID, "builds", rec.ID)
+	c, err := s.cfg.Capturer.Capture(ctx, sess, dir, logf)
+	if err != nil {
+		return failStep("finalize", err)
+	}
+	t := catalog.Template{
+		ID: rec.TemplateID, Kind: catalog.KindTemplate, RootFSDir: c.RootFSDir, Resources: rec.Resources,
+		EnvVars: x.st.env, StartCmd: spec.StartCmd, ReadyCmd: spec.ReadyCmd,
+		DefaultUser: x.st.user, DefaultWorkdir: x.st.workdir, Artifact: c.Artifact,
+	}
+	if rec.Name != rec.TemplateID {
+		t.Aliases = []string{rec.Name}
+	}
+	if old, err := s.tpls.Get(rec.TemplateID); err == nil {
+		t.Aliases = append(t.Aliases, old.Aliases...)
+	}
+	if err := s.tpls.Put(t); err != nil {
+		os.RemoveAll(dir)
+		return failStep("finalize", fmt.Errorf("register the template: %w", err))
+	}
+	logf("info", fmt.Sprintf("template %s (%s) is ready", rec.Name, rec.TemplateID))
+	return nil
+}
+
+func joinHostPort(host string, port int) string {
+	if strings.Contains(host, ":") {
+		return fmt.Sprintf("[%s]:%d", host, port)
+	}
+	return fmt.Sprintf("%s:%d", host, port)
+}
+
+// base resolves the template a build starts from, pulling and importing an image when
+// the spec names one. Imported images become templates "img-<digest>" so later builds
+// from the same image skip the import.
+func (s *Service) base(ctx context.Context, spec Spec, logf func(level, msg string)) (catalog.Template, error) {
+	if spec.FromTemplate != "" {
+		t, err := s.tpls.Resolve(spec.FromTemplate)
+		if err != nil {
+			return catalog.Template{}, fmt.Errorf("base template %q: %w", spec.FromTemplate, err)
+		}
+		if t.RootFSDir == "" && t.Kind == catalog.KindTemplate {
+			return catalog.Template{}, fmt.Errorf("base template %q has no root filesystem on this node", spec.FromTemplate)
+		}
+		logf("info", fmt.Sprintf("base: template %s", t.ID))
+		return t, nil
+	}
+	logf("info", "pulling "+spec.FromImage)
+	img, err := image.Pull(ctx, spec.FromImage, s.cfg.Pull)
+	if err != nil {
+		return catalog.Template{}, fmt.Errorf("pull %s: %w", spec.FromImage, err)
+	}
+	defer img.Close()
+	id := "img-" + strings.TrimPrefix(img.Digest, "sha256:")[:min(24, len(strings.TrimPrefix(img.Digest, "sha256:")))]
+	s.pullMu.Lock()
+	defer s.pullMu.Unlock()
+	if t, err := s.tpls.Get(id); err == nil {
+		if _, err := os.Stat(t.RootFSDir); err == nil {
+			logf("info", fmt.Sprintf("base: image %s already imported as %s", img.Digest, id))
+			return t, nil
+		}
+	}
+	dir := filepath.Join(s.cfg.DataDir, install.TemplatesDir, id)
+	// A directory without a catalog entry is a crashed import.
+	if err := os.RemoveAll(dir); err != nil {
+		return catalog.Template{}, err
+	}
+	store := &image.Store{Dir: filepath.Join(s.cfg.DataDir, install.ImagesDir)}
+	built, err := image.BuildTemplate(ctx, img, dir, image.BuildOptions{Store: store, Progress: func(p image.Progress) {
+		if p.Final {
+			logf("info", fmt.Sprintf("%s layer %d/%d %s (%d bytes)", p.Phase, p.Layer, p.Layers, p.Digest, p.Done))
+		}
+	}})
+	if err != nil {
+		return catalog.Template{}, fmt.Errorf("import %s: %w", spec.FromImage, err)
+	}
+	t, err := image.Register(s.tpls, built, image.RegisterOptions{ID: id})
+	if err != nil {
+		os.RemoveAll(dir)
+		return catalog.Template{}, fmt.Errorf("register %s: %w", spec.FromImage, err)
+	}
+	logf("info", fmt.Sprintf("base: image %s imported as %s", img.Digest, id))
+	return t, nil
+}
+
+// Template is a catalog template with its builds, for the template endpoints.
+type Template struct {
+	catalog.Template
+	Builds []Record
+}
+
+// ErrNotTemplate is returned by Delete for snapshots (they are deleted through the
+// snapshot path).
+var ErrNotTemplate = errors.New("not a template")
+
+// Delete removes a built or pulled template: its catalog entry, build records and
+// files. Sandboxes running on it keep their root (the directory is removed, their
+// overlay keeps the lower open). Unknown is ErrNotFound.
+func (s *Service) Delete(ctx context.Context, idOrAlias string) (catalog.Template, error) {
+	t, err := s.tpls.Resolve(idOrAlias)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return catalog.Template{}, fmt.Errorf("template %q: %w", idOrAlias, ErrNotFound)
+	}
+	if err != nil {
+		return catalog.Template{}, err
+	}
+	if t.Kind != catalog.KindTemplate {
+		return catalog.Template{}, fmt.Errorf("%q: %w", idOrAlias, ErrNotTemplate)
+	}
+	for _, r := range s.Builds(t.ID) {
+		if r.Status == StatusBuilding {
+			return catalog.Template{}, fmt.Errorf("%w: template %s has a build running (%s)", ErrConflict, t.ID, r.ID)
+		}
+	}
+	if _, err := s.tpls.Delete(t.ID); err != nil {
+		return catalog.Template{}, err
+	}
+	if err := s.Forget(t.ID); err != nil {
+		s.log.Warn("remove build records", "template", t.ID, "err", err)
+	}
+	s.removeFiles(ctx, t)
+	return t, nil
+}
+
+// removeFiles deletes a deleted template's build directories that no sandbox uses:
+// removing files under a live overlay's lower would change running sandboxes.
+func (s *Service) removeFiles(ctx context.Context, t catalog.Template) {
+	root := filepath.Join(s.cfg.DataDir, install.TemplatesDir, t.ID)
+	if !strings.HasPrefix(t.RootFSDir, filepath.Join(root, "builds")+"/") {
+		return // not made by a build (a pulled image, the base template): not ours to remove
+	}
+	inUse := map[string]bool{}
+	for tok := ""; ; {
+		items, next, err := s.sbx.List(ctx, orchestrator.ListFilter{NextToken: tok, Limit: orchestrator.MaxListLimit})
+		if err != nil {
+			s.log.Warn("list sandboxes; keeping the template's files", "template", t.ID, "err", err)
+			return
+		}
+		for _, sb := range items {
+			inUse[sb.Launch.RootFS.LowerDir] = true
+		}
+		if next == "" {
+			break
+		}
+		tok = next
+	}
+	ents, _ := os.ReadDir(filepath.Join(root, "builds"))
+	kept := 0
+	for _, e := range ents {
+		d := filepath.Join(root, "builds", e.Name())
+		if inUse[filepath.Join(d, RootFSName)] {
+			kept++
+			continue
+		}
+		if err := os.RemoveAll(d); err != nil {
+			s.log.Warn("remove template files", "template", t.ID, "dir", d, "err", err)
+		}
+	}
+	if kept == 0 {
+		os.RemoveAll(root)
+	} else {
+		s.log.Info("kept template files still used by sandboxes", "template", t.ID, "builds", kept)
+	}
+}
+
+// Templates lists the node's templates (not snapshots), oldest first.
+func (s *Service) Templates() ([]catalog.Template, error) { return s.tpls.List(catalog.KindTemplate) }
+
+// Resolve finds a template or snapshot by id or name; unknown is ErrNotFound.
+func (s *Service) Resolve(idOrAlias string) (catalog.Template, error) {
+	t, err := s.tpls.Resolve(idOrAlias)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return t, fmt.Errorf("template %q: %w", idOrAlias, ErrNotFound)
+	}
+	return t, err
+}

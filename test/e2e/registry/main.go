@@ -1,0 +1,141 @@
+// Command registry serves an in-memory OCI registry on a loopback port for the SDK
+// end-to-end tests, seeded with one image made from the host's static busybox and bash
+// (the base template's root filesystem), so template builds can use fromImage without
+// any network. It prints "READY <host:port> <image>" once the image is pushed and then
+// serves until killed.
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"syscall"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/aenv-dev/aenv/internal/template/base"
+)
+
+func main() {
+	rootfs := flag.String("rootfs", "", "root filesystem to publish (default: build the base rootfs in a temp dir)")
+	repo := flag.String("image", "aenv-e2e/tools:1", "repository:tag to publish")
+	flag.Parse()
+	log.SetFlags(0)
+	if *rootfs == "" {
+		dir, err := os.MkdirTemp("", "aenv-e2e-registry-")
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		*rootfs = filepath.Join(dir, "rootfs")
+		if err := base.Build(context.Background(), base.Options{Out: *rootfs}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	layer, err := dirLayer(*rootfs)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() { log.Fatal(http.Serve(ln, registry.New(registry.Logger(log.New(io.Discard, "", 0))))) }()
+
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layer)), nil },
+		tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		log.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, l)
+	if err != nil {
+		log.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		log.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", runtime.GOARCH
+	cf.Config = v1.Config{Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "IMAGE_ENV=from-image"}}
+	if img, err = mutate.ConfigFile(mutate.MediaType(img, types.OCIManifestSchema1), cf); err != nil {
+		log.Fatal(err)
+	}
+	ref, err := name.ParseReference(ln.Addr().String()+"/"+*repo, name.Insecure)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("READY %s %s\n", ln.Addr(), ref.String())
+	select {}
+}
+
+// dirLayer tars a directory tree with numeric ownership and modes, as a layer.
+func dirLayer(dir string) ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		link := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		}
+		h, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		h.Name = filepath.ToSlash(rel)
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			h.Uid, h.Gid = int(st.Uid), int(st.Gid)
+		}
+		h.Uname, h.Gname = "", ""
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if !fi.Mode().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(tw, f)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}

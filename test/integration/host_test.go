@@ -1,0 +1,300 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// netnsPrefix is how the node names its network namespaces ("aenv-<slot>"), the default of
+// package network (aenv serve does not make it configurable).
+const netnsPrefix = "aenv-"
+
+// ownership is what a node's backend was seen to own: containers by id, with their sandbox
+// id and network namespace. Warm containers (created ahead, no sandbox yet) are included.
+type ownership struct {
+	mu         sync.Mutex
+	containers map[string]owned // by container id
+	// netnsBefore is the set of aenv-* namespaces on the host before the node first started.
+	netnsBefore map[string]bool
+}
+
+type owned struct {
+	sandboxID string // "" for a warm container
+	netns     string
+}
+
+func newOwnership() *ownership {
+	return &ownership{containers: map[string]owned{}, netnsBefore: aenvNetns()}
+}
+
+// scan reads the backend's per-container state files (<data>/oci/sandboxes/<cid>/state.json).
+func (o *ownership) scan(dataDir string) error {
+	dirs, err := filepath.Glob(filepath.Join(dataDir, "oci", "sandboxes", "*", "state.json"))
+	if err != nil {
+		return err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, p := range dirs {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			continue // removed while we looked
+		}
+		var st struct {
+			ID          string `json:"id"`
+			ContainerID string `json:"containerID"`
+			SlotIndex   int    `json:"slotIndex"`
+		}
+		if err := json.Unmarshal(raw, &st); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		cid := st.ContainerID
+		if cid == "" {
+			cid = filepath.Base(filepath.Dir(p))
+		}
+		prev := o.containers[cid]
+		if st.ID == "" {
+			st.ID = prev.sandboxID // a warm container adopted later keeps its sandbox
+		}
+		o.containers[cid] = owned{sandboxID: st.ID, netns: netnsPrefix + strconv.Itoa(st.SlotIndex)}
+	}
+	return nil
+}
+
+// cidOf returns the container id running sandbox id.
+func (o *ownership) cidOf(id string) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for cid, c := range o.containers {
+		if c.sandboxID == id {
+			return cid
+		}
+	}
+	return ""
+}
+
+func (o *ownership) snapshot() map[string]owned {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make(map[string]owned, len(o.containers))
+	for k, v := range o.containers {
+		out[k] = v
+	}
+	return out
+}
+
+// container is one entry of `runc list`.
+type container struct {
+	ID     string `json:"id"`
+	Pid    int    `json:"pid"`
+	Status string `json:"status"`
+}
+
+// runcList lists the containers in the node's runtime root (<data>/oci/runc).
+func runcList(t *testing.T, dataDir string) map[string]container {
+	t.Helper()
+	root := filepath.Join(dataDir, "oci", "runc")
+	out := map[string]container{}
+	if _, err := os.Stat(root); os.IsNotExist(err) {
+		return out
+	}
+	raw, err := exec.Command("runc", "--root", root, "list", "--format", "json").Output()
+	if err != nil {
+		t.Fatalf("runc list: %v", err)
+	}
+	var list []container
+	if err := json.Unmarshal(raw, &list); err != nil {
+		t.Fatalf("runc list: %v: %s", err, raw)
+	}
+	for _, c := range list {
+		out[c.ID] = c
+	}
+	return out
+}
+
+// mountsUnder lists mount points below dir, deepest first.
+func mountsUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMount(fields[4])
+		if strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return out
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// aenvNetns is the set of network namespaces named aenv-<n> on the host.
+func aenvNetns() map[string]bool {
+	out := map[string]bool{}
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if rest, ok := strings.CutPrefix(e.Name(), netnsPrefix); ok {
+			if _, err := strconv.Atoi(rest); err == nil {
+				out[e.Name()] = true
+			}
+		}
+	}
+	return out
+}
+
+// cgroupsOf lists the cgroup directories of a container (/sys/fs/cgroup/*/aenv/<cid> on a
+// v1 or hybrid host, /sys/fs/cgroup/aenv/<cid> on a v2 one).
+func cgroupsOf(cid string) []string {
+	a, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", "aenv", cid))
+	b, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "aenv", cid))
+	return append(a, b...)
+}
+
+// otherNodes reports whether an `aenv serve` other than ours runs on this host: its network
+// namespaces share our names, so host-wide checks would blame us for them.
+func otherNodes() bool {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		if len(args) >= 2 && filepath.Base(args[0]) == "aenv" && args[1] == "serve" {
+			return true
+		}
+	}
+	return false
+}
+
+// leftovers describes everything of the node's that exists on the host apart from the
+// containers in keep (by container id): containers in its runtime root, mounts under its data
+// dir, network namespaces and cgroups of containers it owned, and (when no other node runs
+// here to confuse the picture) any aenv-* namespace that appeared since it first started.
+// Call it with the node stopped.
+func leftovers(t *testing.T, n *node, keep map[string]bool) []string {
+	t.Helper()
+	var out []string
+	for id, c := range runcList(t, n.dataDir) {
+		if !keep[id] {
+			out = append(out, fmt.Sprintf("container %s (%s)", id, c.Status))
+		}
+	}
+	for _, m := range mountsUnder(t, n.dataDir) {
+		cid := ""
+		if rel, err := filepath.Rel(filepath.Join(n.dataDir, "oci", "sandboxes"), m); err == nil && !strings.HasPrefix(rel, "..") {
+			cid = strings.Split(rel, string(filepath.Separator))[0]
+		}
+		if !keep[cid] {
+			out = append(out, "mount "+m)
+		}
+	}
+	keptNetns := map[string]bool{}
+	seen := n.seen.snapshot()
+	for cid, o := range seen {
+		if keep[cid] {
+			keptNetns[o.netns] = true
+		}
+	}
+	for cid, o := range seen {
+		if keep[cid] {
+			continue
+		}
+		if _, err := os.Stat("/run/netns/" + o.netns); err == nil && !keptNetns[o.netns] {
+			out = append(out, fmt.Sprintf("netns %s (of container %s)", o.netns, cid))
+			keptNetns[o.netns] = true // report once
+		}
+		for _, d := range cgroupsOf(cid) {
+			out = append(out, "cgroup "+d)
+		}
+	}
+	if otherNodes() {
+		t.Log("another aenv serve runs on this host: host-wide netns check skipped (its namespaces share our names)")
+	} else {
+		for ns := range aenvNetns() {
+			if !n.seen.netnsBefore[ns] && !keptNetns[ns] {
+				out = append(out, "netns "+ns)
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// requireNoLeftovers fails the test when leftovers finds anything outside keep.
+func requireNoLeftovers(t *testing.T, n *node, keep map[string]bool) {
+	t.Helper()
+	if left := leftovers(t, n, keep); len(left) > 0 {
+		t.Fatalf("left behind:\n  %s", strings.Join(left, "\n  "))
+	}
+}
+
+// forceCleanup removes what a failed test's node left: containers (runc delete -f also
+// kills their processes and removes their cgroups), mounts under the data dir, and, when
+// the test failed and no other node could have taken them over, the namespaces it owned.
+func forceCleanup(t *testing.T, dataDir string, seen *ownership) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	root := filepath.Join(dataDir, "oci", "runc")
+	for id := range runcList(t, dataDir) {
+		if out, err := exec.CommandContext(ctx, "runc", "--root", root, "delete", "--force", id).CombinedOutput(); err != nil {
+			t.Logf("cleanup: runc delete %s: %v: %s", id, err, out)
+		}
+	}
+	for _, m := range mountsUnder(t, dataDir) {
+		if out, err := exec.CommandContext(ctx, "umount", "-l", m).CombinedOutput(); err != nil {
+			t.Logf("cleanup: umount %s: %v: %s", m, err, out)
+		}
+	}
+	for cid := range seen.snapshot() {
+		for _, d := range cgroupsOf(cid) {
+			_ = os.Remove(d)
+		}
+	}
+	if !t.Failed() || otherNodes() {
+		return
+	}
+	for _, o := range seen.snapshot() {
+		if _, err := os.Stat("/run/netns/" + o.netns); err == nil {
+			_ = exec.CommandContext(ctx, "ip", "netns", "delete", o.netns).Run()
+		}
+	}
+}

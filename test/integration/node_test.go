@@ -1,0 +1,276 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/bench"
+)
+
+// node is one `aenv serve` subprocess on a loopback port and its own data directory.
+type node struct {
+	t       *testing.T
+	bins    binaries
+	dataDir string
+	addr    string // host:port of the API
+	key     string
+	env     []string // extra AENV_* settings
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+	log  *syncBuffer
+	// seen records every container (by container id) and network namespace this node's
+	// backend was observed to own, so leak checks know what to look for.
+	seen *ownership
+}
+
+// syncBuffer collects a subprocess's output from its two pipes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// newNode prepares a node with a fresh data directory; start runs it. Everything the node
+// leaves behind is removed when the test ends, whatever its outcome.
+func newNode(t *testing.T, env ...string) *node {
+	t.Helper()
+	bins := needNode(t)
+	dd, err := os.MkdirTemp("", "aenv-it-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sandbox roots in user namespaces must traverse the data dir (MkdirTemp makes 0700).
+	if err := os.Chmod(dd, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	n := &node{t: t, bins: bins, dataDir: dd, key: "e2b_" + randHex(20), env: env, seen: newOwnership()}
+	t.Cleanup(func() {
+		n.kill9()
+		if t.Failed() {
+			t.Logf("aenv serve output:\n%s", n.output())
+		}
+		forceCleanup(t, dd, n.seen)
+		os.RemoveAll(dd)
+	})
+	return n
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// start runs `aenv serve` (on a new port the first time, the same one after) and waits for
+// GET /health to answer 204.
+func (n *node) start() {
+	n.t.Helper()
+	n.mu.Lock()
+	if n.cmd != nil {
+		n.mu.Unlock()
+		n.t.Fatal("node already running")
+	}
+	if n.addr == "" {
+		n.addr = fmt.Sprintf("127.0.0.1:%d", freePort(n.t))
+	}
+	if n.log == nil {
+		n.log = &syncBuffer{}
+	}
+	cmd := exec.Command(n.bins.aenv, "serve", "--listen", n.addr, "--data-dir", n.dataDir,
+		"--envd", n.bins.envd, "--base-rootfs", n.bins.baseRootFS)
+	cmd.Env = append(os.Environ(), "AENV_API_KEY="+n.key, "AENV_LOG_LEVEL=info")
+	cmd.Env = append(cmd.Env, n.env...)
+	cmd.Stdout, cmd.Stderr = n.log, n.log
+	// A test binary that dies takes its node with it (as a crash would).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	fmt.Fprintf(n.log, "--- start %s\n", time.Now().Format(time.RFC3339Nano))
+	if err := cmd.Start(); err != nil {
+		n.mu.Unlock()
+		n.t.Fatalf("start aenv serve: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	n.cmd, n.done = cmd, done
+	n.mu.Unlock()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-done:
+			n.t.Fatalf("aenv serve exited during startup (%v):\n%s", cmd.ProcessState, n.output())
+		default:
+		}
+		resp, err := http.Get(n.url() + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusNoContent {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	n.t.Fatalf("aenv serve did not answer /health within 60 s:\n%s", n.output())
+}
+
+func (n *node) url() string { return "http://" + n.addr }
+
+func (n *node) output() string {
+	if n.log == nil {
+		return ""
+	}
+	return n.log.String()
+}
+
+// client is a REST + envd client of this node (the one `aenv bench` uses).
+func (n *node) client() *bench.Client {
+	c := bench.NewClient(n.url(), n.key, 4)
+	n.t.Cleanup(c.Close)
+	return c
+}
+
+// pid is the serve process's pid, or 0 when it is not running.
+func (n *node) pid() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return 0
+	}
+	return n.cmd.Process.Pid
+}
+
+// kill9 kills the serve process without letting it clean up (a crash). No-op when stopped.
+func (n *node) kill9() {
+	n.signal(syscall.SIGKILL, 10*time.Second)
+}
+
+// stop sends SIGTERM and waits for a graceful exit; it fails the test when the node does
+// not exit in time or exits with an error.
+func (n *node) stop() {
+	n.t.Helper()
+	if err := n.signal(syscall.SIGTERM, 90*time.Second); err != nil {
+		n.t.Fatalf("stop aenv serve: %v\n%s", err, n.output())
+	}
+}
+
+func (n *node) signal(sig syscall.Signal, wait time.Duration) error {
+	n.mu.Lock()
+	cmd, done := n.cmd, n.done
+	n.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(wait):
+		_ = cmd.Process.Kill()
+		<-done
+		return fmt.Errorf("did not exit within %s of %v", wait, sig)
+	}
+	n.mu.Lock()
+	n.cmd, n.done = nil, nil
+	n.mu.Unlock()
+	if sig != syscall.SIGKILL && !cmd.ProcessState.Success() {
+		return fmt.Errorf("exited with %v", cmd.ProcessState)
+	}
+	return nil
+}
+
+// create makes a sandbox through POST /v2/sandboxes and records what its container owns.
+func (n *node) create(ctx context.Context, c *bench.Client) bench.Sandbox {
+	n.t.Helper()
+	sb, err := c.Create(ctx, bench.CreateRequest{TemplateID: "base", Timeout: 600, Secure: true})
+	if err != nil {
+		n.t.Fatalf("create: %v", err)
+	}
+	n.observe()
+	return sb
+}
+
+// observe records the containers and network slots the node's backend has on disk now.
+func (n *node) observe() {
+	n.t.Helper()
+	if err := n.seen.scan(n.dataDir); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+// run runs cmdline in sb and returns its stdout; a failure or non-zero exit fails the test.
+func run(ctx context.Context, t *testing.T, c *bench.Client, sb bench.Sandbox, cmdline string) string {
+	t.Helper()
+	res, err := c.Run(ctx, sb, cmdline)
+	if err != nil {
+		t.Fatalf("run %q in %s: %v", cmdline, sb.ID, err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("run %q in %s: exit %d: %s%s", cmdline, sb.ID, res.ExitCode, res.Stdout, res.Stderr)
+	}
+	return strings.TrimSpace(res.Stdout)
+}
+
+// states lists the node's sandboxes as id → state.
+func states(ctx context.Context, t *testing.T, c *bench.Client) map[string]string {
+	t.Helper()
+	list, err := c.List(ctx)
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	out := map[string]string{}
+	for _, s := range list {
+		out[s.ID] = s.State
+	}
+	return out
+}
+
+// killAll kills every sandbox of the node through the API.
+func killAll(ctx context.Context, t *testing.T, c *bench.Client) {
+	t.Helper()
+	var errs []error
+	for id := range states(ctx, t, c) {
+		errs = append(errs, c.Kill(ctx, id))
+	}
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	if left := states(ctx, t, c); len(left) != 0 {
+		t.Fatalf("sandboxes left after killing all: %v", left)
+	}
+}
