@@ -25,16 +25,18 @@ func DefaultTOML() string { return defaultTOML }
 // Config is the node configuration. TOML keys are the field tags; environment variables
 // are AENV_ + the upper-cased key path joined by '_'.
 type Config struct {
-	Listen    string    `toml:"listen"`
-	DataDir   string    `toml:"data_dir"`
-	APIKey    string    `toml:"api_key"`
-	LogLevel  string    `toml:"log_level"`
-	LogFormat string    `toml:"log_format"`
-	Sandbox   Sandbox   `toml:"sandbox"`
-	Envd      Envd      `toml:"envd"`
-	Backend   Backend   `toml:"backend"`
-	Templates Templates `toml:"templates"`
-	Proxy     Proxy     `toml:"proxy"`
+	Listen     string     `toml:"listen"`
+	DataDir    string     `toml:"data_dir"`
+	APIKey     string     `toml:"api_key"`
+	LogLevel   string     `toml:"log_level"`
+	LogFormat  string     `toml:"log_format"`
+	Sandbox    Sandbox    `toml:"sandbox"`
+	Envd       Envd       `toml:"envd"`
+	Backend    Backend    `toml:"backend"`
+	Templates  Templates  `toml:"templates"`
+	Proxy      Proxy      `toml:"proxy"`
+	Snapshot   Snapshot   `toml:"snapshot"`
+	Repository Repository `toml:"repository"`
 }
 
 // Sandbox holds lifecycle defaults and limits.
@@ -70,6 +72,68 @@ type Templates struct {
 // Proxy configures sandbox traffic routing.
 type Proxy struct {
 	Domains []string `toml:"domains"`
+}
+
+// Snapshot configures snapshot publication, catalog sync and lineage.
+type Snapshot struct {
+	// RepositoryBackend is where templates and snapshots are published: posix_fs or s3.
+	RepositoryBackend string `toml:"repository_backend"`
+	// MaxDepth is the layer count above which a snapshot's stack is merged.
+	MaxDepth int `toml:"max_depth"`
+	// PublishWorkers bounds concurrent blob uploads.
+	PublishWorkers int      `toml:"publish_workers"`
+	SyncInterval   Duration `toml:"sync_interval"`
+	// GCGrace keeps unreferenced blobs this long after their last put.
+	GCGrace Duration `toml:"gc_grace"`
+}
+
+// Repository locates the shared repository and the node-local cache in front of it.
+type Repository struct {
+	PosixFS RepositoryPosixFS `toml:"posix_fs"`
+	S3      RepositoryS3      `toml:"s3"`
+	Cache   RepositoryCache   `toml:"cache"`
+}
+
+// RepositoryPosixFS is a repository on a (possibly shared) directory.
+type RepositoryPosixFS struct {
+	Path string `toml:"path"` // empty: <data_dir>/repository
+}
+
+// RepositoryS3 is a repository in an S3-compatible bucket.
+type RepositoryS3 struct {
+	Endpoint   string `toml:"endpoint"`
+	Bucket     string `toml:"bucket"`
+	Prefix     string `toml:"prefix"`
+	Region     string `toml:"region"`
+	Addressing string `toml:"addressing"`
+	// AccessKey and SecretKey are static credentials; empty: AWS_* / MINIO_* environment
+	// variables or the AWS shared credentials file.
+	AccessKey string `toml:"access_key"`
+	SecretKey string `toml:"secret_key"`
+}
+
+// RepositoryCache is the node-local blob cache.
+type RepositoryCache struct {
+	Dir           string  `toml:"dir"` // empty: <data_dir>/repository-cache
+	MaxSizeGB     int     `toml:"max_size_gb"`
+	HighWatermark float64 `toml:"high_watermark"`
+	LowWatermark  float64 `toml:"low_watermark"`
+}
+
+// RepositoryPath is the posix_fs repository directory with its default applied.
+func (c *Config) RepositoryPath() string {
+	if c.Repository.PosixFS.Path != "" {
+		return c.Repository.PosixFS.Path
+	}
+	return filepath.Join(c.DataDir, "repository")
+}
+
+// RepositoryCacheDir is the node cache directory with its default applied.
+func (c *Config) RepositoryCacheDir() string {
+	if c.Repository.Cache.Dir != "" {
+		return c.Repository.Cache.Dir
+	}
+	return filepath.Join(c.DataDir, "repository-cache")
 }
 
 // Duration is a time.Duration written as a Go duration string ("300s", "24h").
@@ -183,6 +247,12 @@ func setFromString(fv reflect.Value, raw string) error {
 			return fmt.Errorf("%q is not an integer", raw)
 		}
 		fv.SetInt(int64(n))
+	case reflect.Float64:
+		f, err := strconv.ParseFloat(strings.TrimSpace(raw), 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a number", raw)
+		}
+		fv.SetFloat(f)
 	case reflect.Bool:
 		b, err := strconv.ParseBool(strings.TrimSpace(raw))
 		if err != nil {
@@ -279,6 +349,7 @@ func (c *Config) Validate() error {
 			bad("proxy.domains", "%q is not a domain", d)
 		}
 	}
+	c.validateRepository(bad)
 	return errors.Join(errs...)
 }
 

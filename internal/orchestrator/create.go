@@ -126,6 +126,13 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 	rec.AutoPauseDisk = req.AutoPauseDisk
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFresh, SandboxID: id, RootFS: rec.Launch.RootFS,
 		Resources: rec.Resources, AllowInternet: rec.AllowInternet}
+	if tpl.Kind == catalog.KindTemplate && o.rootfs != nil {
+		fs, err := o.rootfs(tpl.RootFSDir, tpl.Artifact)
+		if err != nil {
+			return nil, fmt.Errorf("template %s: root filesystem: %w", tpl.ID, err)
+		}
+		rec.Launch.RootFS, plan.RootFS = fs, fs
+	}
 	if tpl.Kind == catalog.KindSnapshot {
 		c, err := o.decodeSnapshotTemplate(opCreate, tpl)
 		if err != nil {

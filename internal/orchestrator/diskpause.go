@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -21,30 +22,36 @@ func (o *Orchestrator) pausesToDisk(opts sandbox.PauseOptions) bool {
 // doDiskPause pauses e to disk during transition p. The capture is recorded before the
 // instance is stopped, so a crash in between leaves a paused record (and Start stops
 // the instance that survived it) rather than a running record without an instance.
-func (o *Orchestrator) doDiskPause(ctx context.Context, e *entry, p *op, inst sandbox.Instance) error {
-	c, raw, err := o.capture(ctx, opPause, e, p)
+// handled is false, with the transition still open, when the backend cannot capture
+// this sandbox (ErrUnsupported): the caller pauses it in place instead.
+func (o *Orchestrator) doDiskPause(ctx context.Context, e *entry, p *op, inst sandbox.Instance) (handled bool, _ error) {
+	c, raw, err := o.captureInstance(ctx, opPause, e)
+	if errors.Is(err, ErrUnsupported) && !errors.Is(err, sandbox.ErrGone) {
+		o.log.Debug("pause to disk unsupported for this sandbox; pausing in place", "sandbox", e.rec.ID, "err", err)
+		return false, nil
+	}
 	if err != nil {
-		return err
+		return true, o.captureFailed(ctx, e, p, err)
 	}
 	o.mu.Lock()
 	e.disk, e.rec.DiskSnapshot = c, json.RawMessage(raw)
 	e.rec.State = StatePaused // what persist stores; the op still guards the entry
 	o.mu.Unlock()
 	if err := o.m.timeStage(opPause, stagePersist, func() error { return o.persist(e) }); err != nil {
-		return o.keepRunning(ctx, e, p, c, err)
+		return true, o.keepRunning(ctx, e, p, c, err)
 	}
 	if err := o.m.timeStage(opPause, stageStop, func() error { return inst.Stop(ctx) }); err != nil {
 		err = fmt.Errorf("stop sandbox %s after its disk snapshot: %w", e.rec.ID, err)
 		if perr := o.persist(o.clearDisk(e)); perr != nil {
 			o.log.Error("record pause rollback", "sandbox", e.rec.ID, "err", perr)
 		}
-		return o.keepRunning(ctx, e, p, c, err)
+		return true, o.keepRunning(ctx, e, p, c, err)
 	}
 	o.mu.Lock()
 	e.inst, e.paused, e.rec.Paused = nil, nil, nil
 	o.mu.Unlock()
 	o.finish(e, p, StatePaused, nil)
-	return nil
+	return true, nil
 }
 
 // clearDisk forgets e's disk snapshot and marks it running again (for persist).
@@ -91,8 +98,8 @@ func (o *Orchestrator) diskSnapshot(operation string, e *entry) (sandbox.Capture
 
 // toDisk turns a sandbox paused in memory with a live (frozen) instance into one
 // paused to disk, for a cold-boot connect (memory:false). It is a no-op when the
-// sandbox is already on disk, the backend cannot snapshot, or no instance is left (a
-// memory image without an instance is then restored as is). On failure the sandbox is
+// sandbox is already on disk, the backend cannot snapshot (it), or no instance is left
+// (a memory image without an instance is then restored as is). On failure the sandbox is
 // still paused as before.
 func (o *Orchestrator) toDisk(ctx context.Context, e *entry) error {
 	o.mu.Lock()
@@ -110,11 +117,22 @@ func (o *Orchestrator) toDisk(ctx context.Context, e *entry) error {
 	if err == nil {
 		raw, err = c.Encode()
 		if err == nil && !json.Valid(raw) {
-			err = fmt.Errorf("backend encoded its capture as something other than JSON")
+			err = errors.New("backend encoded its capture as something other than JSON")
 		}
 		if err != nil {
 			o.discardCapture(ctx, c)
 		}
+	}
+	if errors.Is(err, sandbox.ErrUnsupported) {
+		// This sandbox cannot be captured: it resumes with its processes instead.
+		return nil
+	}
+	if errors.Is(err, sandbox.ErrGone) {
+		// The backend's pause stopped the instance (a memory image): restore that.
+		o.mu.Lock()
+		e.inst = nil
+		o.mu.Unlock()
+		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("cold boot of %s: snapshot: %w", e.rec.ID, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -106,11 +107,23 @@ func TestRestartStopsInstanceOfDiskPausedRecord(t *testing.T) {
 	ctx := context.Background()
 	h := newHarness(t, snapModes[0].opts, nil)
 	sb := h.create(CreateRequest{Timeout: time.Minute})
-	h.b.Fail(mock.StageStop, errors.New("crash"), -1)
-	bl := block(h.b, mock.StageStop)
+	// Hold only the pause's stop; the restart's own stop of the stray instance proceeds.
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h.b.SetHook(func(s mock.Stage, id string) error {
+		if s == mock.StageStop {
+			first := false
+			once.Do(func() { first = true })
+			if first {
+				close(entered)
+				<-release
+			}
+		}
+		return nil
+	})
 	done := make(chan error, 1)
 	go func() { done <- h.o.Pause(ctx, sb.ID, sandbox.PauseOptions{}) }()
-	<-bl.entered
+	<-entered
 	if st := h.stored(sb.ID); st == nil || len(st.DiskSnapshot) == 0 || st.State != StatePaused {
 		t.Fatalf("record before the stop: %+v", st)
 	}
@@ -118,8 +131,7 @@ func TestRestartStopsInstanceOfDiskPausedRecord(t *testing.T) {
 	if h.state(sb.ID) != StatePaused || slices.Contains(h.b.Live(), sb.ID) {
 		t.Fatalf("after restart: state %q live %v", h.state(sb.ID), h.b.Live())
 	}
-	h.b.ClearFailures()
-	close(bl.release)
+	close(release)
 	<-done
 }
 
@@ -274,4 +286,35 @@ func TestPauseToDiskFailuresKeepTheSandbox(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// A backend that can snapshot some sandboxes but not this one (the OCI backend and a
+// directory template) pauses it in place for memory:false, and a cold-boot connect
+// thaws it: the filesystem survives either way.
+func TestPauseToDiskUnsupportedForThisSandbox(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, snapModes[0].opts, nil)
+	sb := h.create(CreateRequest{Timeout: time.Minute, Secure: true})
+	inst := h.inst(sb.ID)
+	inst.WriteFile("/f", []byte("kept"))
+	h.b.Fail(mock.StageSnapshot, sandbox.ErrUnsupported, -1)
+	if err := h.o.Pause(ctx, sb.ID, sandbox.PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if h.state(sb.ID) != StatePaused || !inst.Frozen() || len(h.stored(sb.ID).DiskSnapshot) != 0 {
+		t.Fatal("memory:false on an uncapturable sandbox did not pause it in place")
+	}
+	got, resumed, err := h.o.Connect(ctx, sb.ID, ConnectOptions{ColdBoot: true})
+	if err != nil || !resumed || got.EnvdAccessToken != sb.EnvdAccessToken || h.b.Instance(sb.ID) != inst || inst.Frozen() {
+		t.Fatalf("cold connect: %v %v", resumed, err)
+	}
+	if h.file(sb.ID, "/f") != "kept" {
+		t.Fatal("file lost")
+	}
+	if _, err := h.o.Snapshot(ctx, sb.ID, ""); !errors.Is(err, ErrUnsupported) || h.state(sb.ID) != StateRunning {
+		t.Fatalf("snapshot = %v, state %q", err, h.state(sb.ID))
+	}
+	if _, err := h.o.Fork(ctx, sb.ID, 2, 0); !errors.Is(err, ErrUnsupported) || len(h.b.Live()) != 1 {
+		t.Fatalf("fork = %v, live %v", err, h.b.Live())
+	}
 }

@@ -50,7 +50,9 @@ func (o *Orchestrator) doPause(ctx context.Context, e *entry, p *op, opts sandbo
 	inst, id := e.inst, e.rec.ID
 	o.mu.Unlock()
 	if o.pausesToDisk(opts) {
-		return o.doDiskPause(ctx, e, p, inst)
+		if handled, err := o.doDiskPause(ctx, e, p, inst); handled {
+			return err
+		}
 	}
 
 	var ps sandbox.PausedState
@@ -133,7 +135,7 @@ func (o *Orchestrator) revive(ctx context.Context, operation string, e *entry) (
 	o.mu.Unlock()
 	if c != nil {
 		plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: rec.ID, RootFS: rec.Launch.RootFS,
-			Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c}
+			Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c, ColdBoot: true}
 		// Fresh processes: envd does not hold the token yet, so /init goes without it.
 		return o.launch(ctx, operation, plan, rec, false)
 	}

@@ -102,8 +102,11 @@ func assertConsistent(t *testing.T, h *harness, id string) {
 			t.Fatalf("running sandbox: record=%+v instance=%v", stored, inst)
 		}
 	case StatePaused:
-		if stored == nil || stored.State != StatePaused || len(stored.Paused) == 0 {
+		if stored == nil || stored.State != StatePaused || (len(stored.Paused) == 0) == (len(stored.DiskSnapshot) == 0) {
 			t.Fatalf("paused sandbox: record=%+v", stored)
+		}
+		if len(stored.DiskSnapshot) > 0 && inst != nil {
+			t.Fatal("sandbox paused to disk still has an instance")
 		}
 		if inst != nil && !inst.Frozen() {
 			t.Fatal("paused sandbox has a running instance")

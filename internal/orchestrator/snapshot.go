@@ -140,6 +140,17 @@ func (o *Orchestrator) acquireRunning(ctx context.Context, id string) (*entry, e
 // failure the transition is settled and the error returned: a recoverable failure
 // leaves the sandbox Running, an ErrGone one removes it.
 func (o *Orchestrator) capture(ctx context.Context, operation string, e *entry, p *op) (sandbox.Captured, []byte, error) {
+	c, raw, err := o.captureInstance(ctx, operation, e)
+	if err != nil {
+		return nil, nil, o.captureFailed(ctx, e, p, err)
+	}
+	return c, raw, nil
+}
+
+// captureInstance snapshots e's instance and encodes the capture, leaving the
+// transition to the caller. A backend that cannot capture this sandbox answers an
+// error wrapping ErrUnsupported.
+func (o *Orchestrator) captureInstance(ctx context.Context, operation string, e *entry) (sandbox.Captured, []byte, error) {
 	o.mu.Lock()
 	inst, id := e.inst, e.rec.ID
 	o.mu.Unlock()
@@ -161,18 +172,28 @@ func (o *Orchestrator) capture(ctx context.Context, operation string, e *entry, 
 	if err == nil {
 		return c, raw, nil
 	}
-	err = fmt.Errorf("snapshot sandbox %s: %w", id, err)
+	if errors.Is(err, sandbox.ErrUnsupported) {
+		err = fmt.Errorf("%w: %w", ErrUnsupported, err)
+	}
+	return nil, nil, fmt.Errorf("snapshot sandbox %s: %w", id, err)
+}
+
+// captureFailed settles transition p after a failed capture and returns err.
+func (o *Orchestrator) captureFailed(ctx context.Context, e *entry, p *op, err error) error {
 	if errors.Is(err, sandbox.ErrGone) {
+		o.mu.Lock()
+		inst := e.inst
+		o.mu.Unlock()
 		o.stopQuietly(ctx, inst)
 		o.remove(e, p, err)
 		o.m.kills.WithLabelValues("failure").Inc()
-		return nil, nil, err
+		return err
 	}
 	o.mu.Lock()
 	o.armLocked(e)
 	o.mu.Unlock()
 	o.finish(e, p, StateRunning, err)
-	return nil, nil, err
+	return err
 }
 
 // discardCapture tells the backend a capture is no longer referenced by the orchestrator.

@@ -2,7 +2,9 @@ package orchestrator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -149,6 +151,10 @@ func TestSnapshotRefusals(t *testing.T) {
 			return id, ""
 		}, ErrConflict, false},
 		{"backend without snapshots", noSnap, func(h *harness, id string) (string, string) { return id, "x" }, ErrUnsupported, false},
+		{"backend cannot capture this sandbox", snapModes[0].opts, func(h *harness, id string) (string, string) {
+			h.b.Fail(mock.StageSnapshot, sandbox.ErrUnsupported, 1)
+			return id, "x"
+		}, ErrUnsupported, false},
 		{"capture fails", snapModes[0].opts, func(h *harness, id string) (string, string) {
 			h.b.Fail(mock.StageSnapshot, errors.New("disk full"), 1)
 			return id, "x"
@@ -333,5 +339,40 @@ func TestCreateFromSnapshotRefusals(t *testing.T) {
 	}
 	if _, err := h2.o.Create(ctx, CreateRequest{TemplateID: "s"}); !errors.Is(err, ErrUnsupported) {
 		t.Fatalf("create from snapshot without backend support = %v, want ErrUnsupported", err)
+	}
+}
+
+func TestTemplateRootFSOption(t *testing.T) {
+	ctx := context.Background()
+	layered := sandbox.RootFS{LowerDir: "/srv/base", Layers: []sandbox.LayerRef{{Path: "/l/0"}}, VirtualSize: 1 << 30}
+	var calls []string
+	h := newHarness(t, snapModes[0].opts, nil)
+	h.o.rootfs = func(dir string, artifact json.RawMessage) (sandbox.RootFS, error) {
+		calls = append(calls, dir)
+		if dir == "/srv/bad" {
+			return sandbox.RootFS{}, errors.New("corrupt artifact")
+		}
+		return layered, nil
+	}
+	sb := h.create(CreateRequest{})
+	if got := h.inst(sb.ID).Plan().RootFS; !reflect.DeepEqual(got, layered) {
+		t.Fatalf("plan rootfs %+v, want %+v", got, layered)
+	}
+	if got := h.stored(sb.ID).Launch.RootFS; !reflect.DeepEqual(got, layered) {
+		t.Fatalf("recorded rootfs %+v", got)
+	}
+	if err := h.cat.Templates().Put(catalog.Template{ID: "bad", Kind: catalog.KindTemplate, RootFSDir: "/srv/bad"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.o.Create(ctx, CreateRequest{TemplateID: "bad"}); err == nil {
+		t.Fatal("create with an unusable template artifact succeeded")
+	}
+	// Snapshots carry their own filesystem: the hook is for templates only.
+	if _, err := h.o.Snapshot(ctx, sb.ID, "s"); err != nil {
+		t.Fatal(err)
+	}
+	h.create(CreateRequest{TemplateID: "s"})
+	if !slices.Equal(calls, []string{"/srv/base", "/srv/bad"}) {
+		t.Fatalf("hook calls %v", calls)
 	}
 }

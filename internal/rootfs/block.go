@@ -53,14 +53,21 @@ type Spec struct {
 	UserNS int
 	// Resolver opens lowers that have no path; optional.
 	Resolver stack.Resolver
+	// MaxDirty caps the page cache the root may hold dirty, and the upper's unsynced
+	// growth on the host (bytes; 0 = DefaultMaxDirty): it bounds what a snapshot has to
+	// flush.
+	MaxDirty uint64
 }
 
 // Block is a mounted block root. Close releases it; the upper's files stay in Dir.
 type Block struct {
-	st     *stack.Stack
-	ex     *blockdev.Exposed
-	target string
-	log    *slog.Logger
+	st       *stack.Stack
+	ex       *blockdev.Exposed
+	target   string
+	log      *slog.Logger
+	undirty  func() error // restores the loop device's dirty limits
+	stopSync chan struct{}
+	synced   chan struct{}
 }
 
 // Open opens the stack (creating an empty upper in spec.Dir), exposes it as a loop device
@@ -99,6 +106,14 @@ func Open(ctx context.Context, spec Spec) (b *Block, err error) {
 	if err != nil {
 		return b, fmt.Errorf("rootfs: expose: %w", err)
 	}
+	if spec.MaxDirty == 0 {
+		spec.MaxDirty = DefaultMaxDirty
+	}
+	if b.undirty, err = limitDirty(b.ex.Device(), spec.MaxDirty); err != nil {
+		// Only snapshot latency suffers (it then grows with unflushed data).
+		b.log.Warn("rootfs: no dirty page limit", "dev", b.ex.Device(), "err", err)
+		err = nil
+	}
 	// Grow only by whole megabytes: rounding differences are not worth a resize2fs.
 	if uint64(st.Size()) >= fsSize+1<<20 {
 		if err := grow(ctx, b.ex.Device()); err != nil {
@@ -111,6 +126,8 @@ func Open(ctx context.Context, spec Spec) (b *Block, err error) {
 	if err := mountExt4(b.ex.Device(), spec.Target, spec.UserNS); err != nil {
 		return b, err
 	}
+	b.stopSync, b.synced = make(chan struct{}), make(chan struct{})
+	go b.flusher(spec.MaxDirty, b.stopSync, b.synced)
 	return b, nil
 }
 
@@ -202,9 +219,18 @@ func (b *Block) Snapshot(ctx context.Context, output string, q Quiesce) ([]stack
 // stack. It is idempotent; the upper's files are left for the caller to remove.
 func (b *Block) Close() error {
 	var errs []error
+	if b.stopSync != nil {
+		close(b.stopSync)
+		<-b.synced
+		b.stopSync = nil
+	}
 	if b.ex != nil {
 		if err := unmount(b.target); err != nil {
 			errs = append(errs, err)
+		}
+		if b.undirty != nil {
+			errs = append(errs, b.undirty())
+			b.undirty = nil
 		}
 		errs = append(errs, b.ex.Close())
 		b.ex = nil

@@ -161,6 +161,18 @@ func TestGrow(t *testing.T) {
 	if b.Size() != 96<<20 {
 		t.Fatalf("device %d bytes", b.Size())
 	}
+	// The loop device's dirty limit applies while mounted and is undone at Close (loop
+	// devices are reused).
+	bdi := filepath.Join("/sys/class/bdi", "7:"+strings.TrimPrefix(b.Device(), "/dev/loop"))
+	if v, _ := os.ReadFile(filepath.Join(bdi, "strict_limit")); strings.TrimSpace(string(v)) != "1" {
+		t.Fatalf("strict_limit %q while mounted", v)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := os.ReadFile(filepath.Join(bdi, "strict_limit")); strings.TrimSpace(string(v)) != "0" {
+		t.Fatalf("strict_limit %q after Close", v)
+	}
 }
 
 // TestSweep drops an open root without closing it (as a crash does) and checks Sweep

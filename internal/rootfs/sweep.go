@@ -33,7 +33,7 @@ func Sweep(ctx context.Context, root string) error {
 			errs = append(errs, fmt.Errorf("rootfs: sweep unmount %s: %w", mounts[i], err))
 		}
 	}
-	errs = append(errs, blockdev.Sweep(ctx, root))
+	errs = append(errs, resetLoops(root), blockdev.Sweep(ctx, root))
 	return errors.Join(errs...)
 }
 
@@ -88,4 +88,22 @@ func loopBackedUnder(dev, root string) bool {
 
 func unescapeMountinfo(s string) string {
 	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+}
+
+// resetLoops undoes limitDirty on the loop devices backed by a file under root.
+func resetLoops(root string) error {
+	var errs []error
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, bf := range files {
+		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(bf)))
+		if !loopBackedUnder(dev, root) {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(dev, &st); err != nil {
+			continue
+		}
+		errs = append(errs, resetDirty(fmt.Sprintf("/sys/class/bdi/%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))))
+	}
+	return errors.Join(errs...)
 }

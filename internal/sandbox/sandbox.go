@@ -15,6 +15,11 @@ import (
 // sandbox as terminal. Other capture errors leave the sandbox running and are recoverable.
 var ErrGone = errors.New("sandbox instance is gone")
 
+// ErrUnsupported means the backend cannot do this for this sandbox (for example a
+// snapshot of a sandbox whose root filesystem cannot be captured). Backends wrap it so
+// the API answers 501 instead of reporting a server failure.
+var ErrUnsupported = errors.New("not supported by this sandbox backend")
+
 // Capabilities tells the API and the orchestrator what a backend can do, so they report
 // behaviour honestly instead of pretending every backend is a VM.
 type Capabilities struct {
@@ -86,6 +91,9 @@ type LaunchPlan struct {
 	// from another sandbox, possibly decoded by Backend.DecodeCaptured after a restart).
 	// A sandbox paused to disk is resumed this way under its own SandboxID.
 	Snapshot Captured
+	// ColdBoot asks LaunchFromSnapshot for fresh processes on the captured filesystem
+	// even when the capture holds memory (a pause to disk, E2B's memory:false).
+	ColdBoot bool
 }
 
 // Endpoint is how the host reaches a running sandbox.

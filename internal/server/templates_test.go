@@ -122,7 +122,7 @@ func TestTemplateBuildFlow(t *testing.T) {
 	if rec.Code != http.StatusAccepted {
 		t.Fatalf("start: %d %s", rec.Code, rec.Body)
 	}
-	wantError(t, e.do("POST", "/v2/templates/"+tid+"/builds/"+bid, `{"fromTemplate":"base"}`), 409, "building")
+	wantError(t, e.do("POST", "/v2/templates/"+tid+"/builds/"+bid, `{"fromTemplate":"base"}`), 409, "conflict: build")
 
 	// The fake orchestrator cannot create the build sandbox: the build fails at "base".
 	var info api.TemplateBuildInfo

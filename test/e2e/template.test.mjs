@@ -119,6 +119,8 @@ after(async () => {
     fs.rmSync(registry.dir, { recursive: true, force: true })
   }
   if (!node) return
+  // AENV_E2E_LOG=FILE keeps the node's log for debugging a failure.
+  if (process.env.AENV_E2E_LOG) fs.writeFileSync(process.env.AENV_E2E_LOG, node.log())
   node.proc.kill('SIGTERM')
   const exited = await Promise.race([
     new Promise((resolve) => node.proc.once('exit', () => resolve(true))),

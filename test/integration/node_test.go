@@ -69,6 +69,7 @@ func newNode(t *testing.T, env ...string) *node {
 	if err := os.Chmod(dd, 0o711); err != nil {
 		t.Fatal(err)
 	}
+	waitQuietHost(t)
 	n := &node{t: t, bins: bins, dataDir: dd, key: "e2b_" + randHex(20), env: env, seen: newOwnership()}
 	t.Cleanup(func() {
 		n.kill9()
@@ -79,6 +80,22 @@ func newNode(t *testing.T, env ...string) *node {
 		os.RemoveAll(dd)
 	})
 	return n
+}
+
+// waitQuietHost waits (a while) until no other `aenv serve` runs on this host. Nodes on one
+// host share network slot names, addresses and the cgroup parent, and each one's startup
+// sweep removes the others' (see the report on issue 3), so a test next to another node
+// fails for reasons of its own. It gives up waiting after a minute and proceeds, saying so.
+func waitQuietHost(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for otherNodes() {
+		if time.Now().After(deadline) {
+			t.Log("another aenv serve still runs on this host: the two nodes may remove each other's sandboxes")
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 func randHex(n int) string {

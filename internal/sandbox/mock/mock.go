@@ -168,7 +168,10 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 		if !b.opts.Capabilities.Snapshots {
 			return nil, fmt.Errorf("mock launch: %s: snapshots are disabled", plan.SandboxID)
 		}
-		inst.files, inst.procs = cloneFiles(c.Files), slices.Clone(c.Procs)
+		inst.files = cloneFiles(c.Files)
+		if !plan.ColdBoot {
+			inst.procs = slices.Clone(c.Procs)
+		}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

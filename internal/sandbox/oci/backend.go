@@ -43,8 +43,9 @@ import (
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 )
 
-// ErrUnsupported is returned for operations this backend does not do (yet).
-var ErrUnsupported = errors.New("oci: not supported on this backend yet")
+// ErrUnsupported is returned for operations this backend cannot do for a sandbox (a
+// snapshot of a sandbox on a directory template). It wraps sandbox.ErrUnsupported.
+var ErrUnsupported = fmt.Errorf("oci: %w", sandbox.ErrUnsupported)
 
 // ErrExists means a sandbox with that id already has a bundle on this node.
 var ErrExists = errors.New("oci: sandbox already exists")

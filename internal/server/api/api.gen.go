@@ -83,12 +83,14 @@ type BuildStatusReason struct {
 
 // ConnectSandbox defines model for ConnectSandbox.
 type ConnectSandbox struct {
+	// Memory false resumes a paused sandbox with fresh processes on its filesystem as it was (cold boot).
 	Memory  *bool `json:"memory,omitempty"`
 	Timeout int32 `json:"timeout"`
 }
 
 // ConnectSandboxV2 defines model for ConnectSandboxV2.
 type ConnectSandboxV2 struct {
+	// Memory false resumes a paused sandbox with fresh processes on its filesystem as it was (cold boot).
 	Memory *bool `json:"memory,omitempty"`
 
 	// Timeout Seconds (default 300).

@@ -139,6 +139,8 @@ func TestParseDockerfileErrors(t *testing.T) {
 		{"unterminated", "FROM a\nENV A=\"x\n", "unterminated"},
 		{"bad substitution", "FROM a\nWORKDIR ${A?x}\n", "bad variable"},
 		{"copy needs dest", "FROM a\nCOPY a\n", "destination"},
+		{"escape directive", "# escape=`\nFROM a\n", "escape="},
+		{"nul byte", "FROM a\nRUN x\x00\n", "NUL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -399,6 +399,8 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 		os.RemoveAll(dir)
 		return failStep("finalize", fmt.Errorf("register the template: %w", err))
 	}
+	// Earlier builds of the template are replaced; sandboxes still on them keep theirs.
+	s.pruneBuilds(context.WithoutCancel(ctx), rec.TemplateID, rec.ID)
 	logf("info", fmt.Sprintf("template %s (%s) is ready", rec.Name, rec.TemplateID))
 	return nil
 }
@@ -509,12 +511,21 @@ func (s *Service) removeFiles(ctx context.Context, t catalog.Template) {
 	if !strings.HasPrefix(t.RootFSDir, filepath.Join(root, "builds")+"/") {
 		return // not made by a build (a pulled image, the base template): not ours to remove
 	}
+	if s.pruneBuilds(ctx, t.ID, "") == 0 {
+		os.RemoveAll(root)
+	}
+}
+
+// pruneBuilds removes the build directories of a template except keep and those that
+// sandboxes still run on, and returns how many it kept.
+func (s *Service) pruneBuilds(ctx context.Context, templateID, keep string) int {
+	dir := filepath.Join(s.cfg.DataDir, install.TemplatesDir, templateID, "builds")
 	inUse := map[string]bool{}
 	for tok := ""; ; {
 		items, next, err := s.sbx.List(ctx, orchestrator.ListFilter{NextToken: tok, Limit: orchestrator.MaxListLimit})
 		if err != nil {
-			s.log.Warn("list sandboxes; keeping the template's files", "template", t.ID, "err", err)
-			return
+			s.log.Warn("list sandboxes; keeping the template's files", "template", templateID, "err", err)
+			return -1
 		}
 		for _, sb := range items {
 			inUse[sb.Launch.RootFS.LowerDir] = true
@@ -524,23 +535,25 @@ func (s *Service) removeFiles(ctx context.Context, t catalog.Template) {
 		}
 		tok = next
 	}
-	ents, _ := os.ReadDir(filepath.Join(root, "builds"))
+	ents, _ := os.ReadDir(dir)
 	kept := 0
 	for _, e := range ents {
-		d := filepath.Join(root, "builds", e.Name())
-		if inUse[filepath.Join(d, RootFSName)] {
+		d := filepath.Join(dir, e.Name())
+		r, known := s.store.get(e.Name())
+		building := known && r.Status == StatusBuilding // a concurrent build of the same template
+		if e.Name() == keep || building || inUse[filepath.Join(d, RootFSName)] || strings.HasPrefix(e.Name(), ".") {
 			kept++
 			continue
 		}
 		if err := os.RemoveAll(d); err != nil {
-			s.log.Warn("remove template files", "template", t.ID, "dir", d, "err", err)
+			s.log.Warn("remove template files", "template", templateID, "dir", d, "err", err)
+			kept++
 		}
 	}
-	if kept == 0 {
-		os.RemoveAll(root)
-	} else {
-		s.log.Info("kept template files still used by sandboxes", "template", t.ID, "builds", kept)
+	if kept > 0 && keep == "" {
+		s.log.Info("kept template files still used by sandboxes", "template", templateID, "builds", kept)
 	}
+	return kept
 }
 
 // Templates lists the node's templates (not snapshots), oldest first.

@@ -97,7 +97,7 @@ func newRealNode(t *testing.T, cfg Config) *realNode {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	be, err := oci.New(ctx, oci.Config{DataDir: filepath.Join(data, "oci"), EnvdPath: buildEnvd(t), Runtime: "runc",
-		CgroupParent: "aenv-bldtest", WarmContainers: -1, Logger: log,
+		CgroupParent: "aenv-bldtest", Logger: log,
 		Network: network.Config{Bridge: "aenvbldt0", Subnet: "10.89.40.0/24", Prefix: "aenvbt", PoolSize: 1}})
 	if err != nil {
 		t.Fatal(err)
@@ -250,6 +250,28 @@ func TestBuildInRealSandbox(t *testing.T) {
 	}
 	if got := strings.TrimSpace(out.String()); got != "user /app hi there hello from the context" {
 		t.Errorf("sandbox from the template: %q", got)
+	}
+
+	// Rebuilds replace the template's files, but keep the ones a sandbox still runs on.
+	builds := func() int {
+		ents, _ := os.ReadDir(filepath.Join(n.data, "templates", rec.TemplateID, "builds"))
+		return len(ents)
+	}
+	small := Spec{FromTemplate: "base", Steps: []Step{{Type: StepRun, Args: []string{"true"}}}}
+	if r := n.build(t, "built-one", small); r.Status != StatusReady || r.TemplateID != rec.TemplateID {
+		t.Fatalf("rebuild: %+v", r)
+	}
+	if got := builds(); got != 2 {
+		t.Errorf("after a rebuild with a sandbox on the old build: %d build dirs, want 2", got)
+	}
+	if err := n.orch.Kill(context.Background(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r := n.build(t, "built-one", small); r.Status != StatusReady {
+		t.Fatalf("rebuild: %+v", r)
+	}
+	if got := builds(); got != 1 {
+		t.Errorf("after a rebuild with no sandbox on old builds: %d build dirs, want 1", got)
 	}
 }
 

@@ -1,0 +1,84 @@
+package rootfs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultMaxDirty bounds the dirty page cache of one root's device.
+const DefaultMaxDirty = 32 << 20
+
+// limitDirty caps the dirty page cache of block device dev at max bytes, strictly (also
+// below the global background threshold), so written data keeps flowing down to the
+// stack's upper. A snapshot then only has to flush at most max bytes, whatever the root
+// wrote before: its time does not grow with the data written. The returned func puts the
+// kernel's defaults back (loop devices are reused; ResetDirty does the same for a device
+// a crash left limited).
+func limitDirty(dev string, max uint64) (restore func() error, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return nil, fmt.Errorf("rootfs: stat %s: %w", dev, err)
+	}
+	dir := filepath.Join("/sys/class/bdi", fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev)))
+	read := func(name string) (string, error) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		return strings.TrimSpace(string(b)), err
+	}
+	write := func(name, v string) error {
+		return os.WriteFile(filepath.Join(dir, name), []byte(v), 0o644)
+	}
+	if _, err := read("strict_limit"); err != nil {
+		return nil, fmt.Errorf("rootfs: dirty limit of %s: %w", dev, err)
+	}
+	restore = func() error { return resetDirty(dir) }
+	if err := write("max_bytes", strconv.FormatUint(max, 10)); err != nil {
+		return nil, fmt.Errorf("rootfs: dirty limit of %s: %w", dev, err)
+	}
+	if err := write("strict_limit", "1"); err != nil {
+		return nil, errors.Join(fmt.Errorf("rootfs: dirty limit of %s: %w", dev, err), restore())
+	}
+	return restore, nil
+}
+
+// flushEvery is how often the flusher looks at the upper's growth.
+const flushEvery = 50 * time.Millisecond
+
+// flusher fsyncs the upper whenever it has grown by max bytes since the last sync, until
+// stop is closed. The host would write the data back anyway; doing it as it comes keeps
+// what a snapshot's seal must fsync (the upper's unsynced tail) bounded too.
+func (b *Block) flusher(max uint64, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(flushEvery)
+	defer t.Stop()
+	last := b.UpperBytes()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		n := b.UpperBytes()
+		if n >= last && uint64(n-last) < max {
+			continue
+		}
+		if err := b.st.Sync(); err != nil {
+			// Closed or broken: the owner sees it on its own path.
+			return
+		}
+		last = n
+	}
+}
+
+// resetDirty puts a device's writeback limits back to the kernel's defaults.
+func resetDirty(bdi string) error {
+	return errors.Join(
+		os.WriteFile(filepath.Join(bdi, "strict_limit"), []byte("0"), 0o644),
+		os.WriteFile(filepath.Join(bdi, "max_ratio"), []byte("100"), 0o644))
+}

@@ -1,0 +1,38 @@
+package snapshot
+
+import (
+	"fmt"
+
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/repository"
+)
+
+// ManifestFromTemplate describes a catalog entry (as the orchestrator or
+// the template builder registered it) for Publish: its layers are the
+// sealed layer files its artifact names (objects with an absolute "path"
+// and a "uuid", as stack.LayerRef encodes them), bottom first. An entry
+// whose artifact names no layer file (a directory template) cannot be
+// published and is ErrInvalid.
+func ManifestFromTemplate(t catalog.Template, envdVersion string) (Manifest, error) {
+	files, err := ArtifactLayers(t.Artifact)
+	if err != nil {
+		return Manifest{}, err
+	}
+	if len(files) == 0 {
+		return Manifest{}, fmt.Errorf("%w: %s %s has no sealed layers to publish", ErrInvalid, t.Kind, t.ID)
+	}
+	m := Manifest{
+		ID: t.ID, Kind: repository.KindTemplate, Layers: files,
+		Resources: repository.Resources{CPUCount: t.Resources.CPUCount, MemoryMB: t.Resources.MemoryMB, DiskSizeMB: t.Resources.DiskSizeMB},
+		Config: Defaults{EnvVars: t.EnvVars, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, DefaultUser: t.DefaultUser,
+			DefaultWorkdir: t.DefaultWorkdir, Artifact: t.Artifact},
+		EnvdVersion: envdVersion, Backend: t.Backend, SourceSandbox: t.SourceSandboxID, ParentSnapshot: t.ParentID,
+	}
+	if t.Kind == catalog.KindSnapshot {
+		m.Kind = repository.KindSnapshot
+	}
+	if len(t.Aliases) > 0 {
+		m.Name = t.Aliases[0]
+	}
+	return m, nil
+}
