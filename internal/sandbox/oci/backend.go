@@ -1,8 +1,18 @@
 // Package oci runs sandboxes as OCI containers with an OCI runtime binary (runc, crun or
 // runsc) from bundles it generates: own pid, mount, ipc, uts, cgroup and network namespaces
-// (and a user namespace where the host allows), a per-sandbox overlay over a template
-// directory, a seccomp profile, reduced capabilities and cgroup limits. envd, bind-mounted
-// read-only from the host, is every sandbox's init.
+// (and a user namespace where the host allows), a root filesystem, a seccomp profile,
+// reduced capabilities and cgroup limits. envd, bind-mounted read-only from the host, is
+// every sandbox's init.
+//
+// Root filesystems: a template converted to overlaybd layers gives each sandbox a layered
+// block root (package rootfs: the template's sealed layers plus a writable upper of its
+// own, through FUSE and a loop device, mounted as ext4, id-mapped for the user namespace).
+// Such sandboxes snapshot while running (freeze, seal the upper into a new shared layer,
+// thaw), fork (one snapshot, N launches on fresh uppers over its layers) and pause to disk
+// (snapshot, then stop; resume relaunches from the capture under the same id). Only the
+// filesystem is captured: children and resumed sandboxes start fresh processes. A template
+// that is only a directory gives a per-sandbox overlay over it, which cannot snapshot
+// (ErrUnsupported) and pauses in place.
 //
 // User namespaces: when the probe at New shows the runtime and kernel allow it (runc 1.1.5
 // on Linux 6.18 does), each sandbox's root is mapped to its own unprivileged 65536-id host

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
@@ -431,5 +432,33 @@ func TestBlockWarm(t *testing.T) {
 	e.b.mu.Unlock()
 	if left := blockLeftovers(t, e.cfg.DataDir); len(left) > 0 {
 		t.Fatalf("left behind: %v", left)
+	}
+}
+
+// TestOverlayCannotSnapshot: a sandbox on a directory template refuses snapshot and fork
+// with sandbox.ErrUnsupported (not ErrGone: it keeps running), and a pause without memory
+// freezes it in place.
+func TestOverlayCannotSnapshot(t *testing.T) {
+	e := newTestBackend(t, nil)
+	ctx := context.Background()
+	i := e.launch(t, "ov1", sandbox.Resources{})
+	if _, err := i.Snapshot(ctx); !errors.Is(err, sandbox.ErrUnsupported) || errors.Is(err, sandbox.ErrGone) {
+		t.Fatalf("snapshot: %v", err)
+	}
+	if _, err := i.Fork(ctx, []sandbox.ForkSpec{{SandboxID: "ov2"}}); !errors.Is(err, sandbox.ErrUnsupported) {
+		t.Fatalf("fork: %v", err)
+	}
+	if err := probeHealth(i, time.Second); err != nil {
+		t.Fatalf("sandbox hurt by a refused snapshot: %v", err)
+	}
+	ps, err := i.Pause(ctx, sandbox.PauseOptions{KeepMemory: false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := ps.(pausedState); p.Disk != nil {
+		t.Fatalf("overlay sandbox paused to disk: %+v", p)
+	}
+	if st, _ := i.Status(ctx); st != "paused" {
+		t.Fatalf("status %q", st)
 	}
 }
