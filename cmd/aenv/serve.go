@@ -19,6 +19,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/apikey"
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/sandbox/oci"
@@ -135,10 +136,17 @@ func serve(ctx context.Context, cfg config.Config) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	backend, err := oci.New(ctx, oci.Config{
-		DataDir:  filepath.Join(cfg.DataDir, "oci"),
-		EnvdPath: envd,
-		Runtime:  cfg.Backend.Runtime,
-		Logger:   log.With("component", "oci"),
+		DataDir:      filepath.Join(cfg.DataDir, "oci"),
+		EnvdPath:     envd,
+		Runtime:      cfg.Backend.Runtime,
+		Logger:       log.With("component", "oci"),
+		CgroupParent: cfg.Backend.CgroupParent,
+		Network: network.Config{
+			Bridge:   cfg.Network.Bridge,
+			Subnet:   cfg.Network.Subnet,
+			Prefix:   cfg.Network.Prefix,
+			PoolSize: cfg.Network.PoolSize,
+		},
 	})
 	if err != nil {
 		if errors.Is(err, oci.ErrNoRuntime) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -33,6 +34,7 @@ type Config struct {
 	Sandbox    Sandbox    `toml:"sandbox"`
 	Envd       Envd       `toml:"envd"`
 	Backend    Backend    `toml:"backend"`
+	Network    Network    `toml:"network"`
 	Templates  Templates  `toml:"templates"`
 	Proxy      Proxy      `toml:"proxy"`
 	Snapshot   Snapshot   `toml:"snapshot"`
@@ -62,6 +64,19 @@ type Envd struct {
 type Backend struct {
 	Kind    string `toml:"kind"`
 	Runtime string `toml:"runtime"`
+	// CgroupParent is the cgroup this node's sandboxes live under. The startup reconciler
+	// removes every cgroup below it that the node does not know, so two nodes on one host
+	// need different parents.
+	CgroupParent string `toml:"cgroup_parent"`
+}
+
+// Network configures the sandboxes' network slots. Like the cgroup parent, the bridge,
+// subnet and prefix belong to one node: the startup sweep removes unknown slots.
+type Network struct {
+	Bridge   string `toml:"bridge"`
+	Subnet   string `toml:"subnet"`
+	Prefix   string `toml:"prefix"`
+	PoolSize int    `toml:"pool_size"`
 }
 
 // Templates configures the built-in templates.
@@ -312,6 +327,18 @@ func (c *Config) Validate() error {
 		if d <= 0 {
 			bad(key, "must be positive, got %s", d)
 		}
+	}
+	if c.Backend.CgroupParent == "" || strings.Contains(c.Backend.CgroupParent, "..") || strings.HasPrefix(c.Backend.CgroupParent, "/") {
+		bad("backend.cgroup_parent", "%q must be a relative cgroup path such as \"aenv\"", c.Backend.CgroupParent)
+	}
+	if _, err := netip.ParsePrefix(c.Network.Subnet); err != nil {
+		bad("network.subnet", "%q is not a CIDR prefix such as 10.88.0.0/16", c.Network.Subnet)
+	}
+	if c.Network.Bridge == "" || c.Network.Prefix == "" {
+		bad("network", "bridge and prefix must not be empty")
+	}
+	if c.Network.PoolSize < 0 {
+		bad("network.pool_size", "must not be negative, got %d", c.Network.PoolSize)
 	}
 	if s.DefaultTimeout.Duration > s.MaxTimeout.Duration {
 		bad("sandbox.default_timeout", "%s exceeds sandbox.max_timeout %s", s.DefaultTimeout, s.MaxTimeout)

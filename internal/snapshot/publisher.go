@@ -193,7 +193,6 @@ type Publisher struct {
 
 	mu      sync.Mutex
 	jobs    map[string]*job
-	removal map[string]bool // synced entries waiting for their sandboxes to end
 	closed  bool
 
 	syncMu sync.Mutex // one Sync (and one Compact pass) at a time
@@ -244,7 +243,7 @@ func New(repo repository.Repository, cat CatalogStore, o Options) (*Publisher, e
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{repo: repo, cat: cat, o: o, log: o.Logger, dg: digester{filepath.Join(o.StateDir, "digests")},
-		sem: make(chan struct{}, o.Workers), ctx: ctx, cancel: cancel, jobs: map[string]*job{}, removal: map[string]bool{}}
+		sem: make(chan struct{}, o.Workers), ctx: ctx, cancel: cancel, jobs: map[string]*job{}}
 	if ls, ok := repo.(localStore); ok {
 		p.local = ls
 	}
@@ -310,12 +309,14 @@ func (p *Publisher) Resume(ctx context.Context) ([]*Handle, error) {
 			os.Remove(p.path("publishing", e.Name()))
 			continue
 		}
-		h, err := p.start(m, false)
+		h, started, err := p.start(m, false)
 		if errors.Is(err, ErrClosed) {
 			return hs, err
 		}
-		if err == nil {
+		if started {
 			p.log.Info("snapshot: resuming publication", "id", id)
+		}
+		if err == nil {
 			hs = append(hs, h)
 		}
 	}
@@ -336,18 +337,20 @@ func (p *Publisher) Publish(ctx context.Context, m Manifest) (*Handle, error) {
 			m.Layers[i].Role = "rootfs"
 		}
 	}
-	return p.start(m, true)
+	h, _, err := p.start(m, true)
+	return h, err
 }
 
-func (p *Publisher) start(m Manifest, journal bool) (*Handle, error) {
+// start runs a publication of m unless one is in flight (started false).
+func (p *Publisher) start(m Manifest, journal bool) (h *Handle, started bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, ErrClosed
+		return nil, false, ErrClosed
 	}
 	if j := p.jobs[m.ID]; j != nil {
 		if st := j.status(); st.State != StateFailed {
-			return &Handle{j: j}, nil
+			return &Handle{j: j}, false, nil
 		}
 	}
 	if journal {
@@ -356,7 +359,7 @@ func (p *Publisher) start(m Manifest, journal bool) (*Handle, error) {
 			err = writeFileAtomic(p.path("publishing", m.ID+".json"), b)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("snapshot: journal %s: %w", m.ID, err)
+			return nil, false, fmt.Errorf("snapshot: journal %s: %w", m.ID, err)
 		}
 	}
 	ctx, cancel := context.WithCancel(p.ctx)
@@ -381,7 +384,7 @@ func (p *Publisher) start(m Manifest, journal bool) (*Handle, error) {
 			p.log.Info("snapshot: published", "id", m.ID, "kind", m.Kind, "blobs", j.status().Blobs)
 		}
 	})
-	return &Handle{j: j}, nil
+	return &Handle{j: j}, true, nil
 }
 
 // Status reports the publication of id: in flight or finished in this

@@ -95,9 +95,6 @@ func (p *Publisher) Sync(ctx context.Context) (SyncResult, error) {
 			continue
 		}
 		if p.o.InUse != nil && p.o.InUse(id) {
-			p.mu.Lock()
-			p.removal[id] = true
-			p.mu.Unlock()
 			res.Deferred = append(res.Deferred, id)
 			continue
 		}
@@ -110,9 +107,6 @@ func (p *Publisher) Sync(ctx context.Context) (SyncResult, error) {
 			errs = append(errs, err)
 			continue
 		}
-		p.mu.Lock()
-		delete(p.removal, id)
-		p.mu.Unlock()
 		res.Removed = append(res.Removed, id)
 		if p.o.OnRemoved != nil && removed.ID != "" {
 			p.o.OnRemoved(ctx, removed)

@@ -32,7 +32,15 @@ func (j *job) digests() []repository.Digest {
 func (p *Publisher) run(ctx context.Context, j *job) (err error) {
 	m := j.m
 	permanent := false
+	var pending *repository.Record // our pending record, once written
 	defer func() {
+		if err != nil && permanent && ctx.Err() == nil && pending != nil {
+			// It can never complete: drop it so GC may free its blobs.
+			if derr := p.repo.DeleteRecord(context.WithoutCancel(ctx), pending.Kind, pending.ID); derr != nil {
+				p.log.Warn("snapshot: delete failed publication's record", "id", m.ID, "err", derr)
+			}
+			_ = p.untrack(m.ID)
+		}
 		// A cancelled publication (shutdown, Delete) keeps its journal:
 		// shutdown resumes it at the next start, Delete removes it.
 		if err == nil || permanent && ctx.Err() == nil {
@@ -111,6 +119,7 @@ func (p *Publisher) run(ctx context.Context, j *job) (err error) {
 		permanent = !isTransient(err)
 		return err
 	}
+	pending = &stored
 	if err := p.track(tracked{ID: m.ID, Kind: m.Kind, Revision: stored.Revision, Local: true, Digests: rec.Digests()}); err != nil {
 		return err
 	}

@@ -146,6 +146,9 @@ func (i *Instance) Resume(ctx context.Context) error {
 // cgroups, unmount the rootfs, release the network slot, remove the bundle. Idempotent;
 // each step runs even if an earlier one failed, so nothing is left that can be removed.
 func (i *Instance) Stop(ctx context.Context) error {
+	// Not in the middle of a snapshot: it would find its root gone under it.
+	i.snapMu.Lock()
+	defer i.snapMu.Unlock()
 	i.mu.Lock()
 	slot, blk := i.slot, i.block
 	i.slot, i.block = nil, nil
