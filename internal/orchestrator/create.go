@@ -118,6 +118,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 			TemplateEnvVars: maps.Clone(tpl.EnvVars),
 			DefaultUser:     tpl.DefaultUser,
 			DefaultWorkdir:  tpl.DefaultWorkdir,
+			StartCmd:        tpl.StartCmd,
 		},
 	}
 	if req.Secure {
@@ -255,6 +256,13 @@ func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbo
 	if err != nil {
 		o.stopQuietly(ctx, inst)
 		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
+	}
+	if runsFreshProcesses(plan, o.backend.Capabilities()) {
+		// A start command that cannot be started is the template's fault, not the
+		// sandbox's: the sandbox is still usable, so it is reported, not fatal.
+		if err := o.startTemplateCommand(ctx, ep, rec); err != nil {
+			o.log.Warn("template start command did not start", "sandbox", rec.ID, "template", rec.TemplateID, "err", err)
+		}
 	}
 	return inst, version, nil
 }

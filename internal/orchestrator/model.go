@@ -141,6 +141,9 @@ type LaunchInfo struct {
 	TemplateEnvVars map[string]string `json:"templateEnvVars,omitempty"`
 	DefaultUser     string            `json:"defaultUser,omitempty"`
 	DefaultWorkdir  string            `json:"defaultWorkdir,omitempty"`
+	// StartCmd is the template's start command, run again whenever the sandbox's
+	// processes boot fresh (create, fork, resume from disk).
+	StartCmd string `json:"startCmd,omitempty"`
 	// ParentSnapshot is the snapshot the sandbox was created from, if any (lineage of
 	// snapshots taken from it).
 	ParentSnapshot string `json:"parentSnapshot,omitempty"`

@@ -109,6 +109,7 @@ func snapshotTemplate(src *Sandbox, snapID, name string, raw []byte, now time.Ti
 		EnvVars:         env,
 		DefaultUser:     src.Launch.DefaultUser,
 		DefaultWorkdir:  src.Launch.DefaultWorkdir,
+		StartCmd:        src.Launch.StartCmd,
 		SourceSandboxID: src.ID,
 		ParentID:        src.Launch.ParentSnapshot,
 		Backend:         src.Backend,

@@ -192,11 +192,12 @@ type gated struct {
 	mu     sync.Mutex
 	gate   chan struct{}
 	puts   chan repository.Digest // each PutBlob that reached the gate
+	fails  chan error             // each PutBlob the real repository failed
 	closed bool
 }
 
 func newGated(r repository.Repository) *gated {
-	return &gated{Repository: r, gate: make(chan struct{}), puts: make(chan repository.Digest, 64)}
+	return &gated{Repository: r, gate: make(chan struct{}), puts: make(chan repository.Digest, 64), fails: make(chan error, 64)}
 }
 
 func (g *gated) PutBlob(ctx context.Context, d repository.Digest, size int64, r io.Reader) (repository.BlobInfo, error) {
@@ -209,7 +210,14 @@ func (g *gated) PutBlob(ctx context.Context, d repository.Digest, size int64, r 
 	case <-ctx.Done():
 		return repository.BlobInfo{}, ctx.Err()
 	}
-	return g.Repository.PutBlob(ctx, d, size, r)
+	info, err := g.Repository.PutBlob(ctx, d, size, r)
+	if err != nil {
+		select {
+		case g.fails <- err:
+		default:
+		}
+	}
+	return info, err
 }
 
 func (g *gated) open() {

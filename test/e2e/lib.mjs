@@ -1,7 +1,11 @@
 // Shared helpers for the SDK end-to-end tests: start ../../bin/envd on a free port, optionally with
-// its own passwd/group files (so a `user` account exists without touching the host), and /init it.
-import { spawn } from 'node:child_process'
-import { mkdtempSync, mkdirSync, writeFileSync, chmodSync, chownSync, rmSync, existsSync } from 'node:fs'
+// its own passwd/group files (so a `user` account exists without touching the host), and /init it;
+// start and stop ../../bin/aenv serve with a network and cgroup parent of its own.
+import { spawn, execFileSync } from 'node:child_process'
+import {
+  mkdtempSync, mkdirSync, writeFileSync, chmodSync, chownSync, rmSync, existsSync, readFileSync,
+  readdirSync, rmdirSync,
+} from 'node:fs'
 import { createServer } from 'node:net'
 import { tmpdir, userInfo } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
@@ -87,4 +91,221 @@ export async function startEnvd({ withUser = false, args = [] } = {}) {
       rmSync(dir, { recursive: true, force: true })
     },
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// aenv serve: one node per test file, on a free loopback port with a temporary data dir.
+
+let nodeCounter = 0
+
+const run = (cmd, args) => {
+  try {
+    return execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
+  } catch {
+    return null
+  }
+}
+
+/**
+ * The network and cgroup settings of the next node this process starts. A node's startup
+ * reconciler removes every netns, veth, nftables rule and cgroup with its names that it does
+ * not know, so each node the tests start gets names of its own: n = (pid*8 + counter) % 240
+ * (moved on past a bridge that already exists), bridge and slot prefix "aet<n>" (network.go:
+ * at most 15 and 8 of [a-z0-9_-]; netns "aet<n>-<i>", host veths "aet<n>h<i>"), subnet
+ * 10.91.<n>.0/24, cgroup parent "aenv-e2e/<pid>-<counter>".
+ */
+export function nodeNetwork() {
+  const counter = nodeCounter++
+  let n = (process.pid * 8 + counter) % 240
+  for (let i = 0; i < 240 && existsSync(`/sys/class/net/aet${n}`); i++) n = (n + 1) % 240
+  return {
+    bridge: `aet${n}`,
+    prefix: `aet${n}`,
+    subnet: `10.91.${n}.0/24`,
+    cgroupParent: `aenv-e2e/${process.pid}-${counter}`,
+  }
+}
+
+/**
+ * Start `aenv serve` (single-server mode) and wait up to healthTimeoutMs for GET /health = 204.
+ * Options: apiKey (required), bin (default ../../bin/aenv), env (extra environment), tag (data
+ * dir name prefix), logFile (the node's log is written there by stopNode), shutdownAction
+ * (default "stop", so a stopped node leaves no paused sandboxes behind), healthTimeoutMs.
+ * Resolves to {skip: reason} when not root or when no OCI runtime works on this host, else
+ * to {proc, url, port, dataDir, net, bin, log(), ...}. Give it to stopNode in an after hook.
+ */
+export async function startNode({
+  apiKey, bin = join(binDir, 'aenv'), env = {}, tag = 'aenv-e2e-', logFile = '',
+  shutdownAction = 'stop', healthTimeoutMs = 120_000,
+} = {}) {
+  if (!isRoot) {
+    return { skip: 'needs root (aenv serve runs OCI containers, network namespaces and overlay mounts)' }
+  }
+  if (!apiKey) throw new Error('startNode: apiKey is required')
+  const envdBin = join(binDir, 'envd')
+  const baseRootfs = join(binDir, 'base-rootfs')
+  for (const b of [bin, envdBin]) {
+    if (!existsSync(b)) throw new Error(`${b} is missing: run 'make binaries base' first`)
+  }
+  const port = await freePort()
+  const url = `http://127.0.0.1:${port}`
+  const dataDir = mkdtempSync(join(tmpdir(), tag))
+  const net = nodeNetwork()
+  const args = ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--envd', envdBin]
+  if (existsSync(baseRootfs)) args.push('--base-rootfs', baseRootfs)
+  let log = ''
+  const proc = spawn(bin, args, {
+    env: {
+      ...process.env,
+      AENV_API_KEY: apiKey,
+      AENV_LOG_LEVEL: 'info',
+      AENV_SANDBOX_SHUTDOWN_ACTION: shutdownAction,
+      AENV_BACKEND_CGROUP_PARENT: net.cgroupParent,
+      AENV_NETWORK_BRIDGE: net.bridge,
+      AENV_NETWORK_SUBNET: net.subnet,
+      AENV_NETWORK_PREFIX: net.prefix,
+      ...env,
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  })
+  proc.stdout.on('data', (d) => { log += d })
+  proc.stderr.on('data', (d) => { log += d })
+  const node = { skip: '', proc, url, port, dataDir, net, bin, apiKey, logFile, log: () => log }
+  const exited = () => proc.exitCode !== null || proc.signalCode !== null
+  const deadline = Date.now() + healthTimeoutMs
+  while (Date.now() < deadline) {
+    if (exited()) {
+      await sleep(100) // let the last of its output arrive
+      const status = JSON.stringify({ code: proc.exitCode, signal: proc.signalCode })
+      cleanupNode(node)
+      if (/no OCI runtime/i.test(log)) {
+        return { skip: 'no OCI runtime works on this host: ' + log.trim().split('\n').pop() }
+      }
+      throw new Error(`aenv serve exited (${status}):\n${log}`)
+    }
+    try {
+      const res = await fetch(url + '/health')
+      if (res.status === 204) return node
+    } catch {
+      // not listening yet
+    }
+    await sleep(200)
+  }
+  await stopNode(node)
+  throw new Error(`aenv serve did not become healthy within ${healthTimeoutMs / 1000} s:\n${log}`)
+}
+
+/**
+ * Stop a node from startNode: SIGTERM, SIGKILL after 60 s; write its log to logFile if set;
+ * remove what it leaves on the host (a stopped node keeps its bridge and nftables tables for
+ * a restart to adopt; after a SIGKILL also netns, veths, cgroups and mounts) and its data dir.
+ */
+export async function stopNode(node) {
+  if (!node || node.skip) return
+  const { proc } = node
+  const exited = () => proc.exitCode !== null || proc.signalCode !== null
+  if (!exited()) {
+    const gone = new Promise((res) => proc.once('exit', res))
+    proc.kill('SIGTERM')
+    let timer
+    const stopped = await Promise.race([
+      gone.then(() => true),
+      new Promise((res) => { timer = setTimeout(res, 60_000, false) }),
+    ])
+    clearTimeout(timer)
+    if (!stopped) {
+      proc.kill('SIGKILL')
+      await gone
+      console.error('aenv serve did not stop within 60 s of SIGTERM:\n' + node.log())
+    }
+  }
+  if (node.logFile) writeFileSync(node.logFile, node.log())
+  cleanupNode(node)
+}
+
+// cleanupNode removes the host resources of a node that is no longer running, all named
+// after its own bridge, prefix and cgroup parent (nothing another node uses), then its data
+// dir. What it finds besides the bridge and nftables tables is reported on stderr.
+function cleanupNode({ net, dataDir }) {
+  const found = []
+  // Mounts and loop devices under the data dir first: removing the dir through a mount would
+  // reach into whatever is mounted there.
+  const mounts = readFileSync('/proc/self/mountinfo', 'utf8').split('\n')
+    .map((l) => l.split(' ')[4])
+    .filter((m) => m && (m === dataDir || m.startsWith(dataDir + '/')))
+    .map((m) => m.replace(/\\([0-7]{3})/g, (_, o) => String.fromCharCode(parseInt(o, 8))))
+    .sort((a, b) => b.length - a.length)
+  for (const m of mounts) {
+    found.push('mount ' + m)
+    run('umount', ['-l', m])
+  }
+  for (const line of (run('losetup', ['-a']) || '').split('\n')) {
+    const m = line.match(/^(\/dev\/loop\d+):.*\((.*)\)$/)
+    if (m && m[2].startsWith(dataDir + '/')) {
+      found.push(`loop ${m[1]} (${m[2]})`)
+      run('losetup', ['-d', m[1]])
+    }
+  }
+  // Sandboxes' processes still in the node's cgroups (a node killed with SIGKILL).
+  const cgDirs = []
+  const walk = (d) => {
+    let ents
+    try { ents = readdirSync(d, { withFileTypes: true }) } catch { return }
+    for (const e of ents) if (e.isDirectory()) walk(join(d, e.name))
+    cgDirs.push(d) // children first
+  }
+  let hierarchies = []
+  try { hierarchies = readdirSync('/sys/fs/cgroup') } catch {}
+  const v2 = hierarchies.includes('cgroup.controllers')
+  for (const h of v2 ? ['.'] : hierarchies) walk(join('/sys/fs/cgroup', h, net.cgroupParent))
+  for (const d of cgDirs) {
+    let procs = ''
+    try { procs = readFileSync(join(d, 'cgroup.procs'), 'utf8').trim() } catch {}
+    if (!procs) continue
+    found.push(`cgroup ${d} with processes ${procs.split('\n').join(',')}`)
+    for (const pid of procs.split('\n')) { try { process.kill(Number(pid), 'SIGKILL') } catch {} }
+    try { writeFileSync(join(d, 'freezer.state'), 'THAWED') } catch {}
+    try { writeFileSync(join(d, 'cgroup.freeze'), '0') } catch {}
+  }
+  for (const d of cgDirs) {
+    for (let i = 0; i < 50; i++) {
+      try { rmdirSync(d); break } catch (err) {
+        if (err.code === 'ENOENT') break
+        if (i === 49) found.push(`cgroup ${d} not removed: ${err.code}`)
+        else Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 100)
+      }
+    }
+  }
+  // The shared "aenv-e2e" parent, when no other node uses it any more.
+  const top = net.cgroupParent.split('/')[0]
+  for (const h of v2 ? ['.'] : hierarchies) {
+    try { rmdirSync(join('/sys/fs/cgroup', h, top)) } catch {}
+  }
+  // Network slots (netns "<prefix>-<i>", host veths "<prefix>h<i>"), then the bridge and the
+  // nftables tables named after it (internal/network/nft.go: table inet <bridge>, table
+  // bridge <bridge>).
+  const slot = new RegExp(`^${net.prefix}-\\d+$`)
+  for (const line of (run('ip', ['netns', 'list']) || '').split('\n')) {
+    const name = line.split(' ')[0]
+    if (slot.test(name)) {
+      found.push('netns ' + name)
+      run('ip', ['netns', 'del', name])
+    }
+  }
+  const veth = new RegExp(`^${net.prefix}h\\d+$`)
+  let links = []
+  try { links = readdirSync('/sys/class/net') } catch {}
+  for (const l of links) {
+    if (veth.test(l)) {
+      found.push('veth ' + l)
+      run('ip', ['link', 'del', l])
+    }
+  }
+  if (links.includes(net.bridge)) run('ip', ['link', 'del', net.bridge])
+  const tables = (run('nft', ['list', 'tables']) || '').split('\n')
+  for (const family of ['inet', 'bridge']) {
+    if (tables.includes(`table ${family} ${net.bridge}`)) run('nft', ['delete', 'table', family, net.bridge])
+  }
+  if (found.length) console.error(`aenv e2e: removed what node ${net.bridge} left behind:\n  ` + found.join('\n  '))
+  rmSync(dataDir, { recursive: true, force: true })
 }

@@ -1,6 +1,7 @@
 package mock
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -8,6 +9,11 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"sync"
+
+	"connectrpc.com/connect"
+
+	processpb "github.com/aenv-dev/aenv/internal/envd/gen/process"
+	"github.com/aenv-dev/aenv/internal/envd/gen/process/processconnect"
 )
 
 // EnvdVersion is what the fake envd reports in X-Envd-Version.
@@ -31,8 +37,40 @@ type Envd struct {
 	srv  *httptest.Server
 	hook func(Stage) error
 
-	mu    sync.Mutex
-	inits []InitRequest
+	mu     sync.Mutex
+	inits  []InitRequest
+	starts []StartRequest
+}
+
+// StartRequest is one process.Process/Start call the fake envd received.
+type StartRequest struct {
+	Cmd           string
+	Args          []string
+	Cwd           string
+	Tag           string
+	Authorization string
+	AccessToken   string
+}
+
+// processService answers Start with a start event and records the request; the other
+// RPCs are unimplemented (the orchestrator only starts template start commands).
+type processService struct {
+	processconnect.UnimplementedProcessHandler
+	e *Envd
+}
+
+func (p processService) Start(_ context.Context, req *connect.Request[processpb.StartRequest], stream *connect.ServerStream[processpb.StartResponse]) error {
+	cfg := req.Msg.GetProcess()
+	p.e.mu.Lock()
+	p.e.starts = append(p.e.starts, StartRequest{
+		Cmd: cfg.GetCmd(), Args: cfg.GetArgs(), Cwd: cfg.GetCwd(), Tag: req.Msg.GetTag(),
+		Authorization: req.Header().Get("Authorization"), AccessToken: req.Header().Get("X-Access-Token"),
+	})
+	pid := uint32(len(p.e.starts))
+	p.e.mu.Unlock()
+	return stream.Send(&processpb.StartResponse{Event: &processpb.ProcessEvent{
+		Event: &processpb.ProcessEvent_Start{Start: &processpb.ProcessEvent_StartEvent{Pid: pid}},
+	}})
 }
 
 func newEnvd(hook func(Stage) error) *Envd {
@@ -68,6 +106,8 @@ func newEnvd(hook func(Stage) error) *Envd {
 		w.Header().Set("X-Envd-Version", EnvdVersion)
 		w.WriteHeader(http.StatusNoContent)
 	})
+	path, handler := processconnect.NewProcessHandler(processService{e: e})
+	mux.Handle(path, handler)
 	e.srv = httptest.NewServer(mux)
 	return e
 }
@@ -77,6 +117,13 @@ func (e *Envd) Inits() []InitRequest {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return append([]InitRequest(nil), e.inits...)
+}
+
+// Starts returns the process starts received so far.
+func (e *Envd) Starts() []StartRequest {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]StartRequest(nil), e.starts...)
 }
 
 func (e *Envd) hostPort() (string, int) {
