@@ -111,7 +111,13 @@ func newBenchCmd() *cobra.Command {
 					o.Progress = nil
 					r, err = bench.RunSDK(cmd.Context(), bench.SDKOptions{Script: sdkScript, Node: node, URL: base, APIKey: key, CreateOptions: o})
 					if err != nil {
-						return err
+						if cmd.Context().Err() != nil {
+							return err
+						}
+						// One failed SDK run must not void the others: report it and go on.
+						prog.Done()
+						fmt.Fprintf(cmd.ErrOrStderr(), "aenv: SDK run c=%d %d/%d failed: %v\n", n, i+1, repeat, err)
+						continue
 					}
 					sdk = append(sdk, r)
 				}

@@ -71,6 +71,8 @@ func newRootCmd() *cobra.Command {
 		newDownloadCmd(g),
 		newPauseCmd(g),
 		newResumeCmd(g),
+		newSnapshotCmd(g),
+		newForkCmd(g),
 		newTimeoutCmd(g),
 		newKillCmd(g),
 		newKeysCmd(g),

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,11 +23,13 @@ import (
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
+	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/sandbox/oci"
 	"github.com/aenv-dev/aenv/internal/server"
 	"github.com/aenv-dev/aenv/internal/template/base"
 	"github.com/aenv-dev/aenv/internal/template/build"
+	"github.com/aenv-dev/aenv/internal/template/layered"
 )
 
 // baseTemplateID is the template the SDKs create from by default.
@@ -175,7 +179,7 @@ func serve(ctx context.Context, cfg config.Config) error {
 		ShutdownAction:   orchestrator.ShutdownAction(cfg.Sandbox.ShutdownAction),
 		Registerer:       reg,
 		Logger:           log,
-	}, backend, cat)
+	}, backend, cat, orchestrator.WithTemplateRootFS(rootfs.TemplateRootFS))
 	if err != nil {
 		return err
 	}
@@ -270,31 +274,31 @@ func findEnvd(path string) (string, error) {
 // ensureBaseTemplate makes sure the "base" template exists, so Sandbox.create() with the
 // SDK's default template works on a fresh node: it installs the prebuilt rootfs given by
 // templates.base_rootfs (copied into the data dir, so the node does not depend on a build
-// tree) or builds one from the host's static binaries.
+// tree) or builds one from the host's static binaries. It then makes the layered form of
+// that rootfs (one sealed ext4 layer), so base sandboxes run on block roots that can be
+// snapshotted, forked and paused to disk; where that cannot be made (no mkfs.ext4) base
+// stays a directory template and those operations answer 501.
 func ensureBaseTemplate(ctx context.Context, cat *catalog.Catalog, cfg config.Config, log *slog.Logger) error {
 	dir := filepath.Join(cfg.DataDir, "templates", baseTemplateID, "rootfs")
-	if t, err := cat.Templates().Get(baseTemplateID); err == nil {
-		if base.Built(t.RootFSDir) {
-			return nil
+	t, err := cat.Templates().Get(baseTemplateID)
+	switch {
+	case err == nil && base.Built(t.RootFSDir):
+		dir = t.RootFSDir
+	case err == nil || errors.Is(err, catalog.ErrNotFound):
+		if err == nil {
+			// Missing, or built by an older aenv: sandboxes already running keep the old
+			// tree's inodes, new ones get the new build.
+			log.Warn("base template's rootfs is missing or outdated; reinstalling it", "dir", t.RootFSDir)
 		}
-		// Missing, or built by an older aenv: sandboxes already running keep the old
-		// tree's inodes, new ones get the new build.
-		log.Warn("base template's rootfs is missing or outdated; reinstalling it", "dir", t.RootFSDir)
-	} else if !errors.Is(err, catalog.ErrNotFound) {
+		if err := installBaseRootFS(ctx, cfg, dir, log); err != nil {
+			return err
+		}
+	default:
 		return fmt.Errorf("look up the base template: %w", err)
 	}
-	if src := cfg.Templates.BaseRootFS; src != "" {
-		if !base.Built(src) {
-			return fmt.Errorf("--base-rootfs %s is not a finished base build (run `aenv template build-base --out %[1]s`)", src)
-		}
-		if err := copyTree(ctx, src, dir); err != nil {
-			return fmt.Errorf("install the base rootfs from %s: %w", src, err)
-		}
-	} else {
-		log.Info("building the base template", "dir", dir)
-		if err := base.Build(ctx, base.Options{Out: dir}); err != nil {
-			return fmt.Errorf("build the base template: %w (or pass --base-rootfs)", err)
-		}
+	art := layeredBase(ctx, cfg, dir, log)
+	if t.RootFSDir == dir && bytes.Equal(t.Artifact, art) {
+		return nil
 	}
 	if err := cat.Templates().Put(catalog.Template{
 		ID:             baseTemplateID,
@@ -302,11 +306,47 @@ func ensureBaseTemplate(ctx context.Context, cat *catalog.Catalog, cfg config.Co
 		RootFSDir:      dir,
 		DefaultUser:    "user",
 		DefaultWorkdir: "/home/user",
+		Artifact:       art,
+		CreatedAt:      t.CreatedAt,
 	}); err != nil {
 		return fmt.Errorf("register the base template: %w", err)
 	}
-	log.Info("base template ready", "dir", dir)
+	log.Info("base template ready", "dir", dir, "layered", art != nil)
 	return nil
+}
+
+// installBaseRootFS puts a finished base rootfs at dir.
+func installBaseRootFS(ctx context.Context, cfg config.Config, dir string, log *slog.Logger) error {
+	if src := cfg.Templates.BaseRootFS; src != "" {
+		if !base.Built(src) {
+			return fmt.Errorf("--base-rootfs %s is not a finished base build (run `aenv template build-base --out %[1]s`)", src)
+		}
+		if err := copyTree(ctx, src, dir); err != nil {
+			return fmt.Errorf("install the base rootfs from %s: %w", src, err)
+		}
+		return nil
+	}
+	log.Info("building the base template", "dir", dir)
+	if err := base.Build(ctx, base.Options{Out: dir}); err != nil {
+		return fmt.Errorf("build the base template: %w (or pass --base-rootfs)", err)
+	}
+	return nil
+}
+
+// layeredBase returns the base template's layered artifact (made once per rootfs version
+// and disk size), or nil, with a warning, where it cannot be made.
+func layeredBase(ctx context.Context, cfg config.Config, dir string, log *slog.Logger) json.RawMessage {
+	out := filepath.Join(cfg.DataDir, "templates", baseTemplateID, "layered")
+	res, err := layered.Build(ctx, dir, out, cfg.Sandbox.DefaultDiskMB)
+	if err != nil {
+		log.Warn("base template stays a directory template: snapshot, fork and pause to disk of its sandboxes are unavailable",
+			"err", err)
+		return nil
+	}
+	if res.Built {
+		log.Info("built the layered base template", "dir", out, "elapsed", res.Elapsed.Round(time.Millisecond))
+	}
+	return res.Artifact
 }
 
 // copyTree copies src to dst with `cp -a` (ownership, modes, links and devices as they

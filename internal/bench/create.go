@@ -44,6 +44,8 @@ type Result struct {
 	Wall   time.Duration `json:"wall"`
 	Rate   float64       `json:"ratePerSec"`
 	Errors []string      `json:"errors,omitempty"`
+	// WarmupFailures counts unmeasured warm-up sandboxes that failed.
+	WarmupFailures int `json:"warmupFailures,omitempty"`
 }
 
 // sample is one sandbox's measurement.
@@ -66,9 +68,17 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 	if o.SandboxTimeout <= 0 {
 		o.SandboxTimeout = 120
 	}
-	for i := range o.Warmup {
+	// Warm-up failures are tolerated (three tries per warm-up sandbox): they are not
+	// measured, and one bad sandbox must not void a run. They are kept in the result.
+	var warmErrs []string
+	for ok, tries := 0, 0; ok < o.Warmup; tries++ {
+		if tries >= 3*o.Warmup {
+			return Result{}, fmt.Errorf("bench: warm-up: %d sandboxes failed, the last: %s", tries, warmErrs[len(warmErrs)-1])
+		}
 		if s := createAndRun(ctx, c, o); s.err != nil {
-			return Result{}, fmt.Errorf("bench: warm-up sandbox %d: %w", i+1, s.err)
+			warmErrs = append(warmErrs, s.err.Error())
+		} else {
+			ok++
 		}
 	}
 	samples := make([]sample, o.N)
@@ -96,7 +106,14 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 	if err := ctx.Err(); err != nil {
 		return Result{}, fmt.Errorf("bench: %w", err)
 	}
-	return summarizeRun("rest", o.Concurrency, samples, wall), nil
+	r := summarizeRun("rest", o.Concurrency, samples, wall)
+	r.WarmupFailures = len(warmErrs)
+	for _, e := range warmErrs {
+		if len(r.Errors) < maxErrors {
+			r.Errors = append(r.Errors, "warm-up: "+e)
+		}
+	}
+	return r, nil
 }
 
 // createAndRun measures one sandbox and kills it.

@@ -43,6 +43,7 @@ func Combine(runs []Result) Result {
 	for i, r := range runs {
 		out.N += r.N
 		out.Failures += r.Failures
+		out.WarmupFailures += r.WarmupFailures
 		out.Total.N, out.Create.N, out.Command.N = out.Total.N+r.Total.N, out.Create.N+r.Create.N, out.Command.N+r.Command.N
 		rates[i] = r.Rate
 		for _, e := range r.Errors {

@@ -36,6 +36,8 @@ const rootRole = "rootfs"
 // running on them keep working). It reports whether it merged; a record
 // changed concurrently (revision conflict) is left alone.
 func (p *Publisher) Compact(ctx context.Context, id string) (bool, error) {
+	p.syncMu.Lock() // not while a sync or delete changes the same entries
+	defer p.syncMu.Unlock()
 	rec, err := p.record(ctx, id)
 	if err != nil {
 		return false, err

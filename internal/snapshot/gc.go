@@ -24,6 +24,9 @@ func (p *Publisher) Delete(ctx context.Context, id string) (repository.GCResult,
 	if err := repository.ValidateID(id); err != nil {
 		return repository.GCResult{}, fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
+	// Not while a sync registers what this deletes.
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
 	p.mu.Lock()
 	j := p.jobs[id]
 	delete(p.jobs, id)

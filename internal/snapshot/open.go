@@ -18,10 +18,8 @@ import (
 // returned repository is the cache (use it for everything); the cache is
 // also returned for its pins and stats. The posix_fs directory is created
 // when missing; an S3 bucket must exist.
-func OpenRepository(ctx context.Context, cfg config.Config, log *slog.Logger) (repository.Repository, *nodecache.Cache, error) {
-	if log == nil {
-		log = slog.Default()
-	}
+func OpenRepository(ctx context.Context, cfg config.Config) (repository.Repository, *nodecache.Cache, error) {
+	log := slog.Default()
 	var remote repository.Repository
 	switch cfg.Snapshot.RepositoryBackend {
 	case "posix_fs":

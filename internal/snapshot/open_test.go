@@ -38,7 +38,7 @@ func TestOpenRepository(t *testing.T) {
 			if err := c.Validate(); err != nil {
 				t.Fatal(err)
 			}
-			repo, cache, err := OpenRepository(ctx, c, nil)
+			repo, cache, err := OpenRepository(ctx, c)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -66,7 +66,7 @@ func TestOpenRepository(t *testing.T) {
 	c.Snapshot.RepositoryBackend = "s3"
 	c.Repository.S3.Endpoint, c.Repository.S3.Bucket = "http://127.0.0.1:1", "nobucket"
 	c.Repository.S3.AccessKey, c.Repository.S3.SecretKey = "k", "s"
-	if _, _, err := OpenRepository(ctx, c, nil); err == nil {
+	if _, _, err := OpenRepository(ctx, c); err == nil {
 		t.Fatal("opened an unreachable S3 repository")
 	}
 }

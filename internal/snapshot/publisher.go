@@ -191,9 +191,9 @@ type Publisher struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	jobs    map[string]*job
-	closed  bool
+	mu     sync.Mutex
+	jobs   map[string]*job
+	closed bool
 
 	syncMu sync.Mutex // one Sync (and one Compact pass) at a time
 }

@@ -239,3 +239,18 @@ func TestRestartResumesPendingPublication(t *testing.T) {
 		}
 	}
 }
+
+// A child snapshot uploads only its new layer: the ones it shares with its
+// parent are already in the repository.
+func TestPublishDeduplicates(t *testing.T) {
+	n := newNode(t, "node-a", posixBackend().open(t), Options{})
+	files, _ := stackLayers(t, t.TempDir(), 3, 12)
+	publishWait(t, n, testManifest(t, "snap-parent", files[:2]))
+	if got := n.cache.Stats().PublishedBlobs; got != 2 {
+		t.Fatalf("parent published %d blobs", got)
+	}
+	publishWait(t, n, testManifest(t, "snap-child", files))
+	if got := n.cache.Stats().PublishedBlobs; got != 3 {
+		t.Fatalf("parent and child published %d blobs, want 3", got)
+	}
+}

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
@@ -35,4 +36,15 @@ func ManifestFromTemplate(t catalog.Template, envdVersion string) (Manifest, err
 		m.Name = t.Aliases[0]
 	}
 	return m, nil
+}
+
+// PublishTemplate publishes a catalog entry as registered (see
+// ManifestFromTemplate): the call the orchestrator makes after it put a new
+// snapshot in the catalog, and the template builder after a build.
+func (p *Publisher) PublishTemplate(ctx context.Context, t catalog.Template, envdVersion string) (*Handle, error) {
+	m, err := ManifestFromTemplate(t, envdVersion)
+	if err != nil {
+		return nil, err
+	}
+	return p.Publish(ctx, m)
 }

@@ -83,14 +83,24 @@ func (p *Publisher) run(ctx context.Context, j *job) (err error) {
 	j.hashed = distinct
 	j.mu.Unlock()
 
-	// 2. Pin and copy into the node cache: this node reads the layers
+	// 2. Layers the repository already has (a template's, a parent
+	// snapshot's) are deduplicated: only new ones are copied and uploaded.
+	// GC may still remove such a blob before the pending record names it;
+	// the check in step 4 puts it back.
+	toPut, err := p.missing(ctx, distinct)
+	if err != nil {
+		return err
+	}
+	j.update(func(s *Status) { s.Uploaded = len(distinct) - len(toPut) })
+
+	// Pin and copy the new ones into the node cache: this node reads them
 	// locally from now on, and the upload reads the cache, not files a
 	// sandbox might discard meanwhile.
 	if p.local != nil {
 		if err := p.local.Pin(pinOwner(m.ID), distinct...); err != nil {
 			return fmt.Errorf("snapshot: pin %s: %w", m.ID, err)
 		}
-		for _, d := range distinct {
+		for _, d := range toPut {
 			if err := p.putLocal(ctx, d, files[d], layers); err != nil {
 				permanent = !isTransient(err)
 				return err
@@ -130,7 +140,7 @@ func (p *Publisher) run(ctx context.Context, j *job) (err error) {
 	// 4. Upload, then check every blob is there: GC may have removed one
 	// that was deduplicated just before the pending record appeared.
 	for round := 0; ; round++ {
-		if err := p.uploadAll(ctx, j, distinct, files); err != nil {
+		if err := p.uploadAll(ctx, j, toPut, files); err != nil {
 			permanent = !isTransient(err)
 			return err
 		}
@@ -144,7 +154,7 @@ func (p *Publisher) run(ctx context.Context, j *job) (err error) {
 		if round == 2 {
 			return fmt.Errorf("snapshot: %d blobs of %s vanish from the repository after upload", len(missing), m.ID)
 		}
-		distinct = missing
+		toPut = missing
 	}
 
 	// 5. Complete: other nodes may use it now.
@@ -155,7 +165,9 @@ func (p *Publisher) run(ctx context.Context, j *job) (err error) {
 		return perr
 	})
 	if errors.Is(err, repository.ErrNotFound) || errors.Is(err, repository.ErrConflict) {
-		permanent = true
+		// Deleted, or replaced by a writer that did not see ours: the
+		// record is not ours to remove.
+		permanent, pending = true, nil
 		return fmt.Errorf("%w: %s: %v", ErrDeleted, m.ID, err)
 	}
 	if err != nil {

@@ -217,7 +217,7 @@ describe('files', () => {
       { path: '/tmp/envd-e2e-multi/a.txt', data: 'A' },
       { path: 'multi/b/c.txt', data: new TextEncoder().encode('C').buffer },
     ])
-    assert.deepEqual(res.map((f) => f.path).sort(), [`${secured.home}/multi/b/c.txt`, '/tmp/envd-e2e-multi/a.txt'])
+    assert.deepEqual(res.map((f) => f.path).sort(), [`${secured.home}/multi/b/c.txt`, '/tmp/envd-e2e-multi/a.txt'].sort())
     assert.equal(await sbx.files.read('multi/b/c.txt'), 'C')
     assert.equal(await sbx.files.read('/tmp/envd-e2e-multi/a.txt'), 'A')
     await sbx.files.remove('/tmp/envd-e2e-multi')

@@ -175,7 +175,7 @@ export async function startNode({
   const deadline = Date.now() + healthTimeoutMs
   while (Date.now() < deadline) {
     if (exited()) {
-      await sleep(100) // let the last of its output arrive
+      await sleep(100) // the last of its output
       const status = JSON.stringify({ code: proc.exitCode, signal: proc.signalCode })
       cleanupNode(node)
       if (/no OCI runtime/i.test(log)) {
@@ -213,6 +213,7 @@ export async function stopNode(node) {
       new Promise((res) => { timer = setTimeout(res, 60_000, false) }),
     ])
     clearTimeout(timer)
+    await sleep(100) // the last of its output
     if (!stopped) {
       proc.kill('SIGKILL')
       await gone
@@ -262,11 +263,13 @@ function cleanupNode({ net, dataDir }) {
     let procs = ''
     try { procs = readFileSync(join(d, 'cgroup.procs'), 'utf8').trim() } catch {}
     if (!procs) continue
-    found.push(`cgroup ${d} with processes ${procs.split('\n').join(',')}`)
+    found.push(`cgroup ${d}: killed ${procs.split('\n').join(',')}`)
     for (const pid of procs.split('\n')) { try { process.kill(Number(pid), 'SIGKILL') } catch {} }
     try { writeFileSync(join(d, 'freezer.state'), 'THAWED') } catch {}
     try { writeFileSync(join(d, 'cgroup.freeze'), '0') } catch {}
   }
+  const sandboxCgroups = new Set(cgDirs.map((d) => d.split(net.cgroupParent + '/')[1]).filter(Boolean))
+  if (sandboxCgroups.size) found.push('sandbox cgroups ' + [...sandboxCgroups].join(', '))
   for (const d of cgDirs) {
     for (let i = 0; i < 50; i++) {
       try { rmdirSync(d); break } catch (err) {

@@ -1,94 +1,27 @@
 // SDK end-to-end test: the pinned e2b JS SDK (2.51.0) against a real `aenv serve` in
 // single-server mode (E2B_API_URL = E2B_SANDBOX_URL = the node), with real OCI sandboxes.
 //
-// It starts ../../bin/aenv serve itself on a free loopback port with a temporary data dir and
-// an explicit AENV_API_KEY, and skips (saying why) only when not root or when no OCI runtime
-// works on this host.
+// It starts ../../bin/aenv serve itself (lib.mjs startNode: a free loopback port, a temporary
+// data dir, an explicit AENV_API_KEY, a sandbox network and cgroup parent of its own), and skips
+// (saying why) only when not root or when no OCI runtime works on this host.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import fs from 'node:fs'
-import net from 'node:net'
-import os from 'node:os'
-import path from 'node:path'
-import { setTimeout as sleep } from 'node:timers/promises'
-import { fileURLToPath } from 'node:url'
 
 import { Sandbox, AuthenticationError, NotFoundError, SandboxError } from 'e2b'
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
-const aenvBin = path.join(root, 'bin', 'aenv')
-const envdBin = path.join(root, 'bin', 'envd')
-const baseRootfs = path.join(root, 'bin', 'base-rootfs')
+import { startNode, stopNode } from './lib.mjs'
+
 const apiKey = 'e2b_' + randomBytes(20).toString('hex')
 const runId = randomBytes(4).toString('hex')
 
 let skipReason = ''
-let node // { proc, url, dataDir, log }
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer()
-    srv.unref()
-    srv.on('error', reject)
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address()
-      srv.close(() => resolve(port))
-    })
-  })
-}
-
-// startNode runs `aenv serve` and waits for GET /health = 204. It resolves to null with
-// skipReason set when the host cannot run sandboxes.
-async function startNode() {
-  if (process.getuid?.() !== 0) {
-    skipReason = 'needs root (aenv serve runs OCI containers, network namespaces and overlay mounts)'
-    return null
-  }
-  for (const bin of [aenvBin, envdBin]) {
-    if (!fs.existsSync(bin)) throw new Error(`${bin} is missing: run \`make build\` first`)
-  }
-  const port = await freePort()
-  const url = `http://127.0.0.1:${port}`
-  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-'))
-  const args = ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--envd', envdBin]
-  if (fs.existsSync(baseRootfs)) args.push('--base-rootfs', baseRootfs)
-  let log = ''
-  const proc = spawn(aenvBin, args, {
-    env: { ...process.env, AENV_API_KEY: apiKey, AENV_LOG_LEVEL: 'info' },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  proc.stdout.on('data', (d) => { log += d })
-  proc.stderr.on('data', (d) => { log += d })
-  let exited = null
-  proc.on('exit', (code, signal) => { exited = { code, signal } })
-
-  const deadline = Date.now() + 120_000
-  while (Date.now() < deadline) {
-    if (exited) {
-      if (/no OCI runtime/i.test(log)) {
-        skipReason = 'no OCI runtime works on this host: ' + log.trim().split('\n').pop()
-        fs.rmSync(dataDir, { recursive: true, force: true })
-        return null
-      }
-      throw new Error(`aenv serve exited (${JSON.stringify(exited)}):\n${log}`)
-    }
-    try {
-      const res = await fetch(url + '/health')
-      if (res.status === 204) return { proc, url, dataDir, log: () => log }
-    } catch {
-      // not listening yet
-    }
-    await sleep(200)
-  }
-  proc.kill('SIGKILL')
-  throw new Error(`aenv serve did not become healthy within 120 s:\n${log}`)
-}
+let node // from startNode
 
 before(async () => {
-  node = await startNode()
-  if (node) {
+  node = await startNode({ apiKey, tag: 'aenv-e2e-' })
+  skipReason = node.skip
+  if (!skipReason) {
     // Single-server mode, exactly as a user configures the SDK.
     process.env.E2B_API_URL = node.url
     process.env.E2B_SANDBOX_URL = node.url
@@ -97,18 +30,7 @@ before(async () => {
 })
 
 after(async () => {
-  if (!node) return
-  node.proc.kill('SIGTERM')
-  const exited = await Promise.race([
-    new Promise((resolve) => node.proc.once('exit', () => resolve(true))),
-    // unref'd, so a pending timer does not hold the test process open after the node exits
-    sleep(60_000, false, { ref: false }),
-  ])
-  if (!exited) {
-    node.proc.kill('SIGKILL')
-    console.error('aenv serve did not stop within 60 s of SIGTERM:\n' + node.log())
-  }
-  fs.rmSync(node.dataDir, { recursive: true, force: true })
+  await stopNode(node)
 })
 
 function skipIfUnavailable(t) {

@@ -12,73 +12,18 @@
 // It skips entirely, saying why, when not root or when no OCI runtime works on this host.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import fs from 'node:fs'
-import os from 'node:os'
-import path from 'node:path'
-import { setTimeout as sleep } from 'node:timers/promises'
-import { fileURLToPath } from 'node:url'
 
 import { Sandbox, SandboxError, NotFoundError } from 'e2b'
 
-import { freePort } from './lib.mjs'
+import { startNode, stopNode } from './lib.mjs'
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
-// AENV_E2E_BIN runs another build of aenv (for example one made with `go build -overlay`).
-const aenvBin = process.env.AENV_E2E_BIN || path.join(root, 'bin', 'aenv')
-const envdBin = path.join(root, 'bin', 'envd')
-const baseRootfs = path.join(root, 'bin', 'base-rootfs')
 const apiKey = 'e2b_' + randomBytes(20).toString('hex')
 const runId = randomBytes(4).toString('hex')
 
 let skipReason = ''
-let node // { proc, url, dataDir, log }
+let node // from startNode
 let caps // GET /aenv/capabilities
-
-async function startNode() {
-  if (process.getuid?.() !== 0) {
-    skipReason = 'needs root (aenv serve runs OCI containers, network namespaces and overlay mounts)'
-    return null
-  }
-  for (const bin of [aenvBin, envdBin]) {
-    if (!fs.existsSync(bin)) throw new Error(`${bin} is missing: run \`make build\` first`)
-  }
-  const port = await freePort()
-  const url = `http://127.0.0.1:${port}`
-  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-snap-'))
-  const args = ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--envd', envdBin]
-  if (fs.existsSync(baseRootfs)) args.push('--base-rootfs', baseRootfs)
-  let log = ''
-  const proc = spawn(aenvBin, args, {
-    env: { ...process.env, AENV_API_KEY: apiKey, AENV_LOG_LEVEL: 'info' },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  proc.stdout.on('data', (d) => { log += d })
-  proc.stderr.on('data', (d) => { log += d })
-  let exited = null
-  proc.on('exit', (code, signal) => { exited = { code, signal } })
-  const deadline = Date.now() + 120_000
-  while (Date.now() < deadline) {
-    if (exited) {
-      if (/no OCI runtime/i.test(log)) {
-        skipReason = 'no OCI runtime works on this host: ' + log.trim().split('\n').pop()
-        fs.rmSync(dataDir, { recursive: true, force: true })
-        return null
-      }
-      throw new Error(`aenv serve exited (${JSON.stringify(exited)}):\n${log}`)
-    }
-    try {
-      const res = await fetch(url + '/health')
-      if (res.status === 204) return { proc, url, dataDir, log: () => log }
-    } catch {
-      // not listening yet
-    }
-    await sleep(200)
-  }
-  proc.kill('SIGKILL')
-  throw new Error(`aenv serve did not become healthy within 120 s:\n${log}`)
-}
 
 async function api(method, p, body) {
   const res = await fetch(node.url + p, {
@@ -91,8 +36,10 @@ async function api(method, p, body) {
 }
 
 before(async () => {
-  node = await startNode()
-  if (!node) return
+  // AENV_E2E_BIN runs another build of aenv (for example one made with `go build -overlay`).
+  node = await startNode({ apiKey, bin: process.env.AENV_E2E_BIN || undefined, tag: 'aenv-e2e-snap-' })
+  skipReason = node.skip
+  if (skipReason) return
   process.env.E2B_API_URL = node.url
   process.env.E2B_SANDBOX_URL = node.url
   process.env.E2B_API_KEY = apiKey
@@ -102,17 +49,7 @@ before(async () => {
 })
 
 after(async () => {
-  if (!node) return
-  node.proc.kill('SIGTERM')
-  const exited = await Promise.race([
-    new Promise((resolve) => node.proc.once('exit', () => resolve(true))),
-    sleep(60_000, false, { ref: false }),
-  ])
-  if (!exited) {
-    node.proc.kill('SIGKILL')
-    console.error('aenv serve did not stop within 60 s of SIGTERM:\n' + node.log())
-  }
-  fs.rmSync(node.dataDir, { recursive: true, force: true })
+  await stopNode(node)
 })
 
 const statePath = '/home/user/state.txt'

@@ -8,80 +8,22 @@ import assert from 'node:assert/strict'
 import { spawn, execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import fs from 'node:fs'
-import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
-import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 
 import { Sandbox, Template, BuildError } from 'e2b'
 
+import { binDir, startNode, stopNode } from './lib.mjs'
+
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
-const aenvBin = path.join(root, 'bin', 'aenv')
-const envdBin = path.join(root, 'bin', 'envd')
-const baseRootfs = path.join(root, 'bin', 'base-rootfs')
+const baseRootfs = path.join(binDir, 'base-rootfs')
 const apiKey = 'e2b_' + randomBytes(20).toString('hex')
 const runId = randomBytes(4).toString('hex')
 
 let skipReason = ''
-let node // { proc, url, dataDir, log }
+let node // from startNode
 let registry // { proc, image, dir }
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer()
-    srv.unref()
-    srv.on('error', reject)
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address()
-      srv.close(() => resolve(port))
-    })
-  })
-}
-
-async function startNode() {
-  if (process.getuid?.() !== 0) {
-    skipReason = 'needs root (aenv serve runs OCI containers, network namespaces and overlay mounts)'
-    return null
-  }
-  for (const bin of [aenvBin, envdBin]) {
-    if (!fs.existsSync(bin)) throw new Error(`${bin} is missing: run \`make build\` first`)
-  }
-  const port = await freePort()
-  const url = `http://127.0.0.1:${port}`
-  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-tpl-'))
-  const args = ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--envd', envdBin]
-  if (fs.existsSync(baseRootfs)) args.push('--base-rootfs', baseRootfs)
-  let log = ''
-  const proc = spawn(aenvBin, args, {
-    env: { ...process.env, AENV_API_KEY: apiKey, AENV_LOG_LEVEL: 'info' },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  proc.stdout.on('data', (d) => { log += d })
-  proc.stderr.on('data', (d) => { log += d })
-  let exited = null
-  proc.on('exit', (code, signal) => { exited = { code, signal } })
-  const deadline = Date.now() + 120_000
-  while (Date.now() < deadline) {
-    if (exited) {
-      if (/no OCI runtime/i.test(log)) {
-        skipReason = 'no OCI runtime works on this host: ' + log.trim().split('\n').pop()
-        fs.rmSync(dataDir, { recursive: true, force: true })
-        return null
-      }
-      throw new Error(`aenv serve exited (${JSON.stringify(exited)}):\n${log}`)
-    }
-    try {
-      const res = await fetch(url + '/health')
-      if (res.status === 204) return { proc, url, dataDir, log: () => log }
-    } catch {
-      // not listening yet
-    }
-    await sleep(200)
-  }
-  proc.kill('SIGKILL')
-  throw new Error(`aenv serve did not become healthy within 120 s:\n${log}`)
-}
 
 // startRegistry builds and runs the loopback registry helper; it resolves once the image
 // is pushed.
@@ -105,8 +47,10 @@ async function startRegistry() {
 }
 
 before(async () => {
-  node = await startNode()
-  if (!node) return
+  // AENV_E2E_LOG=FILE keeps the node's log for debugging a failure.
+  node = await startNode({ apiKey, tag: 'aenv-e2e-tpl-', logFile: process.env.AENV_E2E_LOG || '' })
+  skipReason = node.skip
+  if (skipReason) return
   registry = await startRegistry()
   process.env.E2B_API_URL = node.url
   process.env.E2B_SANDBOX_URL = node.url
@@ -118,19 +62,7 @@ after(async () => {
     registry.proc.kill('SIGKILL')
     fs.rmSync(registry.dir, { recursive: true, force: true })
   }
-  if (!node) return
-  // AENV_E2E_LOG=FILE keeps the node's log for debugging a failure.
-  if (process.env.AENV_E2E_LOG) fs.writeFileSync(process.env.AENV_E2E_LOG, node.log())
-  node.proc.kill('SIGTERM')
-  const exited = await Promise.race([
-    new Promise((resolve) => node.proc.once('exit', () => resolve(true))),
-    sleep(60_000, false, { ref: false }),
-  ])
-  if (!exited) {
-    node.proc.kill('SIGKILL')
-    console.error('aenv serve did not stop within 60 s of SIGTERM:\n' + node.log())
-  }
-  fs.rmSync(node.dataDir, { recursive: true, force: true })
+  await stopNode(node)
 })
 
 function skipIfUnavailable(t) {
@@ -233,9 +165,9 @@ test('aenv build -f Dockerfile, then aenv template ls | logs | rm', { timeout: 3
     '',
   ].join('\n'))
   const name = `e2e-cli-${runId}`
-  const cli = (...args) => execFileSync(aenvBin, ['--url', node.url, '--api-key', apiKey, ...args],
+  const cli = (...args) => execFileSync(node.bin, ['--url', node.url, '--api-key', apiKey, ...args],
     { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
-  const out = execFileSync(aenvBin, ['--url', node.url, '--api-key', apiKey, 'build', '--name', name,
+  const out = execFileSync(node.bin, ['--url', node.url, '--api-key', apiKey, 'build', '--name', name,
     '--build-arg', `BASE=${registry.image}`, ctxDir], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
   void out
 

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/rootfs"
+	"github.com/aenv-dev/aenv/internal/template/base"
+	"github.com/aenv-dev/aenv/internal/template/layered"
+)
+
+// baseFixture is a prebuilt (stamped) base rootfs, an empty data dir and its catalog.
+func baseFixture(t *testing.T) (*catalog.Catalog, config.Config) {
+	t.Helper()
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "home", "user"), 0o755)
+	os.WriteFile(filepath.Join(src, base.StampFile), []byte(base.Version+"\n"), 0o644)
+	dataDir := t.TempDir()
+	cat, err := catalog.Open(filepath.Join(dataDir, catalogFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cat.Close() })
+	cfg := config.Default()
+	cfg.DataDir = dataDir
+	cfg.Templates.BaseRootFS = src
+	cfg.Sandbox.DefaultDiskMB = 64 // keeps mkfs quick; the real default is 2048
+	return cat, cfg
+}
+
+func baseTemplate(t *testing.T, cat *catalog.Catalog) catalog.Template {
+	t.Helper()
+	tpl, err := cat.Templates().Get(baseTemplateID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tpl
+}
+
+func TestEnsureBaseTemplateIsLayered(t *testing.T) {
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		t.Skip("needs mkfs.ext4 (e2fsprogs)")
+	}
+	cat, cfg := baseFixture(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx := context.Background()
+
+	// A node whose catalog has the directory-only base of an older aenv gets it upgraded.
+	dir := filepath.Join(cfg.DataDir, "templates", baseTemplateID, "rootfs")
+	if err := copyTree(ctx, cfg.Templates.BaseRootFS, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := cat.Templates().Put(catalog.Template{ID: baseTemplateID, Kind: catalog.KindTemplate, RootFSDir: dir}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ensureBaseTemplate(ctx, cat, cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	tpl := baseTemplate(t, cat)
+	fs, err := rootfs.TemplateRootFS(tpl.RootFSDir, tpl.Artifact)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fs.LowerDir != dir || len(fs.Layers) != 1 || fs.VirtualSize != 64<<20 {
+		t.Fatalf("base root filesystem = %+v (artifact %s)", fs, tpl.Artifact)
+	}
+	if _, err := os.Stat(fs.Layers[0].Path); err != nil {
+		t.Fatal(err)
+	}
+	var a layered.Artifact
+	if err := json.Unmarshal(tpl.Artifact, &a); err != nil || a.Kind != layered.ArtifactKind {
+		t.Fatalf("artifact %s: %v", tpl.Artifact, err)
+	}
+
+	// A restart changes nothing.
+	if err := ensureBaseTemplate(ctx, cat, cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	if again := baseTemplate(t, cat); string(again.Artifact) != string(tpl.Artifact) || !again.CreatedAt.Equal(tpl.CreatedAt) {
+		t.Fatalf("restart changed the base template: %s -> %s", tpl.Artifact, again.Artifact)
+	}
+}
+
+// Without mkfs.ext4 the base stays a directory template and the node still starts.
+func TestEnsureBaseTemplateFallsBackToDirectory(t *testing.T) {
+	cp, err := exec.LookPath("cp")
+	if err != nil {
+		t.Skip("needs cp")
+	}
+	bin := t.TempDir()
+	if err := os.Symlink(cp, filepath.Join(bin, "cp")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin) // cp for the install, no mkfs.ext4
+	cat, cfg := baseFixture(t)
+	if err := ensureBaseTemplate(context.Background(), cat, cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatal(err)
+	}
+	tpl := baseTemplate(t, cat)
+	if tpl.Artifact != nil || !base.Built(tpl.RootFSDir) {
+		t.Fatalf("base template = %+v", tpl)
+	}
+	fs, err := rootfs.TemplateRootFS(tpl.RootFSDir, tpl.Artifact)
+	if err != nil || len(fs.Layers) != 0 || fs.LowerDir != tpl.RootFSDir {
+		t.Fatalf("root filesystem %+v, %v", fs, err)
+	}
+}
