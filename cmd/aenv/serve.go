@@ -167,7 +167,16 @@ func serve(ctx context.Context, cfg config.Config) error {
 		}
 	}()
 
-	orch, err := orchestrator.New(orchestrator.Config{
+	// The publisher closes after the orchestrator's shutdown (which unpins) and before
+	// the backend and the catalog its sync writes to.
+	var orch *orchestrator.Orchestrator
+	pub, pins, err := openPublisher(ctx, cfg, cat, log, func() *orchestrator.Orchestrator { return orch })
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+
+	orch, err = orchestrator.New(orchestrator.Config{
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration,
 		MaxTimeout:     cfg.Sandbox.MaxTimeout.Duration,
 		DefaultResources: sandbox.Resources{
@@ -179,12 +188,15 @@ func serve(ctx context.Context, cfg config.Config) error {
 		ShutdownAction:   orchestrator.ShutdownAction(cfg.Sandbox.ShutdownAction),
 		Registerer:       reg,
 		Logger:           log,
-	}, backend, cat, orchestrator.WithTemplateRootFS(rootfs.TemplateRootFS))
+	}, backend, cat, orchestrator.WithTemplateRootFS(rootfs.TemplateRootFS), orchestrator.WithPublisher(pub, pins))
 	if err != nil {
 		return err
 	}
 	if err := orch.Start(ctx); err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
+	}
+	if err := pub.Start(ctx); err != nil {
+		return fmt.Errorf("start the snapshot publisher: %w", err)
 	}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
@@ -199,7 +211,7 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 
 	// Builds run in sandboxes of this node; Close cancels running ones (they end in error).
-	builds, err := build.New(build.Config{DataDir: cfg.DataDir, Logger: log}, orch, cat.Templates())
+	builds, err := build.New(build.Config{DataDir: cfg.DataDir, Publisher: pub, Logger: log}, orch, cat.Templates())
 	if err != nil {
 		return fmt.Errorf("start the template builder: %w", err)
 	}
@@ -334,10 +346,14 @@ func installBaseRootFS(ctx context.Context, cfg config.Config, dir string, log *
 }
 
 // layeredBase returns the base template's layered artifact (made once per rootfs version
-// and disk size), or nil, with a warning, where it cannot be made.
+// and disk size, and checked to mount through FUSE and a loop device on this host), or
+// nil, with a warning, where it cannot be made or used.
 func layeredBase(ctx context.Context, cfg config.Config, dir string, log *slog.Logger) json.RawMessage {
 	out := filepath.Join(cfg.DataDir, "templates", baseTemplateID, "layered")
 	res, err := layered.Build(ctx, dir, out, cfg.Sandbox.DefaultDiskMB)
+	if err == nil {
+		err = layered.Verify(ctx, res.Manifest, filepath.Join(out, ".verify"))
+	}
 	if err != nil {
 		log.Warn("base template stays a directory template: snapshot, fork and pause to disk of its sandboxes are unavailable",
 			"err", err)

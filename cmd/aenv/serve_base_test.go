@@ -49,6 +49,14 @@ func TestEnsureBaseTemplateIsLayered(t *testing.T) {
 	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
 		t.Skip("needs mkfs.ext4 (e2fsprogs)")
 	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (the layered base is checked through FUSE and a loop device)")
+	}
+	for _, p := range []string{"/dev/fuse", "/dev/loop-control"} {
+		if _, err := os.Stat(p); err != nil {
+			t.Skipf("needs %s", p)
+		}
+	}
 	cat, cfg := baseFixture(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx := context.Background()

@@ -310,7 +310,7 @@ func newForkCmd(g *globals) *cobra.Command {
 
 func printForks(w io.Writer, results []api.SandboxForkResult) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "#\tSANDBOX\tFROM\tERROR")
+	fmt.Fprintln(tw, "#\tSANDBOX\tTEMPLATE\tERROR")
 	for i, r := range results {
 		switch {
 		case r.Sandbox != nil:

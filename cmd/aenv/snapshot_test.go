@@ -198,4 +198,3 @@ func TestParseTimeoutSeconds(t *testing.T) {
 		}
 	}
 }
-

@@ -89,7 +89,9 @@ func RunDensity(ctx context.Context, c *Client, o DensityOptions) (DensityResult
 	if err := c.Kill(context.WithoutCancel(ctx), warm.ID); err != nil {
 		return DensityResult{}, fmt.Errorf("bench: warm-up sandbox: %w", err)
 	}
-	time.Sleep(o.Settle)
+	if err := sleepCtx(ctx, o.Settle); err != nil {
+		return DensityResult{}, err
+	}
 	before, err := MemAvailable(o.MemInfo)
 	if err != nil {
 		return DensityResult{}, err
@@ -144,7 +146,9 @@ func fill(ctx context.Context, c *Client, o DensityOptions, req CreateRequest, r
 	if err := ctx.Err(); err != nil {
 		return created, fmt.Errorf("bench: %w", err)
 	}
-	time.Sleep(o.Settle)
+	if err := sleepCtx(ctx, o.Settle); err != nil {
+		return created, err
+	}
 	after, err := MemAvailable(o.MemInfo)
 	if err != nil {
 		return created, err
@@ -155,6 +159,18 @@ func fill(ctx context.Context, c *Client, o DensityOptions, req CreateRequest, r
 	}
 	r.Responsive = countResponsive(ctx, c, created, o.Concurrency)
 	return created, nil
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("bench: %w", ctx.Err())
+	case <-t.C:
+		return nil
+	}
 }
 
 // countResponsive runs `true` in every sandbox and counts those that answered.

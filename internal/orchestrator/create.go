@@ -184,6 +184,8 @@ func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox,
 	}
 	o.entries[id] = e
 	o.mu.Unlock()
+	// Pinned before the launch reads the layers; remove unpins on any failure.
+	o.pin(id, rec.TemplateID)
 
 	octx, cancel := o.opContext(ctx)
 	defer cancel()

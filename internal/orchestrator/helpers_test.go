@@ -124,6 +124,7 @@ type harness struct {
 	reg    *prometheus.Registry
 	store  *flakyStore
 	cfg    Config
+	opts   []Option // extra options of every (re)start
 }
 
 var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -160,7 +161,7 @@ func (h *harness) start() {
 	h.reg = prometheus.NewRegistry()
 	cfg := h.cfg
 	cfg.Registerer = h.reg
-	o, err := New(cfg, h.b, h.cat, WithClock(h.clock))
+	o, err := New(cfg, h.b, h.cat, append([]Option{WithClock(h.clock)}, h.opts...)...)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -156,6 +156,9 @@ type SnapshotInfo struct {
 	SourceSandboxID string
 	ParentID        string
 	CreatedAt       time.Time
+	// Publication is the repository publication's state when the snapshot was taken:
+	// PublicationNone, PublicationPending or PublicationFailed.
+	Publication string
 }
 
 // SnapshotFilter selects snapshots for GET /snapshots.

@@ -150,6 +150,13 @@ type Orchestrator struct {
 	seed    []byte
 	m       *metrics
 	rootfs  TemplateRootFS // nil: the template's directory
+	pub     Publisher      // nil: nothing is published or pinned
+	pins    PinLister      // nil: Start keeps every pin
+
+	// regMu orders a snapshot's registration and publication (read side) before a
+	// delete of the same entry (write side), so a delete that overtakes a snapshot
+	// never leaves the snapshot published in the repository.
+	regMu sync.RWMutex
 
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -386,6 +393,9 @@ func (o *Orchestrator) remove(e *entry, p *op, err error) {
 		o.log.Error("delete sandbox record", "sandbox", id, "err", derr)
 	}
 	e.pmu.Unlock()
+	// Before the operation completes, so a caller that saw the kill finish sees the
+	// layers released too.
+	o.unpin(id)
 	o.mu.Lock()
 	if o.entries[id] == e {
 		delete(o.entries, id)

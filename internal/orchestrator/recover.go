@@ -104,6 +104,7 @@ func (o *Orchestrator) Start(ctx context.Context) error {
 		o.mu.Unlock()
 		kept++
 	}
+	o.reconcilePins()
 	o.log.Info("orchestrator started", "sandboxes", kept, "dropped", dropped)
 	return nil
 }

@@ -69,11 +69,17 @@ func (o *Orchestrator) snapshot(ctx context.Context, id, name string) (SnapshotI
 	src := e.clone()
 	o.mu.Unlock()
 	snapID, err := newID()
+	tpl := snapshotTemplate(src, snapID, name, raw, o.clock.Now())
+	o.regMu.RLock()
 	if err == nil {
-		err = o.m.timeStage(opSnapshot, stageRegister, func() error {
-			return o.cat.Templates().Put(snapshotTemplate(src, snapID, name, raw, o.clock.Now()))
-		})
+		err = o.m.timeStage(opSnapshot, stageRegister, func() error { return o.cat.Templates().Put(tpl) })
 	}
+	publication := PublicationNone
+	if err == nil {
+		// Usable here already; other nodes get it when the background upload completes.
+		publication = o.publish(octx, tpl, src.EnvdVersion)
+	}
+	o.regMu.RUnlock()
 	if err != nil {
 		o.discardCapture(octx, c)
 		if errors.Is(err, catalog.ErrAliasTaken) {
@@ -86,7 +92,7 @@ func (o *Orchestrator) snapshot(ctx context.Context, id, name string) (SnapshotI
 	}
 	o.finish(e, p, StateRunning, nil)
 	info := SnapshotInfo{SnapshotID: snapID, Names: []string{}, SourceSandboxID: id,
-		ParentID: src.Launch.ParentSnapshot, CreatedAt: o.clock.Now().UTC()}
+		ParentID: src.Launch.ParentSnapshot, CreatedAt: o.clock.Now().UTC(), Publication: publication}
 	if name != "" {
 		info.Names = []string{name}
 	}
@@ -274,26 +280,20 @@ func snapshotInfo(t catalog.Template) SnapshotInfo {
 // through DELETE /templates/{id}). Sandboxes created from it are not affected: each
 // keeps what it needs to run, pause and resume, and backends free a snapshot's
 // artifacts only when nothing else references them. Unknown is ErrTemplateNotFound.
+//
+// With a publisher it is deleted from the repository too (every node sharing it drops
+// it at its next sync); a repository fault is logged, the local delete stands.
 func (o *Orchestrator) DeleteTemplate(ctx context.Context, idOrName string) error {
+	o.regMu.Lock()
 	t, err := o.cat.Templates().Delete(idOrName)
+	o.regMu.Unlock()
 	if errors.Is(err, catalog.ErrNotFound) {
 		return fmt.Errorf("%w: %q", ErrTemplateNotFound, idOrName)
 	}
 	if err != nil {
 		return fmt.Errorf("delete template %q: %w", idOrName, err)
 	}
-	if t.Kind != catalog.KindSnapshot || len(t.Artifact) == 0 {
-		return nil
-	}
-	if _, ok := o.backend.(SnapshotDiscarder); !ok || (t.Backend != "" && t.Backend != o.backend.Name()) {
-		return nil
-	}
-	c, err := o.backend.DecodeCaptured(t.Artifact)
-	if err != nil {
-		// The record is gone; the backend's reconcile drops what nothing references.
-		o.log.Error("decode deleted snapshot for discard", "snapshot", t.ID, "err", err)
-		return nil
-	}
-	o.discardCapture(ctx, c)
+	o.DiscardTemplate(ctx, t)
+	o.unpublish(ctx, t.ID)
 	return nil
 }

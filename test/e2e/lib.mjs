@@ -158,7 +158,7 @@ export async function startNode({
     env: {
       ...process.env,
       AENV_API_KEY: apiKey,
-      AENV_LOG_LEVEL: 'info',
+      AENV_LOG_LEVEL: process.env.AENV_E2E_LOG_LEVEL || 'info', // debug: AENV_E2E_LOG_LEVEL=debug
       AENV_SANDBOX_SHUTDOWN_ACTION: shutdownAction,
       AENV_BACKEND_CGROUP_PARENT: net.cgroupParent,
       AENV_NETWORK_BRIDGE: net.bridge,

@@ -110,6 +110,10 @@ type Config struct {
 	// uses the host's /etc/resolv.conf unless its nameservers are loopback addresses (which
 	// a sandbox cannot reach), "none" keeps the template's file, anything else is a path.
 	ResolvConf string
+	// LayerResolver opens sealed layers that have a digest but no local path (lazily,
+	// e.g. from a repository through the node's block cache). Without it every layer of
+	// a layered root needs an absolute path.
+	LayerResolver stack.Resolver
 	// SnapshotQuiesce is how snapshots of block roots make the filesystem consistent:
 	// "freeze" (default; fsfreeze, a clean image) or "sync" (syncfs, then a
 	// crash-consistent point-in-time seal: a much shorter write stall).

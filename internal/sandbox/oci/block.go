@@ -62,11 +62,20 @@ func (c *Captured) validate() error {
 		return fmt.Errorf("oci: capture %s has no layers", c.ID)
 	}
 	for _, l := range c.Layers {
-		if !filepath.IsAbs(l.Path) {
-			return fmt.Errorf("oci: capture %s: layer path %q is not absolute", c.ID, l.Path)
+		if err := checkLayer(l); err != nil {
+			return fmt.Errorf("oci: capture %s: %w", c.ID, err)
 		}
 	}
 	return nil
+}
+
+// checkLayer accepts a layer with an absolute path, or one with only a digest (opened
+// through Config.LayerResolver).
+func checkLayer(l stack.LayerRef) error {
+	if l.Path == "" && l.Digest != "" || filepath.IsAbs(l.Path) {
+		return nil
+	}
+	return fmt.Errorf("layer %+v has neither an absolute path nor a digest", l)
 }
 
 // DecodeCaptured implements sandbox.Backend. The capture's layer files must still exist.
@@ -79,6 +88,9 @@ func (b *Backend) DecodeCaptured(raw []byte) (sandbox.Captured, error) {
 		return nil, err
 	}
 	for _, l := range c.Layers {
+		if l.Path == "" {
+			continue // resolved by digest at launch
+		}
 		if _, err := os.Stat(l.Path); err != nil {
 			return nil, fmt.Errorf("oci: capture %s: layer missing: %w", c.ID, err)
 		}
@@ -102,8 +114,11 @@ func layerRefs(in []sandbox.LayerRef) []stack.LayerRef {
 // vsize bytes, or Resources.DiskSizeMB when that is larger (the filesystem is grown).
 func (b *Backend) launchBlock(ctx context.Context, plan sandbox.LaunchPlan, layers []stack.LayerRef, vsize uint64) (sandbox.Instance, error) {
 	for _, l := range layers {
-		if l.Path == "" || !filepath.IsAbs(l.Path) {
-			return nil, fmt.Errorf("oci: layer %+v has no absolute path", l)
+		if err := checkLayer(l); err != nil {
+			return nil, fmt.Errorf("oci: %w", err)
+		}
+		if l.Path == "" && b.cfg.LayerResolver == nil {
+			return nil, fmt.Errorf("oci: layer %s has no path and no LayerResolver is configured", l.Digest)
 		}
 	}
 	if want := uint64(plan.Resources.DiskSizeMB) << 20; vsize > 0 && want > vsize {
@@ -126,7 +141,7 @@ func blockKey(layers []stack.LayerRef, vsize uint64) string {
 	var k strings.Builder
 	k.WriteString("layers")
 	for _, l := range layers {
-		k.WriteString(":" + l.Path)
+		k.WriteString(":" + l.Path + "#" + l.Digest)
 	}
 	return fmt.Sprintf("%s@%d", k.String(), vsize)
 }
@@ -135,6 +150,7 @@ func blockKey(layers []stack.LayerRef, vsize uint64) string {
 func (b *Backend) mountBlock(ctx context.Context, inst *Instance, o createOpts, userns int) error {
 	blk, err := rootfs.Open(ctx, rootfs.Spec{
 		Dir: inst.l.dir, Lowers: o.layers, VirtualSize: o.vsize, Target: inst.l.rootfs(), UserNS: userns,
+		Resolver: b.cfg.LayerResolver,
 	})
 	if err != nil {
 		return fmt.Errorf("oci: block root: %w", err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
+	"github.com/aenv-dev/aenv/internal/storage/stack"
 )
 
 var (
@@ -460,5 +461,70 @@ func TestOverlayCannotSnapshot(t *testing.T) {
 	}
 	if st, _ := i.Status(ctx); st != "paused" {
 		t.Fatalf("status %q", st)
+	}
+}
+
+// digestResolver serves layers by digest from local files (standing in for a repository
+// behind the node's block cache) and counts what it opened.
+type digestResolver struct {
+	files map[string]string
+	mu    sync.Mutex
+	opens int
+}
+
+type fileSource struct {
+	*os.File
+	size int64
+}
+
+func (f fileSource) Size() int64 { return f.size }
+
+func (r *digestResolver) OpenLayer(_ context.Context, ref stack.LayerRef) (stack.Source, error) {
+	p, ok := r.files[ref.Digest]
+	if !ok {
+		return nil, fmt.Errorf("no blob %s", ref.Digest)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	r.mu.Lock()
+	r.opens++
+	r.mu.Unlock()
+	return fileSource{File: f, size: fi.Size()}, nil
+}
+
+// TestBlockLayerByDigest: a template whose layers have only digests launches through
+// Config.LayerResolver, and its snapshots (digest lowers plus local sealed layers) fork.
+func TestBlockLayerByDigest(t *testing.T) {
+	fs := testLayered(t)
+	res := &digestResolver{files: map[string]string{"sha256:base": fs.Layers[0].Path}}
+	byDigest := sandbox.RootFS{Layers: []sandbox.LayerRef{{Digest: "sha256:base", Size: fs.Layers[0].Size}}, VirtualSize: fs.VirtualSize}
+	plain := newTestBackend(t, nil)
+	if _, err := plain.b.Launch(context.Background(), sandbox.LaunchPlan{Kind: sandbox.LaunchFresh, SandboxID: "dg0", RootFS: byDigest}); err == nil {
+		t.Fatal("a digest-only layer launched without a resolver")
+	}
+	e := newTestBackend(t, func(c *Config) {
+		c.LayerResolver = res
+		c.Network.Bridge, c.Network.Prefix, c.Network.Subnet = "aenvocit1", "aenvou", "10.89.17.0/24"
+	})
+	a := e.launchBlock(t, "dg1", byDigest, sandbox.Resources{})
+	e.mustSh(t, a, "test -x /bin/busybox && echo d > /root/d")
+	res2, err := a.Fork(context.Background(), []sandbox.ForkSpec{{SandboxID: "dg2"}})
+	if err != nil || res2[0].Err != nil {
+		t.Fatalf("fork: %v %v", err, res2)
+	}
+	k := res2[0].Instance.(*Instance)
+	e.waitReady(t, k)
+	if out := e.mustSh(t, k, "cat /root/d"); out != "d\n" {
+		t.Fatalf("child: %q", out)
+	}
+	if res.opens < 2 {
+		t.Fatalf("resolver opened %d layers, want one per root", res.opens)
 	}
 }

@@ -171,6 +171,9 @@ func (w *warmPool) prepare(lower string) (*Instance, error) {
 	w.mu.Unlock()
 	if len(o.layers) > 0 {
 		for _, l := range o.layers {
+			if l.Path == "" {
+				continue
+			}
 			if _, err := os.Stat(l.Path); err != nil {
 				return nil, fmt.Errorf("template layer gone: %w", err)
 			}

@@ -62,7 +62,9 @@ type Config struct {
 	// EnvdPort is envd's port when an endpoint does not say (default 49983).
 	EnvdPort int
 	HTTP     *http.Client
-	Logger   *slog.Logger
+	// Publisher, when set, publishes each built template to the repository.
+	Publisher Publisher
+	Logger    *slog.Logger
 }
 
 // Service runs builds and answers questions about them.
@@ -399,6 +401,7 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 		os.RemoveAll(dir)
 		return failStep("finalize", fmt.Errorf("register the template: %w", err))
 	}
+	s.publish(ctx, t, sb.EnvdVersion, logf)
 	// Earlier builds of the template are replaced; sandboxes still on them keep theirs.
 	s.pruneBuilds(context.WithoutCancel(ctx), rec.TemplateID, rec.ID)
 	logf("info", fmt.Sprintf("template %s (%s) is ready", rec.Name, rec.TemplateID))

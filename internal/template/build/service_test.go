@@ -116,6 +116,9 @@ func newRealNode(t *testing.T, cfg Config) *realNode {
 		orch.Shutdown(sctx)
 	})
 	cfg.DataDir, cfg.Logger = data, log
+	if rp, ok := cfg.Publisher.(*recordingPublisher); ok {
+		rp.tpls = cat.Templates()
+	}
 	svc, err := New(cfg, orch, cat.Templates())
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +170,8 @@ func (n *realNode) noSandboxes(t *testing.T) {
 }
 
 func TestBuildInRealSandbox(t *testing.T) {
-	n := newRealNode(t, Config{ReadyTimeout: 20 * time.Second})
+	pub := &recordingPublisher{}
+	n := newRealNode(t, Config{ReadyTimeout: 20 * time.Second, Publisher: pub})
 	upload := makeTar(t, true,
 		tarEntry{name: "hello.txt", body: "hello from the context\n"},
 		tarEntry{name: "dir/", typ: 0x35, mode: 0o755},
@@ -194,6 +198,9 @@ func TestBuildInRealSandbox(t *testing.T) {
 		if !strings.Contains(logs, want) {
 			t.Errorf("log lacks %q:\n%s", want, logs)
 		}
+	}
+	if got, inCat := pub.calls(); len(got) != 1 || got[0].ID != rec.TemplateID || !inCat[0] {
+		t.Errorf("published %+v (in the catalog then: %v), want template %s once, after it was registered", got, inCat, rec.TemplateID)
 	}
 	tpl, err := n.cat.Templates().Resolve("built-one")
 	if err != nil {

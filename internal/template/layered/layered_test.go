@@ -154,7 +154,7 @@ func TestBuildBadInput(t *testing.T) {
 	}
 }
 
-func needMkfs(t *testing.T) {
+func needMkfs(t testing.TB) {
 	t.Helper()
 	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
 		t.Skip("needs mkfs.ext4 (e2fsprogs)")

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -145,5 +146,82 @@ func TestBaseLayerMounts(t *testing.T) {
 	// Sandboxes write to their own upper, never to the shared layer.
 	if err := os.WriteFile(filepath.Join(mnt, "home/user/x"), nil, 0o644); !errors.Is(err, unix.EROFS) {
 		t.Errorf("write to the read-only mount: %v, want EROFS", err)
+	}
+}
+
+// leftovers lists mounts and loop devices whose path or backing file lies under dir.
+func leftovers(t *testing.T, dir string) []string {
+	t.Helper()
+	var found []string
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(mi), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir) {
+			found = append(found, "mount "+f[4])
+		}
+	}
+	backs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, bf := range backs {
+		if b, err := os.ReadFile(bf); err == nil && strings.HasPrefix(string(b), dir) {
+			found = append(found, "loop "+strings.TrimSpace(string(b)))
+		}
+	}
+	return found
+}
+
+func TestVerify(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	tmp := t.TempDir()
+	tree := smallTree(t)
+	good, err := Build(ctx, tree, filepath.Join(tmp, "good"), 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A valid layer stack whose device is all zeros: no filesystem on it.
+	zeros := filepath.Join(tmp, "zeros.raw")
+	if err := os.WriteFile(zeros, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(zeros, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	info, err := importCompressed(zeros, filepath.Join(tmp, "zeros.zfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := describe(filepath.Join(tmp, "zeros.zfile"), info.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref.Path = filepath.Join(tmp, "zeros.zfile")
+	empty := filepath.Join(tmp, "zeros.stack.json")
+	if err := writeJSON(empty, stack.Manifest{Lowers: []stack.LayerRef{ref}}); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name     string
+		manifest string
+		want     error // nil: success
+		anyErr   bool
+	}{
+		{"base layer", good.Manifest, nil, false},
+		{"no filesystem", empty, ErrNotExt4, true},
+		{"no manifest", filepath.Join(tmp, "missing.stack.json"), nil, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			work := filepath.Join(tmp, "verify-"+strings.ReplaceAll(tc.name, " ", "-"))
+			err := Verify(ctx, tc.manifest, work)
+			if (err != nil) != tc.anyErr || (tc.want != nil && !errors.Is(err, tc.want)) {
+				t.Fatalf("Verify = %v, want %v (any error: %v)", err, tc.want, tc.anyErr)
+			}
+			if left := leftovers(t, work); len(left) > 0 {
+				t.Fatalf("left behind: %v", left)
+			}
+		})
 	}
 }

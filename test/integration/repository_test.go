@@ -1,0 +1,242 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/bench"
+)
+
+// nodeNet is what keeps two nodes on one host apart: each sweeps, at startup, every
+// slot, nftables table and cgroup of its own names that it does not know.
+type nodeNet struct {
+	bridge, subnet, prefix, cgroup string
+}
+
+func (n nodeNet) env() []string {
+	return []string{"AENV_NETWORK_BRIDGE=" + n.bridge, "AENV_NETWORK_SUBNET=" + n.subnet,
+		"AENV_NETWORK_PREFIX=" + n.prefix, "AENV_BACKEND_CGROUP_PARENT=" + n.cgroup}
+}
+
+// leftovers lists the network namespaces and sandbox cgroups of n on the host.
+func (n nodeNet) leftovers() []string {
+	var out []string
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), n.prefix+"-") {
+			out = append(out, "netns "+e.Name())
+		}
+	}
+	for _, root := range cgroupRoots(n.cgroup) {
+		kids, _ := os.ReadDir(root)
+		for _, k := range kids {
+			if k.IsDir() {
+				out = append(out, "cgroup "+filepath.Join(root, k.Name()))
+			}
+		}
+	}
+	return out
+}
+
+// teardown removes everything the node's names own on the host: namespaces, sandbox
+// cgroups, the cgroup parent, the bridge and its nftables tables (which a node keeps
+// across restarts, so a stopped node still has them).
+func (n nodeNet) teardown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), n.prefix+"-") {
+			if out, err := exec.CommandContext(ctx, "ip", "netns", "delete", e.Name()).CombinedOutput(); err != nil {
+				t.Logf("cleanup: ip netns delete %s: %v: %s", e.Name(), err, out)
+			}
+		}
+	}
+	for _, root := range cgroupRoots(n.cgroup) {
+		kids, _ := os.ReadDir(root)
+		for _, k := range kids {
+			_ = os.Remove(filepath.Join(root, k.Name()))
+		}
+		_ = os.Remove(root)
+	}
+	_ = exec.CommandContext(ctx, "ip", "link", "delete", n.bridge).Run()
+	script := fmt.Sprintf("table inet %[1]s {}\ndelete table inet %[1]s\ntable bridge %[1]s {}\ndelete table bridge %[1]s\n", n.bridge)
+	nft := exec.CommandContext(ctx, "nft", "-f", "-")
+	nft.Stdin = strings.NewReader(script)
+	if out, err := nft.CombinedOutput(); err != nil {
+		t.Logf("cleanup: nft delete tables %s: %v: %s", n.bridge, err, out)
+	}
+}
+
+// cgroupRoots are the directories of cgroup parent on this host (v2, or every v1
+// hierarchy).
+func cgroupRoots(parent string) []string {
+	a, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", parent))
+	b, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", parent))
+	return append(a, b...)
+}
+
+// api calls the node's REST API (the calls bench.Client lacks) and returns the answer.
+func (n *node) api(ctx context.Context, method, path, body string, want int) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, n.url()+path, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("X-API-Key", n.key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != want {
+		return out, &bench.APIError{Op: method + " " + path, Status: resp.StatusCode, Message: string(out)}
+	}
+	return out, nil
+}
+
+// listsSnapshot reports whether the node's GET /snapshots knows id.
+func (n *node) listsSnapshot(ctx context.Context, t *testing.T, id string) bool {
+	t.Helper()
+	out, err := n.api(ctx, http.MethodGet, "/snapshots?name="+url.QueryEscape(id), "", http.StatusOK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list []struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	if err := json.Unmarshal(out, &list); err != nil {
+		t.Fatalf("GET /snapshots: %v: %s", err, out)
+	}
+	return len(list) == 1 && list[0].SnapshotID == id
+}
+
+// waitFor polls cond every 200 ms until it holds or d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return true
+}
+
+// TestSharedPosixRepository runs two nodes on one host, each with its own data dir,
+// port, network and cgroup parent, sharing one posix_fs repository directory. A
+// snapshot taken on node A is published there and synced by node B, which creates a
+// sandbox from it that sees A's file. The snapshot deleted on A stays on B while B's
+// sandbox runs on it and leaves B's catalog once that sandbox is gone. Nothing of either
+// node is left on the host.
+func TestSharedPosixRepository(t *testing.T) {
+	repo, err := os.MkdirTemp("", "aenv-it-repo-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nets := []nodeNet{
+		{bridge: "aenvra0", subnet: "10.93.0.0/16", prefix: "aenvra", cgroup: "aenv-it-ra"},
+		{bridge: "aenvrb0", subnet: "10.94.0.0/16", prefix: "aenvrb", cgroup: "aenv-it-rb"},
+	}
+	// Registered first, so it runs last: after each node was killed and swept.
+	t.Cleanup(func() {
+		for _, n := range nets {
+			n.teardown(t)
+		}
+		os.RemoveAll(repo)
+	})
+	common := []string{"AENV_REPOSITORY_POSIX_FS_PATH=" + repo, "AENV_SNAPSHOT_SYNC_INTERVAL=1s",
+		"AENV_SANDBOX_SHUTDOWN_ACTION=stop"}
+	a := newNode(t, append(nets[0].env(), common...)...)
+	b := newNode(t, append(nets[1].env(), common...)...)
+	a.start()
+	b.start()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	ca, cb := a.client(), b.client()
+
+	src := a.create(ctx, ca)
+	run(ctx, t, ca, src, "echo written-on-a > /home/user/marker")
+	out, err := a.api(ctx, http.MethodPost, "/sandboxes/"+src.ID+"/snapshots", `{}`, http.StatusCreated)
+	if se := (*bench.APIError)(nil); errors.As(err, &se) && se.Status == http.StatusNotImplemented {
+		t.Skipf("the base template is not layered on this host (see serve's warning at startup), so its sandboxes cannot be snapshotted: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil || info.SnapshotID == "" {
+		t.Fatalf("snapshot answer %s: %v", out, err)
+	}
+	snapID := info.SnapshotID
+	start := time.Now()
+	if !waitFor(90*time.Second, func() bool { return b.listsSnapshot(ctx, t, snapID) }) {
+		t.Fatalf("node B never listed snapshot %s taken on node A", snapID)
+	}
+	t.Logf("snapshot %s usable on node B %s after it was taken on node A", snapID, time.Since(start).Round(time.Millisecond))
+
+	child, err := cb.Create(ctx, bench.CreateRequest{TemplateID: snapID, Timeout: 600, Secure: true})
+	if err != nil {
+		t.Fatalf("create from A's snapshot on node B: %v", err)
+	}
+	b.observe()
+	if got := run(ctx, t, cb, child, "cat /home/user/marker"); got != "written-on-a" {
+		t.Fatalf("node B's sandbox from the snapshot reads %q, want written-on-a", got)
+	}
+	run(ctx, t, cb, child, "echo written-on-b > /home/user/marker")
+	if got := run(ctx, t, ca, src, "cat /home/user/marker"); got != "written-on-a" {
+		t.Fatalf("node A's source sandbox reads %q after B's write", got)
+	}
+
+	// Deleted on A (and so in the repository): B keeps it while its sandbox runs on it.
+	if _, err := a.api(ctx, http.MethodDelete, "/templates/"+snapID, "", http.StatusNoContent); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // a few syncs of B
+	if !b.listsSnapshot(ctx, t, snapID) {
+		t.Fatal("node B dropped a deleted snapshot its running sandbox uses")
+	}
+	if got := run(ctx, t, cb, child, "cat /home/user/marker"); got != "written-on-b" {
+		t.Fatalf("node B's sandbox reads %q after the delete", got)
+	}
+	if err := cb.Kill(ctx, child.ID); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(30*time.Second, func() bool { return !b.listsSnapshot(ctx, t, snapID) }) {
+		t.Fatal("node B still lists the deleted snapshot after its last sandbox was killed")
+	}
+
+	killAll(ctx, t, ca)
+	a.stop()
+	b.stop()
+	for i, n := range []*node{a, b} {
+		var left []string
+		for id, c := range runcList(t, n.dataDir) {
+			left = append(left, fmt.Sprintf("container %s (%s)", id, c.Status))
+		}
+		for _, m := range mountsUnder(t, n.dataDir) {
+			left = append(left, "mount "+m)
+		}
+		left = append(left, nets[i].leftovers()...)
+		if len(left) > 0 {
+			t.Errorf("node %c left behind:\n  %s", 'A'+i, strings.Join(left, "\n  "))
+		}
+	}
+}
