@@ -52,6 +52,7 @@ type DensityResult struct {
 	// CreateTime is how long creating them took; KillErrors counts failed kills.
 	CreateTime time.Duration `json:"createTime"`
 	KillErrors int           `json:"killErrors"`
+	KillError  string        `json:"killError,omitempty"` // the first failed kill
 }
 
 // RunDensity creates sandboxes until Count exist or the first create fails, checks that each
@@ -86,9 +87,8 @@ func RunDensity(ctx context.Context, c *Client, o DensityOptions) (DensityResult
 	if err != nil {
 		return DensityResult{}, fmt.Errorf("bench: warm-up sandbox: %w", err)
 	}
-	if err := c.Kill(context.WithoutCancel(ctx), warm.ID); err != nil {
-		return DensityResult{}, fmt.Errorf("bench: warm-up sandbox: %w", err)
-	}
+	// A failed kill is counted, not fatal: the density figures do not depend on it.
+	warmKillErr := c.Kill(context.WithoutCancel(ctx), warm.ID)
 	if err := sleepCtx(ctx, o.Settle); err != nil {
 		return DensityResult{}, err
 	}
@@ -97,9 +97,16 @@ func RunDensity(ctx context.Context, c *Client, o DensityOptions) (DensityResult
 		return DensityResult{}, err
 	}
 	r := DensityResult{Requested: o.Count, MemAvailableBefore: before}
+	if warmKillErr != nil {
+		r.KillErrors, r.KillError = 1, warmKillErr.Error()
+	}
 
 	created, err := fill(ctx, c, o, req, &r)
-	r.KillErrors = killAll(context.WithoutCancel(ctx), c, created, o.Concurrency, func(d, t int) { progress("kill", d, t) })
+	n, kerr := killAll(context.WithoutCancel(ctx), c, created, o.Concurrency, func(d, t int) { progress("kill", d, t) })
+	r.KillErrors += n
+	if r.KillError == "" {
+		r.KillError = kerr
+	}
 	return r, err
 }
 
@@ -190,11 +197,12 @@ func countResponsive(ctx context.Context, c *Client, sbs []Sandbox, conc int) in
 	return n
 }
 
-// killAll kills every sandbox and returns how many kills failed.
-func killAll(ctx context.Context, c *Client, sbs []Sandbox, conc int, progress func(done, total int)) int {
+// killAll kills every sandbox and returns how many kills failed and the first failure.
+func killAll(ctx context.Context, c *Client, sbs []Sandbox, conc int, progress func(done, total int)) (int, string) {
 	var (
 		mu         sync.Mutex
 		done, errs int
+		first      string
 	)
 	forEach(sbs, conc, func(sb Sandbox) {
 		kctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -204,11 +212,14 @@ func killAll(ctx context.Context, c *Client, sbs []Sandbox, conc int, progress f
 		done++
 		if err != nil {
 			errs++
+			if first == "" {
+				first = err.Error()
+			}
 		}
 		progress(done, len(sbs))
 		mu.Unlock()
 	})
-	return errs
+	return errs, first
 }
 
 func forEach(sbs []Sandbox, conc int, f func(Sandbox)) {

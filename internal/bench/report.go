@@ -118,7 +118,7 @@ func (d DensityResult) Write(w io.Writer, format string) error {
 	fmt.Fprintf(tw, "host MemAvailable after\t%s\n", mib(d.MemAvailableAfter))
 	fmt.Fprintf(tw, "per idle sandbox\t%s\n", mib(d.PerSandbox))
 	if d.KillErrors > 0 {
-		fmt.Fprintf(tw, "failed kills\t%d\n", d.KillErrors)
+		fmt.Fprintf(tw, "failed kills\t%d (first: %s)\n", d.KillErrors, d.KillError)
 	}
 	return tw.Flush()
 }

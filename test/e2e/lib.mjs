@@ -259,15 +259,20 @@ function cleanupNode({ net, dataDir }) {
   try { hierarchies = readdirSync('/sys/fs/cgroup') } catch {}
   const v2 = hierarchies.includes('cgroup.controllers')
   for (const h of v2 ? ['.'] : hierarchies) walk(join('/sys/fs/cgroup', h, net.cgroupParent))
+  const killed = new Set()
   for (const d of cgDirs) {
     let procs = ''
     try { procs = readFileSync(join(d, 'cgroup.procs'), 'utf8').trim() } catch {}
     if (!procs) continue
-    found.push(`cgroup ${d}: killed ${procs.split('\n').join(',')}`)
-    for (const pid of procs.split('\n')) { try { process.kill(Number(pid), 'SIGKILL') } catch {} }
+    for (const pid of procs.split('\n')) {
+      if (killed.has(pid)) continue
+      killed.add(pid)
+      try { process.kill(Number(pid), 'SIGKILL') } catch {}
+    }
     try { writeFileSync(join(d, 'freezer.state'), 'THAWED') } catch {}
     try { writeFileSync(join(d, 'cgroup.freeze'), '0') } catch {}
   }
+  if (killed.size) found.push(`killed sandbox processes ${[...killed].join(', ')}`)
   const sandboxCgroups = new Set(cgDirs.map((d) => d.split(net.cgroupParent + '/')[1]).filter(Boolean))
   if (sandboxCgroups.size) found.push('sandbox cgroups ' + [...sandboxCgroups].join(', '))
   for (const d of cgDirs) {

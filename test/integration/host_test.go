@@ -207,7 +207,7 @@ func otherNodes() bool {
 
 // leftovers describes everything of the node's that exists on the host apart from the
 // containers in keep (by container id): containers in its runtime root, mounts under its data
-// dir, network namespaces and cgroups of containers it owned, and (when no other node runs
+// dir, loop devices backed by files there, network namespaces and cgroups of containers it owned, and (when no other node runs
 // here to confuse the picture) any aenv-* namespace that appeared since it first started.
 // Call it with the node stopped.
 func leftovers(t *testing.T, n *node, keep map[string]bool) []string {
@@ -219,12 +219,13 @@ func leftovers(t *testing.T, n *node, keep map[string]bool) []string {
 		}
 	}
 	for _, m := range mountsUnder(t, n.dataDir) {
-		cid := ""
-		if rel, err := filepath.Rel(filepath.Join(n.dataDir, "oci", "sandboxes"), m); err == nil && !strings.HasPrefix(rel, "..") {
-			cid = strings.Split(rel, string(filepath.Separator))[0]
-		}
-		if !keep[cid] {
+		if !keep[containerOf(n.dataDir, m)] {
 			out = append(out, "mount "+m)
+		}
+	}
+	for dev, backing := range loopDevices(n.dataDir) {
+		if !keep[containerOf(n.dataDir, backing)] {
+			out = append(out, fmt.Sprintf("loop device %s (backing %s)", dev, backing))
 		}
 	}
 	keptNetns := map[string]bool{}
@@ -259,6 +260,32 @@ func leftovers(t *testing.T, n *node, keep map[string]bool) []string {
 	return slices.Compact(out)
 }
 
+// containerOf returns the container whose bundle directory holds path, or "".
+func containerOf(dataDir, path string) string {
+	rel, err := filepath.Rel(filepath.Join(dataDir, "oci", "sandboxes"), path)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return ""
+	}
+	return strings.Split(rel, string(filepath.Separator))[0]
+}
+
+// loopDevices maps the loop devices whose backing file lies under dir to that file.
+func loopDevices(dir string) map[string]string {
+	out := map[string]string{}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		backing := strings.TrimSuffix(strings.TrimSpace(string(raw)), " (deleted)")
+		if strings.HasPrefix(backing, dir+"/") {
+			out["/dev/"+filepath.Base(filepath.Dir(filepath.Dir(f)))] = backing
+		}
+	}
+	return out
+}
+
 // requireNoLeftovers fails the test when leftovers finds anything outside keep.
 func requireNoLeftovers(t *testing.T, n *node, keep map[string]bool) {
 	t.Helper()
@@ -282,6 +309,11 @@ func forceCleanup(t *testing.T, dataDir string, seen *ownership) {
 	for _, m := range mountsUnder(t, dataDir) {
 		if out, err := exec.CommandContext(ctx, "umount", "-l", m).CombinedOutput(); err != nil {
 			t.Logf("cleanup: umount %s: %v: %s", m, err, out)
+		}
+	}
+	for dev := range loopDevices(dataDir) {
+		if out, err := exec.CommandContext(ctx, "losetup", "-d", dev).CombinedOutput(); err != nil {
+			t.Logf("cleanup: losetup -d %s: %v: %s", dev, err, out)
 		}
 	}
 	for cid := range seen.snapshot() {

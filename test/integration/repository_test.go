@@ -79,6 +79,31 @@ func (n nodeNet) teardown(t *testing.T) {
 	}
 }
 
+// newNode prepares a node on these names. Unlike newNode it does not wait for other
+// nodes on the host to finish: with names of its own, no other node's sweep touches it.
+func (n nodeNet) newNode(t *testing.T, env ...string) *node {
+	t.Helper()
+	bins := needNode(t)
+	dd, err := os.MkdirTemp("", "aenv-it-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sandbox roots in user namespaces must traverse the data dir (MkdirTemp makes 0700).
+	if err := os.Chmod(dd, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	nd := &node{t: t, bins: bins, dataDir: dd, key: "e2b_" + randHex(20), env: append(n.env(), env...), seen: newOwnership()}
+	t.Cleanup(func() {
+		nd.kill9()
+		if t.Failed() {
+			t.Logf("aenv serve (%s) output:\n%s", n.prefix, nd.output())
+		}
+		forceCleanup(t, dd, nd.seen)
+		os.RemoveAll(dd)
+	})
+	return nd
+}
+
 // cgroupRoots are the directories of cgroup parent on this host (v2, or every v1
 // hierarchy).
 func cgroupRoots(parent string) []string {
@@ -162,8 +187,8 @@ func TestSharedPosixRepository(t *testing.T) {
 	})
 	common := []string{"AENV_REPOSITORY_POSIX_FS_PATH=" + repo, "AENV_SNAPSHOT_SYNC_INTERVAL=1s",
 		"AENV_SANDBOX_SHUTDOWN_ACTION=stop"}
-	a := newNode(t, append(nets[0].env(), common...)...)
-	b := newNode(t, append(nets[1].env(), common...)...)
+	a := nets[0].newNode(t, common...)
+	b := nets[1].newNode(t, common...)
 	a.start()
 	b.start()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

@@ -5,13 +5,17 @@ import (
 	"errors"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/repository"
 	"github.com/aenv-dev/aenv/internal/snapshot"
 )
 
 // Publisher publishes a registered template to the shared repository
-// (*snapshot.Publisher), so other nodes sharing it can create sandboxes from it.
+// (*snapshot.Publisher), so other nodes sharing it can create sandboxes from it, and
+// removes a deleted one from it.
 type Publisher interface {
 	PublishTemplate(ctx context.Context, t catalog.Template, envdVersion string) (*snapshot.Handle, error)
+	// Delete is snapshot.ErrNotFound for a template the repository never had.
+	Delete(ctx context.Context, id string) (repository.GCResult, error)
 }
 
 // publish starts the background publication of a template the build just registered.
@@ -31,5 +35,16 @@ func (s *Service) publish(ctx context.Context, t catalog.Template, envdVersion s
 	default:
 		s.log.Error("publish the template; it stays usable on this node only", "template", t.ID, "err", err)
 		logf("warn", "the template could not be published to the repository: "+err.Error())
+	}
+}
+
+// unpublish removes a deleted template from the repository, so other nodes drop it at
+// their next sync; the local delete stands whatever happens there.
+func (s *Service) unpublish(ctx context.Context, id string) {
+	if s.cfg.Publisher == nil {
+		return
+	}
+	if _, err := s.cfg.Publisher.Delete(context.WithoutCancel(ctx), id); err != nil && !errors.Is(err, snapshot.ErrNotFound) {
+		s.log.Error("delete the template from the repository", "template", id, "err", err)
 	}
 }

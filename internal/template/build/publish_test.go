@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/repository"
 	"github.com/aenv-dev/aenv/internal/snapshot"
 )
 
@@ -15,6 +16,7 @@ type recordingPublisher struct {
 	mu        sync.Mutex
 	published []catalog.Template
 	inCatalog []bool
+	deleted   []string
 }
 
 func (p *recordingPublisher) PublishTemplate(_ context.Context, t catalog.Template, _ string) (*snapshot.Handle, error) {
@@ -26,8 +28,21 @@ func (p *recordingPublisher) PublishTemplate(_ context.Context, t catalog.Templa
 	return nil, nil
 }
 
+func (p *recordingPublisher) Delete(_ context.Context, id string) (repository.GCResult, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.deleted = append(p.deleted, id)
+	return repository.GCResult{}, nil
+}
+
 func (p *recordingPublisher) calls() ([]catalog.Template, []bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]catalog.Template(nil), p.published...), append([]bool(nil), p.inCatalog...)
+}
+
+func (p *recordingPublisher) deletes() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.deleted...)
 }

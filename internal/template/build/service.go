@@ -500,6 +500,7 @@ func (s *Service) Delete(ctx context.Context, idOrAlias string) (catalog.Templat
 	if _, err := s.tpls.Delete(t.ID); err != nil {
 		return catalog.Template{}, err
 	}
+	s.unpublish(ctx, t.ID)
 	if err := s.Forget(t.ID); err != nil {
 		s.log.Warn("remove build records", "template", t.ID, "err", err)
 	}

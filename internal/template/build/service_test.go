@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -279,6 +280,12 @@ func TestBuildInRealSandbox(t *testing.T) {
 	}
 	if got := builds(); got != 1 {
 		t.Errorf("after a rebuild with no sandbox on old builds: %d build dirs, want 1", got)
+	}
+	if _, err := n.svc.Delete(context.Background(), "built-one"); err != nil {
+		t.Fatal(err)
+	}
+	if got := pub.deletes(); !slices.Equal(got, []string{rec.TemplateID}) {
+		t.Errorf("deleted from the repository: %q, want %s", got, rec.TemplateID)
 	}
 }
 
