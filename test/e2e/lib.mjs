@@ -229,8 +229,46 @@ export async function stopNode(node) {
 // dir. What it finds besides the bridge and nftables tables is reported on stderr.
 function cleanupNode({ net, dataDir }) {
   const found = []
-  // Mounts and loop devices under the data dir first: removing the dir through a mount would
-  // reach into whatever is mounted there.
+  // Processes first (only after a SIGKILL are there any): the sandboxes' processes in the
+  // node's cgroups, and the node's own helpers that outlived it (an orphaned `runc create`
+  // names the data dir). Such a helper can hold the node's /dev/fuse descriptors, and while
+  // one is open, unmounting the block roots below waits forever on a FUSE server that is gone.
+  const cgDirs = []
+  const walk = (d) => {
+    let ents
+    try { ents = readdirSync(d, { withFileTypes: true }) } catch { return }
+    for (const e of ents) if (e.isDirectory()) walk(join(d, e.name))
+    cgDirs.push(d) // children first
+  }
+  let hierarchies = []
+  try { hierarchies = readdirSync('/sys/fs/cgroup') } catch {}
+  const v2 = hierarchies.includes('cgroup.controllers')
+  for (const h of v2 ? ['.'] : hierarchies) walk(join('/sys/fs/cgroup', h, net.cgroupParent))
+  const killed = new Set()
+  const kill = (pid) => {
+    if (killed.has(pid) || pid === String(process.pid)) return
+    killed.add(pid)
+    try { process.kill(Number(pid), 'SIGKILL') } catch {}
+  }
+  for (const d of cgDirs) {
+    let procs = ''
+    try { procs = readFileSync(join(d, 'cgroup.procs'), 'utf8').trim() } catch {}
+    if (!procs) continue
+    for (const pid of procs.split('\n')) kill(pid)
+    try { writeFileSync(join(d, 'freezer.state'), 'THAWED') } catch {}
+    try { writeFileSync(join(d, 'cgroup.freeze'), '0') } catch {}
+  }
+  for (const pid of readdirSync('/proc').filter((e) => /^\d+$/.test(e))) {
+    let cmdline = ''
+    try { cmdline = readFileSync(`/proc/${pid}/cmdline`, 'utf8') } catch { continue }
+    if (cmdline.split('\0').some((a) => a === dataDir || a.startsWith(dataDir + '/'))) kill(pid)
+  }
+  if (killed.size) {
+    found.push(`killed processes ${[...killed].join(', ')}`)
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 500)
+  }
+  // Mounts and loop devices under the data dir before removing it: removing the dir through
+  // a mount would reach into whatever is mounted there.
   const mounts = readFileSync('/proc/self/mountinfo', 'utf8').split('\n')
     .map((l) => l.split(' ')[4])
     .filter((m) => m && (m === dataDir || m.startsWith(dataDir + '/')))
@@ -247,32 +285,6 @@ function cleanupNode({ net, dataDir }) {
       run('losetup', ['-d', m[1]])
     }
   }
-  // Sandboxes' processes still in the node's cgroups (a node killed with SIGKILL).
-  const cgDirs = []
-  const walk = (d) => {
-    let ents
-    try { ents = readdirSync(d, { withFileTypes: true }) } catch { return }
-    for (const e of ents) if (e.isDirectory()) walk(join(d, e.name))
-    cgDirs.push(d) // children first
-  }
-  let hierarchies = []
-  try { hierarchies = readdirSync('/sys/fs/cgroup') } catch {}
-  const v2 = hierarchies.includes('cgroup.controllers')
-  for (const h of v2 ? ['.'] : hierarchies) walk(join('/sys/fs/cgroup', h, net.cgroupParent))
-  const killed = new Set()
-  for (const d of cgDirs) {
-    let procs = ''
-    try { procs = readFileSync(join(d, 'cgroup.procs'), 'utf8').trim() } catch {}
-    if (!procs) continue
-    for (const pid of procs.split('\n')) {
-      if (killed.has(pid)) continue
-      killed.add(pid)
-      try { process.kill(Number(pid), 'SIGKILL') } catch {}
-    }
-    try { writeFileSync(join(d, 'freezer.state'), 'THAWED') } catch {}
-    try { writeFileSync(join(d, 'cgroup.freeze'), '0') } catch {}
-  }
-  if (killed.size) found.push(`killed sandbox processes ${[...killed].join(', ')}`)
   const sandboxCgroups = new Set(cgDirs.map((d) => d.split(net.cgroupParent + '/')[1]).filter(Boolean))
   if (sandboxCgroups.size) found.push('sandbox cgroups ' + [...sandboxCgroups].join(', '))
   for (const d of cgDirs) {
