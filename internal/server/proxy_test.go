@@ -2,14 +2,19 @@ package server
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -416,3 +421,191 @@ func TestProxyWebSocketUpgrade(t *testing.T) {
 		t.Fatalf("echo = %q, %v", l, err)
 	}
 }
+
+// gatedConn holds each write after the request headers (the body) until gate is closed, and
+// reports its own Close.
+type gatedConn struct {
+	net.Conn
+	gate      <-chan struct{}
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func (c *gatedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if !bytes.HasPrefix(b, []byte("POST ")) {
+		select {
+		case <-c.gate:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	return n, err
+}
+
+func (c *gatedConn) Close() error {
+	c.closeOnce.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// eofSignal reports the first error (io.EOF included) a read of the body returns.
+type eofSignal struct {
+	io.ReadCloser
+	done chan<- error
+	once sync.Once
+}
+
+func (b *eofSignal) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.once.Do(func() { b.done <- err })
+	}
+	return n, err
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestProxyStreamSurvivesUpstreamAnsweringBeforeBodyEOF: envd starts a Connect server
+// stream (process.Start) as soon as it has the request envelope, and that can be before
+// the proxy's transport has made its last read of the request body (after Content-Length
+// bytes it reads once more to check for EOF). The gate holds the transport right there
+// until the client has the response headers. Writing those headers must not drain and
+// close the inbound body under the transport: the late read failed, the transport closed
+// the upstream connection, and the stream was cut ("use of closed network connection" on
+// the node, "terminated" in the SDK, on the first commands of a busy node).
+func TestProxyStreamSurvivesUpstreamAnsweringBeforeBodyEOF(t *testing.T) {
+	msg := []byte(`{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"]}}`)
+	finish := make(chan struct{})
+	var finishOnce sync.Once
+	endStream := func() { finishOnce.Do(func() { close(finish) }) }
+	t.Cleanup(endStream)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadFull(r.Body, make([]byte, len(msg))); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/connect+json")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "start-event\n")
+		w.(http.Flusher).Flush()
+		<-finish
+		io.WriteString(w, "end-event\n")
+	}))
+	t.Cleanup(up.Close)
+
+	gate := make(chan struct{})
+	var gateOnce sync.Once
+	openGate := func() { gateOnce.Do(func() { close(gate) }) }
+	t.Cleanup(openGate)
+	conns := make(chan *gatedConn, 4)
+	tr := defaultTransport()
+	dial := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		gc := &gatedConn{Conn: c, gate: gate, closed: make(chan struct{})}
+		conns <- gc
+		return gc, nil
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	bodyDone := make(chan error, 1)
+	e := newEnv(t, func(o *Options) {
+		o.Transport = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			r = r.Clone(r.Context())
+			r.Body = &eofSignal{ReadCloser: r.Body, done: bodyDone}
+			return tr.RoundTrip(r)
+		})
+	})
+	e.orch.add(&orchestrator.Sandbox{ID: "s", State: orchestrator.StateRunning})
+	e.orch.endpoints["s"] = sandbox.Endpoint{Host: "127.0.0.1", EnvdPort: portOf(t, up)}
+	front := httptest.NewServer(e.srv)
+	t.Cleanup(front.Close)
+
+	req, _ := http.NewRequest(http.MethodPost, front.URL+"/process.Process/Start", bytes.NewReader(msg))
+	req.Header.Set("E2b-Sandbox-Id", "s")
+	req.Header.Set("E2b-Sandbox-Port", "49983")
+	req.Header.Set("Content-Type", "application/connect+json")
+	resp, err := front.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if l, err := br.ReadString('\n'); err != nil || l != "start-event\n" {
+		t.Fatalf("first event = %q, %v", l, err)
+	}
+
+	openGate()
+	select {
+	case err := <-bodyDone:
+		if err != io.EOF {
+			t.Errorf("the transport's last read of the request body: %v, want EOF", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the transport never finished reading the request body")
+	}
+	// A transport that failed that read closes the connection right after it.
+	select {
+	case <-(<-conns).closed:
+		t.Error("the proxy closed its upstream connection while the stream was running")
+	case <-time.After(100 * time.Millisecond):
+	}
+	endStream()
+	rest, err := io.ReadAll(br)
+	if err != nil || string(rest) != "end-event\n" {
+		t.Fatalf("rest of the stream = %q, %v", rest, err)
+	}
+}
+
+// TestProxyRefusedUpstreamKeepsClientConnection: with full duplex, a request body nobody
+// read used to be drained only after the handler returned, and net/http then panicked on
+// the connection's next read (golang/go#68560) and dropped the client's keep-alive
+// connection. A 502 for an unreachable sandbox must leave it usable.
+func TestProxyRefusedUpstreamKeepsClientConnection(t *testing.T) {
+	e, _, _ := proxyEnv(t)
+	var logged strings.Builder
+	var logMu sync.Mutex
+	front := httptest.NewUnstartedServer(e.srv)
+	front.Config.ErrorLog = log.New(writerFunc(func(p []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logged.Write(p)
+	}), "", 0)
+	front.Start()
+	t.Cleanup(front.Close)
+
+	conn, err := net.Dial("tcp", front.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(conn)
+	body := `{"path":"/tmp/x"}`
+	for i := range 2 {
+		fmt.Fprintf(conn, "POST /filesystem.Filesystem/Stat HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: gone\r\n"+
+			"E2b-Sandbox-Port: 49983\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			logMu.Lock()
+			t.Fatalf("request %d: %v (server log: %s)", i, err, logged.String())
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("request %d: status %d, want 502", i, resp.StatusCode)
+		}
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	if strings.Contains(logged.String(), "panic") {
+		t.Fatalf("server log: %s", logged.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -64,7 +64,7 @@ func TestCrashRecovery(t *testing.T) {
 		if _, err := os.Stat("/run/netns/" + seen[cid].netns); err != nil {
 			t.Errorf("after kill -9, the netns of %s is gone: %v", sbs[i].ID, err)
 		}
-		if len(cgroupsOf(cid)) == 0 {
+		if len(cgroupsOf(n.cgroupParent(), cid)) == 0 {
 			t.Errorf("after kill -9, the cgroup of %s is gone", sbs[i].ID)
 		}
 	}
@@ -76,12 +76,16 @@ func TestCrashRecovery(t *testing.T) {
 	got := states(ctx, t, c)
 	want := map[string]string{sbs[0].ID: "running", sbs[1].ID: "running", sbs[2].ID: "paused"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("after restart the node lists %v, want %v", got, want)
+		// Go on: whatever was adopted or dropped, nothing may leak in the end.
+		t.Errorf("after restart the node lists %v, want %v", got, want)
 	}
 	// Adopted, not recreated: the same init process answers, with the token it was given,
 	// and still has the file written before the crash.
 	now := runcList(t, n.dataDir)
 	for i, sb := range sbs[:2] {
+		if got[sb.ID] != "running" {
+			continue
+		}
 		if now[cids[i]].Pid != before[cids[i]].Pid {
 			t.Errorf("sandbox %s: init pid %d after restart, was %d", sb.ID, now[cids[i]].Pid, before[cids[i]].Pid)
 		}
@@ -96,18 +100,21 @@ func TestCrashRecovery(t *testing.T) {
 			t.Errorf("warm container %s of the crashed node survived the restart", id)
 		}
 	}
-	resumed, err := c.Connect(ctx, paused.ID, 300)
-	if err != nil {
-		t.Fatalf("connect to the paused sandbox: %v", err)
-	}
-	if resumed.Token != paused.Token && resumed.Token != "" {
-		t.Errorf("resume changed the envd token")
-	}
-	if out := run(ctx, t, c, paused, "cat /tmp/mark"); out != "mark-2" {
-		t.Errorf("resumed sandbox: /tmp/mark = %q", out)
-	}
-	if st := states(ctx, t, c)[paused.ID]; st != "running" {
-		t.Errorf("resumed sandbox is %q", st)
+	if got[paused.ID] == "paused" {
+		resumed, err := c.Connect(ctx, paused.ID, 300)
+		switch {
+		case err != nil:
+			t.Errorf("connect to the paused sandbox: %v", err)
+		case resumed.Token != paused.Token && resumed.Token != "":
+			t.Errorf("resume changed the envd token")
+		default:
+			if out := run(ctx, t, c, paused, "cat /tmp/mark"); out != "mark-2" {
+				t.Errorf("resumed sandbox: /tmp/mark = %q", out)
+			}
+			if st := states(ctx, t, c)[paused.ID]; st != "running" {
+				t.Errorf("resumed sandbox is %q", st)
+			}
+		}
 	}
 	// The restarted node still creates sandboxes next to the adopted ones.
 	fresh := n.create(ctx, c)

@@ -12,21 +12,16 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
-
-// netnsPrefix is how the node names its network namespaces ("aenv-<slot>"), the default of
-// package network (aenv serve does not make it configurable).
-const netnsPrefix = "aenv-"
 
 // ownership is what a node's backend was seen to own: containers by id, with their sandbox
 // id and network namespace. Warm containers (created ahead, no sandbox yet) are included.
 type ownership struct {
 	mu         sync.Mutex
 	containers map[string]owned // by container id
-	// netnsBefore is the set of aenv-* namespaces on the host before the node first started.
-	netnsBefore map[string]bool
 }
 
 type owned struct {
@@ -35,11 +30,12 @@ type owned struct {
 }
 
 func newOwnership() *ownership {
-	return &ownership{containers: map[string]owned{}, netnsBefore: aenvNetns()}
+	return &ownership{containers: map[string]owned{}}
 }
 
-// scan reads the backend's per-container state files (<data>/oci/sandboxes/<cid>/state.json).
-func (o *ownership) scan(dataDir string) error {
+// scan reads the backend's per-container state files (<data>/oci/sandboxes/<cid>/state.json);
+// prefix names the node's network namespaces ("<prefix>-<slot>").
+func (o *ownership) scan(dataDir, prefix string) error {
 	dirs, err := filepath.Glob(filepath.Join(dataDir, "oci", "sandboxes", "*", "state.json"))
 	if err != nil {
 		return err
@@ -67,7 +63,7 @@ func (o *ownership) scan(dataDir string) error {
 		if st.ID == "" {
 			st.ID = prev.sandboxID // a warm container adopted later keeps its sandbox
 		}
-		o.containers[cid] = owned{sandboxID: st.ID, netns: netnsPrefix + strconv.Itoa(st.SlotIndex)}
+		o.containers[cid] = owned{sandboxID: st.ID, netns: prefix + "-" + strconv.Itoa(st.SlotIndex)}
 	}
 	return nil
 }
@@ -166,12 +162,12 @@ func unescapeMount(s string) string {
 	return b.String()
 }
 
-// aenvNetns is the set of network namespaces named aenv-<n> on the host.
-func aenvNetns() map[string]bool {
+// aenvNetns is the set of network namespaces named <prefix>-<n> on the host.
+func aenvNetns(prefix string) map[string]bool {
 	out := map[string]bool{}
 	ents, _ := os.ReadDir("/run/netns")
 	for _, e := range ents {
-		if rest, ok := strings.CutPrefix(e.Name(), netnsPrefix); ok {
+		if rest, ok := strings.CutPrefix(e.Name(), prefix+"-"); ok {
 			if _, err := strconv.Atoi(rest); err == nil {
 				out[e.Name()] = true
 			}
@@ -180,35 +176,19 @@ func aenvNetns() map[string]bool {
 	return out
 }
 
-// cgroupsOf lists the cgroup directories of a container (/sys/fs/cgroup/*/aenv/<cid> on a
-// v1 or hybrid host, /sys/fs/cgroup/aenv/<cid> on a v2 one).
-func cgroupsOf(cid string) []string {
-	a, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", "aenv", cid))
-	b, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "aenv", cid))
+// cgroupsOf lists the cgroup directories of a container under the node's cgroup parent
+// (/sys/fs/cgroup/*/<parent>/<cid> on a v1 or hybrid host, /sys/fs/cgroup/<parent>/<cid> on
+// a v2 one).
+func cgroupsOf(parent, cid string) []string {
+	a, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", parent, cid))
+	b, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", parent, cid))
 	return append(a, b...)
-}
-
-// otherNodes reports whether an `aenv serve` other than ours runs on this host: its network
-// namespaces share our names, so host-wide checks would blame us for them.
-func otherNodes() bool {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		raw, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if len(args) >= 2 && filepath.Base(args[0]) == "aenv" && args[1] == "serve" {
-			return true
-		}
-	}
-	return false
 }
 
 // leftovers describes everything of the node's that exists on the host apart from the
 // containers in keep (by container id): containers in its runtime root, mounts under its data
-// dir, loop devices backed by files there, network namespaces and cgroups of containers it owned, and (when no other node runs
-// here to confuse the picture) any aenv-* namespace that appeared since it first started.
+// dir, loop devices backed by files there, network namespaces and cgroups of containers it
+// owned, and any namespace of the node's own slot prefix.
 // Call it with the node stopped.
 func leftovers(t *testing.T, n *node, keep map[string]bool) []string {
 	t.Helper()
@@ -243,15 +223,14 @@ func leftovers(t *testing.T, n *node, keep map[string]bool) []string {
 			out = append(out, fmt.Sprintf("netns %s (of container %s)", o.netns, cid))
 			keptNetns[o.netns] = true // report once
 		}
-		for _, d := range cgroupsOf(cid) {
+		for _, d := range cgroupsOf(n.cgroupParent(), cid) {
 			out = append(out, "cgroup "+d)
 		}
 	}
-	if otherNodes() {
-		t.Log("another aenv serve runs on this host: host-wide netns check skipped (its namespaces share our names)")
-	} else {
-		for ns := range aenvNetns() {
-			if !n.seen.netnsBefore[ns] && !keptNetns[ns] {
+	if n.net.prefix != "" {
+		// The names are this node's alone, so any namespace of them is its leftover.
+		for ns := range aenvNetns(n.net.prefix) {
+			if !keptNetns[ns] {
 				out = append(out, "netns "+ns)
 			}
 		}
@@ -294,12 +273,15 @@ func requireNoLeftovers(t *testing.T, n *node, keep map[string]bool) {
 	}
 }
 
-// forceCleanup removes what a failed test's node left: containers (runc delete -f also
-// kills their processes and removes their cgroups), mounts under the data dir, and, when
-// the test failed and no other node could have taken them over, the namespaces it owned.
+// forceCleanup removes what a failed test's node left under its data dir: helper processes
+// that outlived it (an orphaned `runc create` names the data dir and can hold the node's
+// /dev/fuse descriptors, and while one is open an unmount of a block root waits forever),
+// containers (runc delete -f also kills their processes and removes their cgroups), mounts
+// and loop devices. The node's network and cgroup names are nodeNet.teardown's business.
 func forceCleanup(t *testing.T, dataDir string, seen *ownership) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	killNaming(dataDir)
 	root := filepath.Join(dataDir, "oci", "runc")
 	for id := range runcList(t, dataDir) {
 		if out, err := exec.CommandContext(ctx, "runc", "--root", root, "delete", "--force", id).CombinedOutput(); err != nil {
@@ -316,17 +298,24 @@ func forceCleanup(t *testing.T, dataDir string, seen *ownership) {
 			t.Logf("cleanup: losetup -d %s: %v: %s", dev, err, out)
 		}
 	}
-	for cid := range seen.snapshot() {
-		for _, d := range cgroupsOf(cid) {
-			_ = os.Remove(d)
+	_ = seen // the containers it names were removed through the runtime above
+}
+
+// killNaming SIGKILLs every process with an argument that is dir or lies under it.
+func killNaming(dir string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			continue
 		}
-	}
-	if !t.Failed() || otherNodes() {
-		return
-	}
-	for _, o := range seen.snapshot() {
-		if _, err := os.Stat("/run/netns/" + o.netns); err == nil {
-			_ = exec.CommandContext(ctx, "ip", "netns", "delete", o.netns).Run()
+		for _, a := range strings.Split(string(raw), "\x00") {
+			if a == dir || strings.HasPrefix(a, dir+"/") {
+				if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil && pid != os.Getpid() {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+				break
+			}
 		}
 	}
 }

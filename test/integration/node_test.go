@@ -36,6 +36,8 @@ type node struct {
 	// seen records every container (by container id) and network namespace this node's
 	// backend was observed to own, so leak checks know what to look for.
 	seen *ownership
+	// net names the node's bridge, slots and cgroup parent; zero means the defaults.
+	net nodeNet
 }
 
 // syncBuffer collects a subprocess's output from its two pipes.
@@ -69,33 +71,43 @@ func newNode(t *testing.T, env ...string) *node {
 	if err := os.Chmod(dd, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	waitQuietHost(t)
-	n := &node{t: t, bins: bins, dataDir: dd, key: "e2b_" + randHex(20), env: env, seen: newOwnership()}
+	net := uniqueNet(t)
+	n := &node{t: t, bins: bins, dataDir: dd, key: "e2b_" + randHex(20), env: append(net.env(), env...), seen: newOwnership(), net: net}
 	t.Cleanup(func() {
 		n.kill9()
 		if t.Failed() {
-			t.Logf("aenv serve output:\n%s", n.output())
+			t.Logf("aenv serve (%s) output:\n%s", net.prefix, n.output())
 		}
 		forceCleanup(t, dd, n.seen)
+		net.teardown(t)
 		os.RemoveAll(dd)
 	})
 	return n
 }
 
-// waitQuietHost waits (a while) until no other `aenv serve` runs on this host. Nodes on one
-// host share network slot names, addresses and the cgroup parent, and each one's startup
-// sweep removes the others' (see the report on issue 3), so a test next to another node
-// fails for reasons of its own. It gives up waiting after a minute and proceeds, saying so.
-func waitQuietHost(t *testing.T) {
+// uniqueNet picks network and cgroup names no other node on the host uses: a node's
+// startup sweep removes every slot, nftables table and cgroup of its names it does not
+// know, so nodes sharing names would remove each other's sandboxes.
+func uniqueNet(t *testing.T) nodeNet {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for otherNodes() {
-		if time.Now().After(deadline) {
-			t.Log("another aenv serve still runs on this host: the two nodes may remove each other's sandboxes")
-			return
+	for range 100 {
+		var b [1]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(500 * time.Millisecond)
+		k := int(b[0])
+		name := fmt.Sprintf("ait%d", k)
+		if _, err := os.Stat("/sys/class/net/" + name); err == nil {
+			continue // a bridge of that name: another node's
+		}
+		if len(aenvNetns(name)) > 0 {
+			continue
+		}
+		return nodeNet{bridge: name, prefix: name, subnet: fmt.Sprintf("10.95.%d.0/24", k),
+			cgroup: fmt.Sprintf("aenv-it/%d-%d", os.Getpid(), k)}
 	}
+	t.Fatal("no free network names for a test node")
+	return nodeNet{}
 }
 
 func randHex(n int) string {
@@ -245,9 +257,25 @@ func (n *node) create(ctx context.Context, c *bench.Client) bench.Sandbox {
 // observe records the containers and network slots the node's backend has on disk now.
 func (n *node) observe() {
 	n.t.Helper()
-	if err := n.seen.scan(n.dataDir); err != nil {
+	if err := n.seen.scan(n.dataDir, n.netnsPrefix()); err != nil {
 		n.t.Fatal(err)
 	}
+}
+
+// netnsPrefix is the prefix of the node's network namespace names ("<prefix>-<slot>").
+func (n *node) netnsPrefix() string {
+	if n.net.prefix == "" {
+		return "aenv"
+	}
+	return n.net.prefix
+}
+
+// cgroupParent is the cgroup the node's sandboxes live under.
+func (n *node) cgroupParent() string {
+	if n.net.cgroup == "" {
+		return "aenv"
+	}
+	return n.net.cgroup
 }
 
 // run runs cmdline in sb and returns its stdout; a failure or non-zero exit fails the test.

@@ -92,7 +92,7 @@ func (n nodeNet) newNode(t *testing.T, env ...string) *node {
 	if err := os.Chmod(dd, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	nd := &node{t: t, bins: bins, dataDir: dd, key: "e2b_" + randHex(20), env: append(n.env(), env...), seen: newOwnership()}
+	nd := &node{t: t, bins: bins, dataDir: dd, key: "e2b_" + randHex(20), env: append(n.env(), env...), seen: newOwnership(), net: n}
 	t.Cleanup(func() {
 		nd.kill9()
 		if t.Failed() {

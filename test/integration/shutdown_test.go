@@ -64,9 +64,9 @@ func TestGracefulShutdown(t *testing.T) {
 				}
 			}
 			if _, err := c.Connect(ctx, sbs[0].ID, 60); err != nil {
-				t.Fatalf("connect after restart: %v", err)
-			}
-			if out := run(ctx, t, c, sbs[0], "cat /tmp/mark"); out != "kept" {
+				// Go on: whatever the restart kept, nothing may leak in the end.
+				t.Errorf("connect after restart: %v", err)
+			} else if out := run(ctx, t, c, sbs[0], "cat /tmp/mark"); out != "kept" {
 				t.Errorf("after restart /tmp/mark = %q, want kept", out)
 			}
 			killAll(ctx, t, c)

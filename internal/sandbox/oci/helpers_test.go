@@ -103,6 +103,13 @@ func testEnvd(t testing.TB) string {
 }
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(crashChildEnv); spec != "" {
+		if err := crashChild(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "crash child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	code := m.Run()
 	if templateDir != "" {
 		os.RemoveAll(filepath.Dir(templateDir))

@@ -38,6 +38,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	adopt := map[string]*Instance{}   // by sandbox id
 	states := map[string]savedState{} // by sandbox id
 	cids := map[string]bool{}         // container ids of adopted sandboxes
+	var stale []string                // containers to delete
 	for _, c := range containers {
 		if c.Status == "running" || c.Status == "paused" {
 			l := b.layout(c.ID)
@@ -53,15 +54,22 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 			}
 		}
 		// Unknown, dead, or a warm container of the previous run (never started).
-		if err := b.rt.remove(ctx, c.ID); err != nil {
+		stale = append(stale, c.ID)
+	}
+	// Kill every process of what is not adopted before the sweep below unmounts roots
+	// under them: SIGKILL is queued even to a process stuck on a block root whose FUSE
+	// server died, and takes effect once the sweep aborts the connection.
+	b.killCgroups(cids)
+	// Block roots first (FUSE connections aborted, then ext4 mounts, loop devices, FUSE
+	// mounts): the adopted sandboxes all have overlay roots, which this leaves alone.
+	errs = append(errs, rootfs.Sweep(ctx, filepath.Join(b.cfg.DataDir, "sandboxes")))
+	for _, id := range stale {
+		if err := b.rt.remove(ctx, id); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	// Bundles without an adopted container: a crash between mount and run, or after the
 	// container died.
-	// Block roots first (ext4 mounts, loop devices, FUSE mounts): the adopted sandboxes
-	// all have overlay roots, which this leaves alone.
-	errs = append(errs, rootfs.Sweep(ctx, filepath.Join(b.cfg.DataDir, "sandboxes")))
 	ents, err := os.ReadDir(filepath.Join(b.cfg.DataDir, "sandboxes"))
 	if err != nil {
 		return nil, fmt.Errorf("oci: list bundles: %w", err)
@@ -119,19 +127,7 @@ func readState(path string) (savedState, error) {
 // or a lost state dir can leave them behind).
 func (b *Backend) sweepCgroups(keep map[string]bool) error {
 	var errs []error
-	seen := map[string]bool{}
-	for _, parent := range cgroupDirs("/"+b.cfg.CgroupParent, b.v2) {
-		ents, err := os.ReadDir(parent)
-		if err != nil {
-			continue
-		}
-		for _, e := range ents {
-			if e.IsDir() && !keep[e.Name()] {
-				seen[e.Name()] = true
-			}
-		}
-	}
-	for id := range seen {
+	for id := range b.strayCgroups(keep) {
 		rel := b.cgroupsPath(id)
 		for _, d := range cgroupDirs(rel, b.v2) {
 			killCgroupProcs(d)
@@ -146,6 +142,33 @@ func (b *Backend) sweepCgroups(keep map[string]bool) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// strayCgroups lists the cgroups under CgroupParent (by container id) not in keep.
+func (b *Backend) strayCgroups(keep map[string]bool) map[string]bool {
+	seen := map[string]bool{}
+	for _, parent := range cgroupDirs("/"+b.cfg.CgroupParent, b.v2) {
+		ents, err := os.ReadDir(parent)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if e.IsDir() && !keep[e.Name()] {
+				seen[e.Name()] = true
+			}
+		}
+	}
+	return seen
+}
+
+// killCgroups sends SIGKILL to every process of the cgroups under CgroupParent not in
+// keep, without waiting for them to exit.
+func (b *Backend) killCgroups(keep map[string]bool) {
+	for id := range b.strayCgroups(keep) {
+		for _, d := range cgroupDirs(b.cgroupsPath(id), b.v2) {
+			killCgroupProcs(d)
+		}
+	}
 }
 
 func killCgroupProcs(dir string) {

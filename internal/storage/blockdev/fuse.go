@@ -17,6 +17,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // Device is what the frontend serves. *stack.Stack implements it.
@@ -31,8 +32,16 @@ type Device interface {
 // FileName is the name of the device file inside a FUSE mount.
 const FileName = "disk"
 
-// fsName marks our mounts in /proc/self/mountinfo so Sweep finds them.
-const fsName = "aenv-blockdev"
+// fsName marks our mounts in /proc/self/mountinfo (their source) so Sweep finds them;
+// fsType is their filesystem type.
+const (
+	fsName  = "aenv-blockdev"
+	fsType  = "fuse." + subtype
+	subtype = "aenv"
+)
+
+// maxWrite is the largest FUSE request (read or write) the kernel sends.
+const maxWrite = 1 << 20
 
 // Mount is a FUSE filesystem serving one device as the file FileName.
 type Mount struct {
@@ -48,35 +57,79 @@ type MountOptions struct {
 	NoWritebackCache bool
 }
 
-// MountFile mounts dir (created if missing) with go-fuse directly via
-// mount(2), as root, without fusermount.
+// MountFile mounts dir (created if missing) as root, without fusermount.
+//
+// It opens /dev/fuse and calls mount(2) itself rather than letting go-fuse do it: go-fuse's
+// direct mount opens /dev/fuse without O_CLOEXEC, so every process the node starts (runc,
+// resize2fs) would inherit the connection, and one that outlives the node (an orphaned
+// `runc create`) keeps the connection open with no server, which wedges the loop device
+// and ext4 above it. go-fuse gets the descriptor through its /dev/fd/N convention.
 func MountFile(ctx context.Context, dir string, dev Device, o MountOptions) (*Mount, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("blockdev: %w", err)
 	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return nil, fmt.Errorf("blockdev: %w", err)
+	}
+	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("blockdev: open /dev/fuse: %w", err)
+	}
+	defer unix.Close(fd)
+	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+	if o.ReadOnly {
+		flags |= unix.MS_RDONLY
+	}
+	data := fmt.Sprintf("fd=%d,rootmode=%o,user_id=%d,group_id=%d,max_read=%d,allow_other",
+		fd, st.Mode&unix.S_IFMT, os.Geteuid(), os.Getegid(), maxWrite)
+	if err := unix.Mount(fsName, dir, fsType, flags, data); err != nil {
+		return nil, fmt.Errorf("blockdev: mount fuse at %s: %w", dir, err)
+	}
+	// go-fuse closes the descriptor it serves on some error paths; a copy of its own
+	// keeps ours (closed on return) from ever closing a number reused meanwhile.
+	srvFd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("blockdev: dup fuse fd: %w", err), lazyUnmount(dir))
+	}
 	root := &rootNode{dev: dev, ro: o.ReadOnly}
 	sec := time.Hour
 	mo := fuse.MountOptions{
-		DirectMountStrict: true,
-		FsName:            fsName,
-		Name:              "aenv",
-		AllowOther:        true,
-		MaxWrite:          1 << 20,
-		MaxReadAhead:      1 << 20,
-		DisableXAttrs:     true,
+		FsName:        fsName,
+		Name:          subtype,
+		AllowOther:    true,
+		MaxWrite:      maxWrite,
+		MaxReadAhead:  maxWrite,
+		DisableXAttrs: true,
 	}
 	if !o.NoWritebackCache && !o.ReadOnly {
 		mo.ExtraCapabilities = fuse.CAP_WRITEBACK_CACHE
 	}
-	if o.ReadOnly {
-		mo.Options = append(mo.Options, "ro")
-	}
-	server, err := fs.Mount(dir, root, &fs.Options{MountOptions: mo, AttrTimeout: &sec, EntryTimeout: &sec})
+	server, err := fs.Mount(fmt.Sprintf("/dev/fd/%d", srvFd), root, &fs.Options{MountOptions: mo, AttrTimeout: &sec, EntryTimeout: &sec})
 	if err != nil {
-		return nil, fmt.Errorf("blockdev: mount fuse at %s: %w", dir, err)
+		return nil, errors.Join(fmt.Errorf("blockdev: serve fuse at %s: %w", dir, err), lazyUnmount(dir))
+	}
+	m := &Mount{dir: dir, server: server}
+	if err := pollHack(dir); err != nil {
+		return nil, errors.Join(err, m.Close())
 	}
 	slog.Debug("blockdev: fuse mounted", "dir", dir)
-	return &Mount{dir: dir, server: server}, nil
+	return m, nil
+}
+
+// pollHack does what go-fuse's WaitMount does for mounts it made itself (it cannot for a
+// /dev/fd/N mount): it polls go-fuse's magic file once so the server answers ENOSYS and
+// the kernel stops sending POLL. Otherwise the Go runtime adding a file of this mount to
+// its epoll set (any open by this process) would send POLL to this same process, whose
+// server may need that very thread: the process deadlocks.
+func pollHack(dir string) error {
+	fd, err := unix.Open(filepath.Join(dir, ".go-fuse-epoll-hack"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("blockdev: fuse poll probe in %s: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
+	return nil
 }
 
 // Path is the device file's path.
@@ -87,19 +140,39 @@ func (m *Mount) Path() string { return filepath.Join(m.dir, FileName) }
 // stays visible; if it is still held after a few seconds Close returns an
 // error and the server keeps serving the remaining users.
 func (m *Mount) Close() error {
-	if err := m.server.Unmount(); err != nil {
-		if e := syscall.Unmount(m.dir, syscall.MNT_DETACH); e != nil {
-			return fmt.Errorf("blockdev: unmount %s: %v (lazy: %w)", m.dir, err, e)
+	if m.server == nil {
+		return nil
+	}
+	var err error
+	// A loop device just detached lets go of its backing file a moment later (the
+	// kernel defers the final fput), so a first EBUSY is often transient.
+	for delay, try := 5*time.Millisecond, 0; try < 5; delay, try = 2*delay+5*time.Millisecond, try+1 {
+		if err = unix.Unmount(m.dir, 0); err == nil || !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		time.Sleep(delay)
+	}
+	if err != nil && !errors.Is(err, unix.EINVAL) {
+		if e := lazyUnmount(m.dir); e != nil {
+			return fmt.Errorf("blockdev: unmount %s: %w (lazy: %w)", m.dir, err, e)
 		}
 	}
 	done := make(chan struct{})
 	go func() { m.server.Wait(); close(done) }()
 	select {
 	case <-done:
+		m.server = nil
 		return nil
 	case <-time.After(5 * time.Second):
 		return fmt.Errorf("blockdev: %s detached lazily but still in use", m.dir)
 	}
+}
+
+func lazyUnmount(dir string) error {
+	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("blockdev: lazy unmount %s: %w", dir, err)
+	}
+	return nil
 }
 
 type rootNode struct {
