@@ -79,6 +79,15 @@ func (o *Orchestrator) Start(ctx context.Context) error {
 			}
 			e.disk = c
 		} else if rec.State == StatePaused {
+			if inst == nil && !o.backend.Capabilities().PauseReleasesMemory {
+				// The paused state lived in the instance (a frozen container): without
+				// it there is nothing to resume, and keeping the record would only make
+				// every later connect fail.
+				o.log.Warn("dropping paused sandbox whose instance did not survive the restart", "sandbox", id)
+				o.dropRecord(id)
+				dropped++
+				continue
+			}
 			if inst == nil {
 				ps, err := o.backend.DecodePaused(rec.Paused)
 				if err != nil {
@@ -189,5 +198,8 @@ func (o *Orchestrator) shutdownOne(ctx context.Context, id string) error {
 	if o.cfg.ShutdownAction == ShutdownStop {
 		return o.killLocked(ctx, e, "shutdown")
 	}
-	return o.pauseLocked(ctx, e, sandbox.PauseOptions{KeepMemory: true})
+	// A container's in-place pause lives in the node (its block root is served by this
+	// process), so it would not survive the restart: without memory snapshots, pause to
+	// disk, which falls back to pausing in place where the sandbox cannot be captured.
+	return o.pauseLocked(ctx, e, sandbox.PauseOptions{KeepMemory: o.backend.Capabilities().MemorySnapshots})
 }

@@ -170,3 +170,48 @@ func TestShutdownWaitsForOperations(t *testing.T) {
 		t.Fatalf("state %q", h.state(sb.ID))
 	}
 }
+
+// A container paused in place keeps its paused state in the instance; when the instance
+// did not survive the restart the record is dropped instead of failing every connect.
+func TestRestartDropsInPlacePauseWithoutInstance(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, backendModes[0].opts, nil)
+	sb := h.create(CreateRequest{Secure: true})
+	if err := h.o.Pause(ctx, sb.ID, sandbox.PauseOptions{KeepMemory: true}); err != nil {
+		t.Fatal(err)
+	}
+	h.b.Vanish(sb.ID)
+	h.restart()
+	if _, err := h.o.Get(ctx, sb.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get after restart = %v, want ErrNotFound", err)
+	}
+	if _, _, err := h.o.Connect(ctx, sb.ID, ConnectOptions{}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Connect after restart = %v, want ErrNotFound", err)
+	}
+	if h.stored(sb.ID) != nil {
+		t.Fatal("record of the lost paused sandbox kept")
+	}
+}
+
+// Without memory snapshots a graceful shutdown pauses to disk (where the backend can
+// capture the sandbox), so the sandbox survives a restart that loses its instance.
+func TestShutdownPausesToDiskWithoutMemorySnapshots(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, snapModes[0].opts, nil)
+	sb := h.create(CreateRequest{Secure: true, Timeout: time.Minute})
+	h.inst(sb.ID).WriteFile("/work/state", []byte("kept"))
+	if err := h.o.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.stored(sb.ID); st == nil || st.State != StatePaused || len(st.DiskSnapshot) == 0 {
+		t.Fatalf("persisted after shutdown: %+v", st)
+	}
+	h.restart()
+	got, resumed, err := h.o.Connect(ctx, sb.ID, ConnectOptions{Timeout: time.Minute})
+	if err != nil || !resumed || got.EnvdAccessToken != sb.EnvdAccessToken {
+		t.Fatalf("connect after restart: %+v resumed=%v err=%v", got, resumed, err)
+	}
+	if v := h.file(sb.ID, "/work/state"); v != "kept" {
+		t.Fatalf("file after resume = %q", v)
+	}
+}
