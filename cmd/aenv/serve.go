@@ -308,7 +308,10 @@ func ensureBaseTemplate(ctx context.Context, cat *catalog.Catalog, cfg config.Co
 	default:
 		return fmt.Errorf("look up the base template: %w", err)
 	}
-	art := layeredBase(ctx, cfg, dir, log)
+	var art json.RawMessage
+	if cfg.Templates.LayeredBase {
+		art = layeredBase(ctx, cfg, dir, log)
+	}
 	if t.RootFSDir == dir && bytes.Equal(t.Artifact, art) {
 		return nil
 	}

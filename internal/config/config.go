@@ -82,6 +82,9 @@ type Network struct {
 // Templates configures the built-in templates.
 type Templates struct {
 	BaseRootFS string `toml:"base_rootfs"`
+	// LayeredBase makes the base template a layered (block) image, so its sandboxes can
+	// snapshot, fork and pause to disk. Off: a directory template (overlayfs roots).
+	LayeredBase bool `toml:"layered_base"`
 }
 
 // Proxy configures sandbox traffic routing.

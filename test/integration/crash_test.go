@@ -18,8 +18,11 @@ import (
 // adopted them (same containers, same tokens, the paused one resumes), that it cleaned up
 // the warm containers of the dead process, and that after killing everything through the API
 // and stopping the node nothing is left on the host.
+//
+// The node runs a directory base template: a layered (block) root disk is served by the
+// node process and cannot outlive it (internal/sandbox/oci covers that crash path).
 func TestCrashRecovery(t *testing.T) {
-	n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION=stop")
+	n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION=stop", "AENV_TEMPLATES_LAYERED_BASE=false")
 	n.start()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

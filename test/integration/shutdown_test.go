@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -12,22 +13,30 @@ import (
 // sandbox.shutdown_action and checks that exactly what the action promises is left: nothing
 // for stop; the sandboxes' containers (paused, or running for keep) with their mounts,
 // namespaces and cgroups, and no warm containers, for pause and keep. The survivors must come
-// back after a restart; then everything is killed and nothing may be left.
+// back after a restart; then everything is killed and nothing may be left. On a layered base
+// template, pause means pause to disk: nothing is left on the host but the sandboxes come back.
 func TestGracefulShutdown(t *testing.T) {
 	tests := []struct {
 		action string
 		// left is the runtime status of each sandbox's container after the shutdown, "" for none.
 		left string
-		// state is what the restarted node reports for them.
+		// state is what the restarted node reports for them, "" when they are gone.
 		state string
+		// layered runs the sandboxes on a layered (block) base template.
+		layered bool
 	}{
 		{action: "stop"},
 		{action: "pause", left: "paused", state: "paused"},
 		{action: "keep", left: "running", state: "running"},
+		{action: "pause", state: "paused", layered: true},
 	}
 	for _, tt := range tests {
-		t.Run(tt.action, func(t *testing.T) {
-			n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION="+tt.action)
+		name := tt.action
+		if tt.layered {
+			name += "-layered"
+		}
+		t.Run(name, func(t *testing.T) {
+			n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION="+tt.action, fmt.Sprintf("AENV_TEMPLATES_LAYERED_BASE=%v", tt.layered))
 			n.start()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -51,7 +60,7 @@ func TestGracefulShutdown(t *testing.T) {
 				}
 			}
 			requireNoLeftovers(t, n, keep)
-			if tt.left == "" {
+			if tt.state == "" {
 				return
 			}
 
