@@ -609,3 +609,50 @@ func TestProxyRefusedUpstreamKeepsClientConnection(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestProxyKeepsConnectionsPerSandbox: a slot's address goes to the next sandbox as soon as
+// one is killed, and a keep-alive connection to the killed sandbox can still be pooled (its
+// FIN lost with its network namespace). Handed to the new sandbox's first request, it was
+// reset by the new sandbox's kernel: a 502 (bench create at concurrency 8). Requests for
+// another sandbox on the same address must get connections of their own; one sandbox's
+// requests still share them.
+func TestProxyKeepsConnectionsPerSandbox(t *testing.T) {
+	e := newEnv(t)
+	peers := make(chan string, 8)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peers <- r.RemoteAddr
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(up.Close)
+	for _, id := range []string{"killed", "next"} {
+		e.orch.add(&orchestrator.Sandbox{ID: id, State: orchestrator.StateRunning})
+		e.orch.endpoints[id] = sandbox.Endpoint{Host: "127.0.0.1", EnvdPort: portOf(t, up)}
+	}
+	front := httptest.NewServer(e.srv)
+	t.Cleanup(front.Close)
+	t.Cleanup(e.srv.proxy.rp.Transport.(interface{ CloseIdleConnections() }).CloseIdleConnections)
+
+	via := func(id string) string {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, front.URL+"/filesystem.Filesystem/Stat", strings.NewReader(`{"path":"/"}`))
+		req.Header.Set("E2b-Sandbox-Id", id)
+		req.Header.Set("E2b-Sandbox-Port", "49983")
+		resp, err := front.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || string(b) != "ok" {
+			t.Fatalf("via %s: %d %q %v", id, resp.StatusCode, b, err)
+		}
+		return <-peers
+	}
+	first := via("killed")
+	if again := via("killed"); again != first {
+		t.Fatalf("one sandbox's requests used connections %s and %s; want the pooled one again", first, again)
+	}
+	if next := via("next"); next == first {
+		t.Fatalf("sandbox next got sandbox killed's pooled connection %s", first)
+	}
+}
