@@ -81,7 +81,7 @@ func newRootCmd() *cobra.Command {
 		newBuildCmd(g),
 		newLayerCmd(),
 		newBenchCmd(),
-		newPullCmd(),
+		newPullCmd(g),
 	)
 	return root
 }

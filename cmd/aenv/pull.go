@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,9 +20,10 @@ import (
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/image/install"
+	"github.com/aenv-dev/aenv/internal/server/api"
 )
 
-func newPullCmd() *cobra.Command {
+func newPullCmd(g *globals) *cobra.Command {
 	var (
 		req      install.Request
 		dataDir  string
@@ -34,9 +39,12 @@ func newPullCmd() *cobra.Command {
 			"prefixes, oci:PATH[:TAG], oci-archive:PATH[:TAG] or docker-archive:PATH.\n" +
 			"Credentials come from ~/.docker/config.json (or --docker-config); registries on\n" +
 			"loopback addresses and those given with --insecure-registry are reached over http.\n\n" +
-			"pull writes into the node's data directory and catalog, so it runs on the node while\n" +
-			"`aenv serve` is stopped; a running node's catalog is locked, and templates are then\n" +
-			"built through its API (POST /v3/templates).",
+			"When a node answers at --url (or $AENV_URL, `aenv login`, http://127.0.0.1:8000), the\n" +
+			"node pulls the image itself (POST /aenv/templates/pull) and the template can be used\n" +
+			"right away; oci:/archive paths then name files on the node. Otherwise, or with\n" +
+			"--data-dir, pull writes into a stopped node's data directory and catalog directly.\n" +
+			"A name that already is a template is replaced through the API (sandboxes on the old\n" +
+			"version keep running); the direct path refuses it.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Ref = args[0]
@@ -54,14 +62,6 @@ func newPullCmd() *cobra.Command {
 				}
 				req.Pull.Platform = &p
 			}
-			path := filepath.Join(req.DataDir, catalogFile)
-			cat, err := catalog.Open(path)
-			if err != nil {
-				return fmt.Errorf("cannot open the node's catalog %s: %w\n"+
-					"(is `aenv serve` running on this data dir? then build the template through the node's API, "+
-					"or stop the node and pull again)", path, err)
-			}
-			defer cat.Close()
 			stderr := cmd.ErrOrStderr()
 			f, _ := stderr.(*os.File)
 			pr := newPullProgress(stderr, f != nil && isTerminal(f))
@@ -73,7 +73,20 @@ func newPullCmd() *cobra.Command {
 				defer cancel()
 			}
 			start := time.Now()
-			t, err := install.Run(ctx, cat.Templates(), req)
+			var (
+				t   catalog.Template
+				err error
+			)
+			c, apiErr := pullClient(ctx, g, cmd.Flags().Changed("data-dir"))
+			if c != nil {
+				if req.Pull.DockerConfig != "" {
+					return errors.New("--docker-config names a file on this machine; the node uses its own " +
+						"registry credentials (its ~/.docker/config.json), or pass --data-dir to pull directly")
+				}
+				t, err = c.pullTemplate(ctx, pullBody(req, cmd.Flags().Changed("convert"), platform), pr)
+			} else {
+				t, err = pullDirect(ctx, req, apiErr)
+			}
 			pr.finish()
 			if err != nil {
 				return err
@@ -92,8 +105,10 @@ func newPullCmd() *cobra.Command {
 	fl.StringVar(&req.ReadyCmd, "ready-cmd", "", "command that succeeds once the start command is ready")
 	fl.IntVar(&probe, "probe", 0, "ready when this TCP port accepts connections (instead of --ready-cmd)")
 	fl.BoolVar(&req.StartFromImage, "start-from-image", false, "use the image's ENTRYPOINT and CMD as the start command")
-	fl.BoolVar(&req.Convert, "convert", false, "also convert the layers to overlaybd (needs root, FUSE, loop devices, mkfs.ext4)")
-	fl.StringVar(&dataDir, "data-dir", "", "the node's data directory (default $AENV_DATA_DIR or "+config.Default().DataDir+")")
+	fl.BoolVar(&req.Convert, "convert", false, "also convert the layers to overlaybd (needs root, FUSE, loop devices, mkfs.ext4; "+
+		"through a node: default on where its base template is layered)")
+	fl.StringVar(&dataDir, "data-dir", "", "write into this stopped node's data directory instead of asking a running node "+
+		"(default when no node answers: $AENV_DATA_DIR or "+config.Default().DataDir+")")
 	fl.StringSliceVar(&req.Pull.InsecureRegistries, "insecure-registry", nil, "registry host:port to reach over plain http (repeatable)")
 	fl.StringVar(&req.Pull.DockerConfig, "docker-config", "", "docker config.json with registry credentials")
 	fl.DurationVar(&timeout, "timeout", 0, "give up after this long (e.g. 10m); 0 = no limit")
@@ -170,4 +185,158 @@ func parsePullPlatform(s string) (image.Platform, error) {
 		p.Variant = parts[2]
 	}
 	return p, nil
+}
+
+// pullClient returns a client for the node pull should go through, or nil for the direct
+// catalog path: when --data-dir was given, or when no node answers (then err says why,
+// for the message should the direct path fail too).
+func pullClient(ctx context.Context, g *globals, direct bool) (*client, error) {
+	if direct {
+		return nil, nil
+	}
+	c, err := g.client()
+	if err != nil {
+		return nil, err
+	}
+	hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	hreq, err := http.NewRequestWithContext(hctx, http.MethodGet, c.base+"/health", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		return nil, c.transportErr(err)
+	}
+	resp.Body.Close()
+	return c, nil
+}
+
+// pullDirect installs into a stopped node's data directory.
+func pullDirect(ctx context.Context, req install.Request, apiErr error) (catalog.Template, error) {
+	path := filepath.Join(req.DataDir, catalogFile)
+	cat, err := catalog.Open(path)
+	if err != nil {
+		hint := "is `aenv serve` running on this data dir? then pull through its API (drop --data-dir, set --url), " +
+			"or stop the node and pull again"
+		if apiErr != nil {
+			hint = "the API was not usable either: " + apiErr.Error()
+		}
+		return catalog.Template{}, fmt.Errorf("cannot open the node's catalog %s: %w\n(%s)", path, err, hint)
+	}
+	defer cat.Close()
+	return install.Run(ctx, cat.Templates(), req)
+}
+
+// pullBody turns the flags into the API request. Convert is sent only when given, so
+// the node picks its default (layered where its base template is).
+func pullBody(req install.Request, convertSet bool, platform string) api.TemplatePullRequest {
+	ref := req.Ref
+	// Layout and archive paths are read by the node, which does not share our cwd.
+	if src, err := image.ParseReference(ref); err == nil && src.Transport != image.Registry && !filepath.IsAbs(src.Path) {
+		if abs, err := filepath.Abs(src.Path); err == nil {
+			ref = strings.Replace(ref, src.Path, abs, 1)
+		}
+	}
+	b := api.TemplatePullRequest{Ref: ref}
+	str := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
+	}
+	num := func(n int) *int32 {
+		if n == 0 {
+			return nil
+		}
+		v := int32(n)
+		return &v
+	}
+	b.Name, b.StartCmd, b.ReadyCmd, b.Platform = str(req.Name), str(req.StartCmd), str(req.ReadyCmd), str(platform)
+	b.CpuCount, b.MemoryMB, b.DiskSizeMB = num(req.Resources.CPUCount), num(req.Resources.MemoryMB), num(req.Resources.DiskSizeMB)
+	if req.StartFromImage {
+		b.StartFromImage = &req.StartFromImage
+	}
+	if convertSet {
+		b.Convert = &req.Convert
+	}
+	if len(req.Pull.InsecureRegistries) > 0 {
+		b.InsecureRegistries = &req.Pull.InsecureRegistries
+	}
+	return b
+}
+
+// pullTemplate runs a pull on the node, rendering its progress stream with pr.
+func (c *client) pullTemplate(ctx context.Context, body api.TemplatePullRequest, pr *pullProgress) (catalog.Template, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return catalog.Template{}, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/aenv/templates/pull", bytes.NewReader(raw))
+	if err != nil {
+		return catalog.Template{}, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("X-API-Key", c.key)
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		return catalog.Template{}, c.transportErr(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if resp.StatusCode == http.StatusNotFound {
+			return catalog.Template{}, fmt.Errorf("the node at %s cannot pull images through its API (an older aenv?): "+
+				"stop it and run `aenv pull --data-dir DIR`, or upgrade it", c.base)
+		}
+		return catalog.Template{}, c.apiErr("pull "+body.Ref, resp.StatusCode, b)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var ev api.TemplatePullEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return catalog.Template{}, fmt.Errorf("pull %s: the node sent an unreadable progress line %q: %w", body.Ref, sc.Text(), err)
+		}
+		switch {
+		case ev.Error != nil:
+			return catalog.Template{}, fmt.Errorf("pull %s: %s (code %d)", body.Ref, ev.Error.Message, ev.Error.Code)
+		case ev.Template != nil:
+			t := catalog.Template{ID: ev.Template.TemplateID}
+			for _, n := range ev.Template.Names {
+				if n != t.ID {
+					t.Aliases = append(t.Aliases, n)
+				}
+			}
+			return t, nil
+		case ev.Phase != nil:
+			pr.report(eventProgress(ev))
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return catalog.Template{}, fmt.Errorf("pull %s: reading the node's progress: %w", body.Ref, err)
+	}
+	return catalog.Template{}, fmt.Errorf("pull %s: the node ended the stream without a result (did it stop?)", body.Ref)
+}
+
+func eventProgress(ev api.TemplatePullEvent) image.Progress {
+	p := image.Progress{Phase: image.Phase(*ev.Phase)}
+	if ev.Layer != nil {
+		p.Layer = *ev.Layer
+	}
+	if ev.Layers != nil {
+		p.Layers = *ev.Layers
+	}
+	if ev.Digest != nil {
+		p.Digest = *ev.Digest
+	}
+	if ev.Done != nil {
+		p.Done = *ev.Done
+	}
+	if ev.Total != nil {
+		p.Total = *ev.Total
+	}
+	p.Cached = ev.Cached != nil && *ev.Cached
+	p.Final = ev.Final != nil && *ev.Final
+	return p
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,6 +110,13 @@ func serve(ctx context.Context, cfg config.Config) error {
 		return fmt.Errorf("listen on %s: %w (set --listen or AENV_LISTEN)", cfg.Listen, err)
 	}
 	defer ln.Close()
+	if cfg.DebugListen != "" {
+		stop, err := serveDebug(cfg.DebugListen, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 
 	cat, err := catalog.Open(filepath.Join(cfg.DataDir, catalogFile))
 	if err != nil {
@@ -217,9 +225,13 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 	defer builds.Close()
 
+	// `aenv pull` goes through here while the node holds the catalog lock.
+	pulls := &server.Puller{Templates: cat.Templates(), DataDir: cfg.DataDir,
+		CanConvert: func() bool { return layeredTemplate(cat, baseTemplateID) }}
 	srv, err := server.New(server.Options{
 		Orchestrator:     orch,
 		Builds:           builds,
+		Pulls:            pulls,
 		Auth:             apikey.NewVerifier(cat.APIKeys()),
 		Keys:             cat.APIKeys(),
 		Domains:          cfg.Proxy.Domains,
@@ -261,6 +273,32 @@ func serve(ctx context.Context, cfg config.Config) error {
 		httpSrv.Close()
 	}
 	return nil
+}
+
+// serveDebug serves net/http/pprof on addr until stop is called. It uses its own mux, not
+// http.DefaultServeMux, so the profiles never leak onto the API listener.
+func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w (set debug_listen or AENV_DEBUG_LISTEN)", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("debug listener stopped", "err", err)
+		}
+	}()
+	log.Info("pprof debug listener", "listen", ln.Addr().String())
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
+		log.Warn("the pprof debug listener is reachable from the network; profiles reveal memory contents", "listen", ln.Addr().String())
+	}
+	return func() { srv.Close() }, nil
 }
 
 // findEnvd resolves the envd binary: the configured path, else "envd" next to aenv.
@@ -386,4 +424,19 @@ func copyTree(ctx context.Context, src, dst string) error {
 		return err
 	}
 	return os.Rename(tmp, dst)
+}
+
+// layeredTemplate reports whether template id runs on layered block roots, which is
+// what makes converting pulled images worth its cost on this node.
+func layeredTemplate(cat *catalog.Catalog, id string) bool {
+	t, err := cat.Templates().Get(id)
+	if err != nil {
+		return false
+	}
+	var a struct {
+		Overlaybd *struct {
+			Layers []json.RawMessage `json:"layers"`
+		} `json:"overlaybd"`
+	}
+	return json.Unmarshal(t.Artifact, &a) == nil && a.Overlaybd != nil && len(a.Overlaybd.Layers) > 0
 }

@@ -26,19 +26,23 @@ func DefaultTOML() string { return defaultTOML }
 // Config is the node configuration. TOML keys are the field tags; environment variables
 // are AENV_ + the upper-cased key path joined by '_'.
 type Config struct {
-	Listen     string     `toml:"listen"`
-	DataDir    string     `toml:"data_dir"`
-	APIKey     string     `toml:"api_key"`
-	LogLevel   string     `toml:"log_level"`
-	LogFormat  string     `toml:"log_format"`
-	Sandbox    Sandbox    `toml:"sandbox"`
-	Envd       Envd       `toml:"envd"`
-	Backend    Backend    `toml:"backend"`
-	Network    Network    `toml:"network"`
-	Templates  Templates  `toml:"templates"`
-	Proxy      Proxy      `toml:"proxy"`
-	Snapshot   Snapshot   `toml:"snapshot"`
-	Repository Repository `toml:"repository"`
+	Listen    string `toml:"listen"`
+	DataDir   string `toml:"data_dir"`
+	APIKey    string `toml:"api_key"`
+	LogLevel  string `toml:"log_level"`
+	LogFormat string `toml:"log_format"`
+	// DebugListen serves net/http/pprof when set (empty: off). Profiles expose memory
+	// contents and can be costly to take, so the default is off and Validate keeps it on
+	// loopback unless the user writes another address explicitly.
+	DebugListen string     `toml:"debug_listen"`
+	Sandbox     Sandbox    `toml:"sandbox"`
+	Envd        Envd       `toml:"envd"`
+	Backend     Backend    `toml:"backend"`
+	Network     Network    `toml:"network"`
+	Templates   Templates  `toml:"templates"`
+	Proxy       Proxy      `toml:"proxy"`
+	Snapshot    Snapshot   `toml:"snapshot"`
+	Repository  Repository `toml:"repository"`
 }
 
 // Sandbox holds lifecycle defaults and limits.
@@ -299,6 +303,11 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen", "%q is not host:port (e.g. 127.0.0.1:8000)", c.Listen)
+	}
+	if c.DebugListen != "" {
+		if _, _, err := net.SplitHostPort(c.DebugListen); err != nil {
+			bad("debug_listen", "%q is not host:port (e.g. 127.0.0.1:6060)", c.DebugListen)
+		}
 	}
 	if c.DataDir == "" {
 		bad("data_dir", "must not be empty")

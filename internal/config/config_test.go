@@ -108,6 +108,7 @@ func TestLoadErrorsNameTheKey(t *testing.T) {
 		{"unknown section key", "[sandbox]\ndefault_timout = \"1s\"\n", nil, "sandbox.default_timout"},
 		{"bad duration in file", "[sandbox]\ndefault_timeout = \"soon\"\n", nil, "duration"},
 		{"bad listen", "listen = \"8000\"\n", nil, "listen"},
+		{"bad debug listen", "", map[string]string{"AENV_DEBUG_LISTEN": "6060"}, "debug_listen"},
 		{"bad env int", "", map[string]string{"AENV_SANDBOX_DEFAULT_CPU": "two"}, "AENV_SANDBOX_DEFAULT_CPU"},
 		{"bad env duration", "", map[string]string{"AENV_ENVD_READY_TIMEOUT": "-"}, "AENV_ENVD_READY_TIMEOUT"},
 		{"bad runtime", "", map[string]string{"AENV_BACKEND_RUNTIME": "docker"}, "backend.runtime"},

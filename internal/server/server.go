@@ -62,6 +62,8 @@ type Options struct {
 	Keys KeyManager
 	// Builds serves the template build and template endpoints; nil answers 501 there.
 	Builds TemplateBuilder
+	// Pulls serves POST /aenv/templates/pull; nil answers 501 there.
+	Pulls *Puller
 	// Domains enable host routing of {port}-{id}.{domain}; the first one is reported to
 	// clients as the sandbox domain.
 	Domains []string
@@ -85,6 +87,7 @@ type Server struct {
 	auth   Authenticator
 	keys   KeyManager
 	builds TemplateBuilder
+	puller *Puller
 	// uploadKey signs the upload URLs of template builds (valid for this process's life).
 	uploadKey []byte
 	domains   []string
@@ -113,6 +116,7 @@ func New(o Options) (*Server, error) {
 		auth:             o.Auth,
 		keys:             o.Keys,
 		builds:           o.Builds,
+		puller:           o.Pulls,
 		uploadKey:        randomKey(),
 		domains:          normalizeDomains(o.Domains),
 		registry:         o.Registry,

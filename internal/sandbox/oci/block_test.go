@@ -163,7 +163,7 @@ func testBlockSnapshotFork(t *testing.T, mode string) {
 	if out := e.mustSh(t, a, "id -u; stat -c '%u:%g' /etc/passwd /bin; stat -c %U /home/user"); out != "0\n0:0\n0:0\nuser\n" {
 		t.Fatalf("ownership inside (userns=%v): %q", e.b.UserNamespaces(), out)
 	}
-	e.mustSh(t, a, "echo one > /root/state && mkdir -p /home/user/w && echo keep > /home/user/w/f && rm /etc/motd 2>/dev/null; sync")
+	e.mustSh(t, a, "echo one > /root/state && mkdir -p /home/user/w && echo keep > /home/user/w/f && rm /etc/motd 2>/dev/null; sync -f /")
 	c, err := a.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)

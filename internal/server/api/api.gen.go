@@ -469,6 +469,52 @@ type TemplateBuildStartV2 struct {
 // TemplateBuildStatus defines model for TemplateBuildStatus.
 type TemplateBuildStatus string
 
+// TemplatePullEvent One line of a pull's stream; progress fields, or template, or error.
+type TemplatePullEvent struct {
+	Cached   *bool               `json:"cached,omitempty"`
+	Digest   *string             `json:"digest,omitempty"`
+	Done     *int64              `json:"done,omitempty"`
+	Error    *Error              `json:"error,omitempty"`
+	Final    *bool               `json:"final,omitempty"`
+	Layer    *int                `json:"layer,omitempty"`
+	Layers   *int                `json:"layers,omitempty"`
+	Phase    *string             `json:"phase,omitempty"`
+	Template *TemplatePullResult `json:"template,omitempty"`
+	Total    *int64              `json:"total,omitempty"`
+}
+
+// TemplatePullRequest defines model for TemplatePullRequest.
+type TemplatePullRequest struct {
+	// Convert Convert to overlaybd layers; default true when the base template is layered.
+	Convert            *bool     `json:"convert,omitempty"`
+	CpuCount           *int32    `json:"cpuCount,omitempty"`
+	DiskSizeMB         *int32    `json:"diskSizeMB,omitempty"`
+	InsecureRegistries *[]string `json:"insecureRegistries,omitempty"`
+	MemoryMB           *int32    `json:"memoryMB,omitempty"`
+
+	// Name Template name; default the image's repository name.
+	Name *string `json:"name,omitempty"`
+
+	// Platform os/arch[/variant] to pick from multi-platform images (default the node's).
+	Platform *string `json:"platform,omitempty"`
+	ReadyCmd *string `json:"readyCmd,omitempty"`
+
+	// Ref Image reference: a registry reference, or oci:, oci-archive: or docker-archive: paths on the node.
+	Ref      string  `json:"ref"`
+	StartCmd *string `json:"startCmd,omitempty"`
+
+	// StartFromImage Use the image's ENTRYPOINT and CMD as the start command.
+	StartFromImage *bool `json:"startFromImage,omitempty"`
+}
+
+// TemplatePullResult defines model for TemplatePullResult.
+type TemplatePullResult struct {
+	Converted  *bool    `json:"converted,omitempty"`
+	Names      []string `json:"names"`
+	Replaced   *bool    `json:"replaced,omitempty"`
+	TemplateID string   `json:"templateID"`
+}
+
 // TemplateRequestResponseV3 defines model for TemplateRequestResponseV3.
 type TemplateRequestResponseV3 struct {
 	Aliases    []string `json:"aliases"`
@@ -645,6 +691,9 @@ type ListTemplatesV2Params struct {
 // CreateAPIKeyJSONRequestBody defines body for CreateAPIKey for application/json ContentType.
 type CreateAPIKeyJSONRequestBody = NewAPIKey
 
+// PullTemplateJSONRequestBody defines body for PullTemplate for application/json ContentType.
+type PullTemplateJSONRequestBody = TemplatePullRequest
+
 // CreateSandboxV1JSONRequestBody defines body for CreateSandboxV1 for application/json ContentType.
 type CreateSandboxV1JSONRequestBody = NewSandbox
 
@@ -767,6 +816,11 @@ type ClientInterface interface {
 
 	// RevokeAPIKey request
 	RevokeAPIKey(ctx context.Context, keyID string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PullTemplateWithBody request with any body
+	PullTemplateWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	PullTemplate(ctx context.Context, body PullTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// UploadTemplateFilesWithBody request with any body
 	UploadTemplateFilesWithBody(ctx context.Context, hash string, params *UploadTemplateFilesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -930,6 +984,30 @@ func (c *Client) CreateAPIKey(ctx context.Context, body CreateAPIKeyJSONRequestB
 
 func (c *Client) RevokeAPIKey(ctx context.Context, keyID string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewRevokeAPIKeyRequest(c.Server, keyID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) PullTemplateWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPullTemplateRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) PullTemplate(ctx context.Context, body PullTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPullTemplateRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1556,6 +1634,46 @@ func NewRevokeAPIKeyRequest(server string, keyID string) (*http.Request, error) 
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewPullTemplateRequest calls the generic PullTemplate builder with application/json body
+func NewPullTemplateRequest(server string, body PullTemplateJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPullTemplateRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewPullTemplateRequestWithBody generates requests for PullTemplate with any type of body
+func NewPullTemplateRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/aenv/templates/pull")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -3169,6 +3287,11 @@ type ClientWithResponsesInterface interface {
 	// RevokeAPIKeyWithResponse request
 	RevokeAPIKeyWithResponse(ctx context.Context, keyID string, reqEditors ...RequestEditorFn) (*RevokeAPIKeyResponse, error)
 
+	// PullTemplateWithBodyWithResponse request with any body
+	PullTemplateWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PullTemplateResponse, error)
+
+	PullTemplateWithResponse(ctx context.Context, body PullTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*PullTemplateResponse, error)
+
 	// UploadTemplateFilesWithBodyWithResponse request with any body
 	UploadTemplateFilesWithBodyWithResponse(ctx context.Context, hash string, params *UploadTemplateFilesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UploadTemplateFilesResponse, error)
 
@@ -3373,6 +3496,31 @@ func (r RevokeAPIKeyResponse) Status() string {
 
 // StatusCode returns HTTPResponse.StatusCode
 func (r RevokeAPIKeyResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type PullTemplateResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON400      *N400
+	JSON401      *N401
+	JSON500      *N500
+	JSON501      *N501
+}
+
+// Status returns HTTPResponse.Status
+func (r PullTemplateResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PullTemplateResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -4160,6 +4308,23 @@ func (c *ClientWithResponses) RevokeAPIKeyWithResponse(ctx context.Context, keyI
 	return ParseRevokeAPIKeyResponse(rsp)
 }
 
+// PullTemplateWithBodyWithResponse request with arbitrary body returning *PullTemplateResponse
+func (c *ClientWithResponses) PullTemplateWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PullTemplateResponse, error) {
+	rsp, err := c.PullTemplateWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePullTemplateResponse(rsp)
+}
+
+func (c *ClientWithResponses) PullTemplateWithResponse(ctx context.Context, body PullTemplateJSONRequestBody, reqEditors ...RequestEditorFn) (*PullTemplateResponse, error) {
+	rsp, err := c.PullTemplate(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePullTemplateResponse(rsp)
+}
+
 // UploadTemplateFilesWithBodyWithResponse request with arbitrary body returning *UploadTemplateFilesResponse
 func (c *ClientWithResponses) UploadTemplateFilesWithBodyWithResponse(ctx context.Context, hash string, params *UploadTemplateFilesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UploadTemplateFilesResponse, error) {
 	rsp, err := c.UploadTemplateFilesWithBody(ctx, hash, params, contentType, body, reqEditors...)
@@ -4685,6 +4850,53 @@ func ParseRevokeAPIKeyResponse(rsp *http.Response) (*RevokeAPIKeyResponse, error
 			return nil, err
 		}
 		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePullTemplateResponse parses an HTTP response from a PullTemplateWithResponse call
+func ParsePullTemplateResponse(rsp *http.Response) (*PullTemplateResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PullTemplateResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest N501
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON501 = &dest
 
 	}
 
@@ -6146,6 +6358,9 @@ type ServerInterface interface {
 	// Revoke an API key by ID or name (aenv extension)
 	// (DELETE /aenv/keys/{keyID})
 	RevokeAPIKey(w http.ResponseWriter, r *http.Request, keyID string)
+	// Pull an OCI image and register it as a template (aenv extension; `aenv pull`)
+	// (POST /aenv/templates/pull)
+	PullTemplate(w http.ResponseWriter, r *http.Request)
 	// Receive a COPY step's files (the URL getTemplateFileUpload returns; aenv extension)
 	// (PUT /aenv/uploads/{hash})
 	UploadTemplateFiles(w http.ResponseWriter, r *http.Request, hash string, params UploadTemplateFilesParams)
@@ -6326,6 +6541,26 @@ func (siw *ServerInterfaceWrapper) RevokeAPIKey(w http.ResponseWriter, r *http.R
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.RevokeAPIKey(w, r, keyID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PullTemplate operation middleware
+func (siw *ServerInterfaceWrapper) PullTemplate(w http.ResponseWriter, r *http.Request) {
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PullTemplate(w, r)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -7517,6 +7752,7 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc("GET "+options.BaseURL+"/aenv/keys", wrapper.ListAPIKeys)
 	m.HandleFunc("POST "+options.BaseURL+"/aenv/keys", wrapper.CreateAPIKey)
 	m.HandleFunc("DELETE "+options.BaseURL+"/aenv/keys/{keyID}", wrapper.RevokeAPIKey)
+	m.HandleFunc("POST "+options.BaseURL+"/aenv/templates/pull", wrapper.PullTemplate)
 	m.HandleFunc("PUT "+options.BaseURL+"/aenv/uploads/{hash}", wrapper.UploadTemplateFiles)
 	m.HandleFunc("GET "+options.BaseURL+"/health", wrapper.GetHealth)
 	m.HandleFunc("GET "+options.BaseURL+"/metrics", wrapper.GetPrometheusMetrics)
