@@ -40,7 +40,7 @@ lint:
 # The repository tests run against a real S3 server process (versitygw, built once from the Go proxy).
 unit:
 	scripts/s3-test-server.sh install
-	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -timeout 20m ./...
 
 e2e: build
 	@test/e2e/run.sh
