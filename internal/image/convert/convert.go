@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/aenv-dev/aenv/internal/dirlock"
 	"io"
 	"log/slog"
 	"os"
@@ -83,9 +84,11 @@ func Convert(ctx context.Context, img *image.Image, o Options) (*Result, error) 
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("convert: %w", err)
 	}
-	unlock, err := lockDir(ctx, o.Dir)
+	// A layer's parent must not change while it is built on (conversions may share the
+	// cache directory across processes).
+	unlock, err := dirlock.Acquire(ctx, o.Dir)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("convert: %w", err)
 	}
 	defer unlock()
 	if err := o.Store.Fetch(ctx, img, progress); err != nil {
@@ -282,29 +285,4 @@ func applyMounted(ctx context.Context, o Options, st *stack.Stack, work string, 
 		return fmt.Errorf("unmount ext4: %w", err)
 	}
 	return nil
-}
-
-// lockDir serializes conversions sharing a cache directory (across
-// processes): a layer's parent must not change while it is built on.
-func lockDir(ctx context.Context, dir string) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("convert: lock: %w", err)
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("convert: lock: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }

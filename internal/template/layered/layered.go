@@ -17,12 +17,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/aenv-dev/aenv/internal/atomicfile"
+	"github.com/aenv-dev/aenv/internal/dirlock"
 	"io"
 	"os"
 	"path/filepath"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
@@ -103,9 +103,10 @@ func Build(ctx context.Context, rootfsDir, outDir string, sizeMB int) (*Result, 
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return nil, fmt.Errorf("layered: %w", err)
 	}
-	unlock, err := lock(ctx, outDir)
+	// Two nodes' starts or two tests must never write the same temporary files.
+	unlock, err := dirlock.Acquire(ctx, outDir)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("layered: %w", err)
 	}
 	defer unlock()
 
@@ -243,49 +244,8 @@ func writeJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
+	if err := atomicfile.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("layered: %w", err)
 	}
-	_, err = f.Write(append(b, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("layered: write %s: %w", path, err)
-	}
 	return nil
-}
-
-// lock serializes builds into one outDir (across processes), so two nodes' starts or two
-// tests never write the same temporary files.
-func lock(ctx context.Context, dir string) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("layered: lock: %w", err)
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("layered: lock: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }

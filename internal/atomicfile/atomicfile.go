@@ -1,0 +1,33 @@
+// Package atomicfile writes small files so that readers see either the old content or
+// the new, never a torn mix, even across a crash.
+package atomicfile
+
+import (
+	"fmt"
+	"os"
+)
+
+// WriteFile writes data to a temporary sibling of path, fsyncs it and renames it over
+// path. On error the temporary file is removed and path is unchanged.
+func WriteFile(path string, data []byte, perm os.FileMode) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, perm)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
