@@ -103,7 +103,17 @@ func newRealNode(t *testing.T, cfg Config) *realNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { be.Close(context.Background()) })
+	t.Cleanup(func() {
+		be.Close(context.Background())
+		// The test's bridge, nft tables and cgroup parent are its own: leave nothing behind.
+		if err := be.Pool().Teardown(context.Background()); err != nil {
+			t.Errorf("tear down the test network: %v", err)
+		}
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/aenv-bldtest")
+		for _, d := range dirs {
+			os.Remove(d)
+		}
+	})
 	orch, err := orchestrator.New(orchestrator.Config{Registerer: prometheus.NewRegistry(), Logger: log}, be, cat)
 	if err != nil {
 		t.Fatal(err)
