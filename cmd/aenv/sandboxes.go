@@ -259,54 +259,96 @@ func newInfoCmd(g *globals) *cobra.Command {
 }
 
 func newPauseCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var disk bool
+	cmd := &cobra.Command{
 		Use:   "pause ID",
 		Short: "Pause a sandbox (resume it with `aenv resume` or `aenv connect`)",
-		Args:  cobra.ExactArgs(1),
+		Long: "Pause a sandbox. By default its processes and memory are kept (frozen), so a resume\n" +
+			"continues where it stopped. --disk snapshots its filesystem and stops it instead,\n" +
+			"releasing CPU, memory, mounts and its network slot; a resume then restarts its\n" +
+			"processes on the files as they were. Where the sandbox cannot be snapshotted (a\n" +
+			"directory template), --disk pauses it in place.",
+		Example: "  aenv pause sbx123          # keep processes and memory\n" +
+			"  aenv pause sbx123 --disk   # free its resources; files survive, processes restart",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			resp, err := c.api.PauseSandboxWithResponse(cmd.Context(), args[0], api.SandboxPauseRequest{})
+			var body api.SandboxPauseRequest
+			// Only --disk names memory: an empty body leaves the choice to the server's
+			// default, as the SDKs' plain pause does.
+			if disk {
+				keep := false
+				body.Memory = &keep
+			}
+			resp, err := c.api.PauseSandboxWithResponse(cmd.Context(), args[0], body)
 			if err != nil {
 				return c.transportErr(err)
 			}
 			if resp.StatusCode() != 204 {
 				return c.apiErr("pause "+args[0], resp.StatusCode(), resp.Body)
 			}
-			fmt.Fprintln(cmd.ErrOrStderr(), "paused", args[0])
+			if disk {
+				fmt.Fprintln(cmd.ErrOrStderr(), "paused to disk", args[0])
+			} else {
+				fmt.Fprintln(cmd.ErrOrStderr(), "paused", args[0])
+			}
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&disk, "disk", false, "pause to disk: snapshot the filesystem and release CPU, memory, mounts and network")
+	return cmd
 }
 
 func newResumeCmd(g *globals) *cobra.Command {
-	var timeout time.Duration
+	var (
+		timeout time.Duration
+		cold    bool
+	)
 	cmd := &cobra.Command{
 		Use:   "resume ID",
 		Short: "Resume a paused sandbox (a running one just gets its expiry extended)",
-		Args:  cobra.ExactArgs(1),
+		Long: "Resume a paused sandbox with the state it was paused with. --cold restarts its\n" +
+			"processes on its filesystem as it was (a memory-paused sandbox is first captured to\n" +
+			"disk), like the SDKs' onResume: \"reboot\"; where it cannot be captured, it resumes\n" +
+			"with its memory.",
+		Example: "  aenv resume sbx123 --timeout 1h\n" +
+			"  aenv resume sbx123 --cold   # fresh processes, same files",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			_, err = c.connectSandbox(cmd, args[0], timeout)
+			body := api.ConnectSandboxV2{}
+			if cold {
+				keep := false
+				body.Memory = &keep
+			}
+			_, err = c.connect(cmd, args[0], timeout, body)
 			return err
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "time until the sandbox expires")
+	cmd.Flags().BoolVar(&cold, "cold", false, "restart the sandbox's processes on its filesystem instead of restoring its memory")
 	return cmd
 }
 
 // connectSandbox is the v2 connect: resumes a paused sandbox, extends a running one.
 func (c *client) connectSandbox(cmd *cobra.Command, id string, timeout time.Duration) (*api.Sandbox, error) {
+	return c.connect(cmd, id, timeout, api.ConnectSandboxV2{})
+}
+
+// connect sends body (with timeout's seconds) to the v2 connect of id.
+func (c *client) connect(cmd *cobra.Command, id string, timeout time.Duration, body api.ConnectSandboxV2) (*api.Sandbox, error) {
 	secs, err := durationSeconds(timeout)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.api.ConnectSandboxV2WithResponse(cmd.Context(), id, api.ConnectSandboxV2{Timeout: &secs})
+	body.Timeout = &secs
+	resp, err := c.api.ConnectSandboxV2WithResponse(cmd.Context(), id, body)
 	if err != nil {
 		return nil, c.transportErr(err)
 	}

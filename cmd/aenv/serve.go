@@ -148,11 +148,12 @@ func serve(ctx context.Context, cfg config.Config) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	backend, err := oci.New(ctx, oci.Config{
-		DataDir:      filepath.Join(cfg.DataDir, "oci"),
-		EnvdPath:     envd,
-		Runtime:      cfg.Backend.Runtime,
-		Logger:       log.With("component", "oci"),
-		CgroupParent: cfg.Backend.CgroupParent,
+		DataDir:         filepath.Join(cfg.DataDir, "oci"),
+		EnvdPath:        envd,
+		Runtime:         cfg.Backend.Runtime,
+		Logger:          log.With("component", "oci"),
+		CgroupParent:    cfg.Backend.CgroupParent,
+		SnapshotQuiesce: cfg.Snapshot.Quiesce,
 		Network: network.Config{
 			Bridge:   cfg.Network.Bridge,
 			Subnet:   cfg.Network.Subnet,

@@ -107,6 +107,11 @@ type Snapshot struct {
 	SyncInterval   Duration `toml:"sync_interval"`
 	// GCGrace keeps unreferenced blobs this long after their last put.
 	GCGrace Duration `toml:"gc_grace"`
+	// Quiesce trades the sandbox's write stall during a snapshot against the image's
+	// cleanliness: "freeze" (fsfreeze, a clean image, writes blocked for tens of ms) or
+	// "sync" (syncfs then seal, a few ms, a crash-consistent image whose journal replays
+	// at the next mount).
+	Quiesce string `toml:"quiesce"`
 }
 
 // Repository locates the shared repository and the node-local cache in front of it.

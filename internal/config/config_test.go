@@ -116,6 +116,8 @@ func TestLoadErrorsNameTheKey(t *testing.T) {
 		{"bad envd version", "", map[string]string{"AENV_ENVD_VERSION": "latest"}, "envd.version"},
 		{"short api key", "", map[string]string{"AENV_API_KEY": "short"}, "api_key"},
 		{"default above max", "[sandbox]\ndefault_timeout = \"48h\"\n", nil, "exceeds sandbox.max_timeout"},
+		{"bad snapshot quiesce in file", "[snapshot]\nquiesce = \"fsfreeze\"\n", nil, "snapshot.quiesce"},
+		{"bad snapshot quiesce env", "", map[string]string{"AENV_SNAPSHOT_QUIESCE": "none"}, "snapshot.quiesce"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -34,6 +34,13 @@ func (c *Config) validateRepository(bad func(key, format string, args ...any)) {
 	if s.GCGrace.Duration < 0 {
 		bad("snapshot.gc_grace", "must not be negative, got %s", s.GCGrace)
 	}
+	// The same names as oci.QuiesceFreeze/QuiesceSync; checked here so a typo fails at load
+	// with the key's name rather than when the backend starts.
+	switch s.Quiesce {
+	case "freeze", "sync":
+	default:
+		bad("snapshot.quiesce", "%q is not freeze or sync", s.Quiesce)
+	}
 
 	r := &c.Repository
 	for key, p := range map[string]*string{"repository.posix_fs.path": &r.PosixFS.Path, "repository.cache.dir": &r.Cache.Dir} {

@@ -14,7 +14,7 @@ func TestRepositoryDefaults(t *testing.T) {
 	}
 	s := c.Snapshot
 	if s.RepositoryBackend != "posix_fs" || s.MaxDepth != 32 || s.PublishWorkers != 4 ||
-		s.SyncInterval.Duration != 30*time.Second || s.GCGrace.Duration != 15*time.Minute {
+		s.SyncInterval.Duration != 30*time.Second || s.GCGrace.Duration != 15*time.Minute || s.Quiesce != "freeze" {
 		t.Fatalf("snapshot defaults %+v", s)
 	}
 	if c.RepositoryPath() != "/srv/aenv/repository" || c.RepositoryCacheDir() != "/srv/aenv/repository-cache" {
@@ -44,6 +44,7 @@ dir = "cache"
 	c, err := Load(path, envFrom(map[string]string{
 		"AENV_REPOSITORY_CACHE_HIGH_WATERMARK": "0.95", "AENV_SNAPSHOT_SYNC_INTERVAL": "5s",
 		"AENV_REPOSITORY_POSIX_FS_PATH": "/mnt/nfs/aenv", "AENV_REPOSITORY_S3_REGION": "eu-west-1",
+		"AENV_SNAPSHOT_QUIESCE": "sync",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +52,7 @@ dir = "cache"
 	s3 := c.Repository.S3
 	if c.Snapshot.RepositoryBackend != "s3" || c.Snapshot.MaxDepth != 8 || s3.Endpoint != "http://127.0.0.1:7070" ||
 		s3.Bucket != "aenv-snapshots" || s3.Prefix != "prod/a" || s3.Addressing != "path" || s3.AccessKey != "AK" ||
-		s3.SecretKey != "SK" || s3.Region != "eu-west-1" {
+		s3.SecretKey != "SK" || s3.Region != "eu-west-1" || c.Snapshot.Quiesce != "sync" {
 		t.Fatalf("s3 settings %+v %+v", c.Snapshot, s3)
 	}
 	if c.Repository.Cache.HighWatermark != 0.95 || c.Snapshot.SyncInterval.Duration != 5*time.Second ||
