@@ -19,6 +19,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/envd/gen/process"
 	"github.com/aenv-dev/aenv/internal/envd/gen/process/processconnect"
+	"github.com/aenv-dev/aenv/internal/envdclient"
 	"github.com/aenv-dev/aenv/internal/server/api"
 )
 
@@ -27,47 +28,21 @@ const envdPort = "49983"
 // envdClient reaches one sandbox's envd through the node's proxy, the way the SDKs do in
 // single-server mode: the sandbox is named by headers, not by the path.
 type envdClient struct {
-	c     *client
-	id    string
-	token string
-	proc  processconnect.ProcessClient
+	c    *client
+	id   string
+	envd *envdclient.Client
+	proc processconnect.ProcessClient
 }
 
 func (c *client) envd(id, token string) *envdClient {
-	e := &envdClient{c: c, id: id, token: token}
-	e.proc = processconnect.NewProcessClient(c.http, c.base, connect.WithInterceptors(headerInterceptor{e}))
+	e := &envdClient{c: c, id: id}
+	e.envd = envdclient.New(c.http, c.base, envdclient.WithSandbox(id, envdPort), envdclient.WithAccessToken(token))
+	e.proc = e.envd.Proc
 	return e
 }
 
 // setHeaders adds the routing and auth headers of envd traffic.
-func (e *envdClient) setHeaders(h http.Header) {
-	h.Set("E2b-Sandbox-Id", e.id)
-	h.Set("E2b-Sandbox-Port", envdPort)
-	if e.token != "" {
-		h.Set("X-Access-Token", e.token)
-	}
-}
-
-type headerInterceptor struct{ e *envdClient }
-
-func (i headerInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		i.e.setHeaders(req.Header())
-		return next(ctx, req)
-	}
-}
-
-func (i headerInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		conn := next(ctx, spec)
-		i.e.setHeaders(conn.RequestHeader())
-		return conn
-	}
-}
-
-func (i headerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
-}
+func (e *envdClient) setHeaders(h http.Header) { e.envd.SetHeaders(h) }
 
 // envdFor connects to a sandbox by ID: its token comes from the API (GET /sandboxes/{id}).
 func (c *client) envdFor(ctx context.Context, id string) (*envdClient, error) {
@@ -106,24 +81,8 @@ func shellQuote(args []string) string {
 // run starts cmdline with /bin/bash -l -c (as the SDKs do), streams its output and
 // returns its exit code. An interrupt sends SIGTERM to the remote process.
 func (e *envdClient) run(ctx context.Context, cmdline string, envs map[string]string, cwd, user string, stdout, stderr io.Writer) (int, error) {
-	noStdin := false
-	req := connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmdline}, Envs: envs},
-		Stdin:   &noStdin,
-	})
-	if cwd != "" {
-		req.Msg.Process.Cwd = &cwd
-	}
-	if user != "" {
-		req.Header().Set("Authorization", basicUser(user))
-	}
 	streamCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	stream, err := e.proc.Start(streamCtx, req)
-	if err != nil {
-		return 0, e.rpcErr(err)
-	}
-	defer stream.Close()
 	var pid atomic.Uint32
 	go func() {
 		<-streamCtx.Done()
@@ -142,39 +101,31 @@ func (e *envdClient) run(ctx context.Context, cmdline string, envs map[string]st
 		// A command that ignores SIGTERM must not hold the CLI forever.
 		time.AfterFunc(10*time.Second, cancel)
 	}()
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		switch {
-		case ev.GetStart() != nil:
-			pid.Store(ev.GetStart().GetPid())
-		case ev.GetData() != nil:
-			d := ev.GetData()
-			if b := d.GetStdout(); len(b) > 0 {
-				stdout.Write(b)
-			}
-			if b := d.GetStderr(); len(b) > 0 {
-				stderr.Write(b)
-			}
-			if b := d.GetPty(); len(b) > 0 {
-				stdout.Write(b)
-			}
-		case ev.GetEnd() != nil:
-			end := ev.GetEnd()
-			if end.GetError() != "" && !end.GetExited() {
-				return -1, fmt.Errorf("command failed: %s", end.GetError())
-			}
-			return int(end.GetExitCode()), nil
-		}
+	p, err := e.envd.Start(streamCtx, envdclient.Command{
+		Cmd: "/bin/bash", Args: []string{"-l", "-c", cmdline}, Env: envs, Cwd: cwd, User: user,
+	})
+	if errors.Is(err, envdclient.ErrNoStart) {
+		return 0, errNoExitStatus
 	}
-	if err := stream.Err(); err != nil {
+	if err != nil {
 		return 0, e.rpcErr(err)
 	}
-	return 0, errors.New("the command's output stream ended without an exit status (the sandbox may have stopped)")
+	defer p.Close()
+	pid.Store(p.Pid)
+	end, err := p.Wait(stdout, stderr)
+	if errors.Is(err, envdclient.ErrNoEnd) {
+		return 0, errNoExitStatus
+	}
+	if err != nil {
+		return 0, e.rpcErr(err)
+	}
+	if end.GetError() != "" && !end.GetExited() {
+		return -1, fmt.Errorf("command failed: %s", end.GetError())
+	}
+	return int(end.GetExitCode()), nil
 }
 
-func basicUser(user string) string {
-	return "Basic " + encodeBase64(user+":")
-}
+var errNoExitStatus = errors.New("the command's output stream ended without an exit status (the sandbox may have stopped)")
 
 // rpcErr explains envd failures seen through the proxy.
 func (e *envdClient) rpcErr(err error) error {
@@ -289,24 +240,20 @@ func (e *envdClient) shell(ctx context.Context) error {
 		}
 	}
 	term := firstNonEmpty(os.Getenv("TERM"), "xterm-256color")
-	req := connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-i", "-l"}, Envs: map[string]string{"TERM": term}},
-		Pty:     &process.PTY{Size: &process.PTY_Size{Cols: cols, Rows: rows}},
-	})
 	streamCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := e.proc.Start(streamCtx, req)
+	p, err := e.envd.Start(streamCtx, envdclient.Command{
+		Cmd: "/bin/bash", Args: []string{"-i", "-l"}, Env: map[string]string{"TERM": term}, Stdin: true,
+		PTY: &process.PTY{Size: &process.PTY_Size{Cols: cols, Rows: rows}},
+	})
+	if errors.Is(err, envdclient.ErrNoStart) {
+		return errors.New("the shell ended before it started")
+	}
 	if err != nil {
 		return e.rpcErr(err)
 	}
-	defer stream.Close()
-	if !stream.Receive() {
-		if err := stream.Err(); err != nil {
-			return e.rpcErr(err)
-		}
-		return errors.New("the shell ended before it started")
-	}
-	pid := stream.Msg().GetEvent().GetStart().GetPid()
+	defer p.Close()
+	pid := p.Pid
 	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
 
 	if tty {
@@ -354,21 +301,14 @@ func (e *envdClient) shell(ctx context.Context) error {
 			}
 		}
 	}()
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			os.Stdout.Write(d.GetPty())
-			os.Stdout.Write(d.GetStdout())
-			os.Stdout.Write(d.GetStderr())
+	end, err := p.Wait(os.Stdout, os.Stdout)
+	if err == nil {
+		if code := end.GetExitCode(); code != 0 {
+			return exitCodeError{code: int(code)}
 		}
-		if end := ev.GetEnd(); end != nil {
-			if code := end.GetExitCode(); code != 0 {
-				return exitCodeError{code: int(code)}
-			}
-			return nil
-		}
+		return nil
 	}
-	if err := stream.Err(); err != nil && ctx.Err() == nil {
+	if !errors.Is(err, envdclient.ErrNoEnd) && ctx.Err() == nil {
 		return e.rpcErr(err)
 	}
 	return nil

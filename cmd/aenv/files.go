@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,8 +17,6 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/envd/gen/filesystem"
 )
-
-func encodeBase64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 
 func queryEscape(s string) string { return url.QueryEscape(s) }
 

@@ -17,13 +17,14 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/envd/gen/filesystem"
 	"github.com/aenv-dev/aenv/internal/envd/gen/filesystem/filesystemconnect"
+	"github.com/aenv-dev/aenv/internal/envdclient"
 )
 
 // maxListDepth bounds a recursive directory download.
 const maxListDepth = 64
 
 func (e *envdClient) fs() filesystemconnect.FilesystemClient {
-	return filesystemconnect.NewFilesystemClient(e.c.http, e.c.base, connect.WithInterceptors(headerInterceptor{e}))
+	return filesystemconnect.NewFilesystemClient(e.c.http, e.c.base, connect.WithInterceptors(e.envd.Interceptor()))
 }
 
 // uploadDir sends every regular file under local as one multipart request, each part named
@@ -110,7 +111,7 @@ func writeParts(mw *multipart.Writer, local, remote string, files []string) erro
 func (e *envdClient) statRemote(cmd *cobra.Command, remote, user string) (*filesystem.EntryInfo, error) {
 	req := connect.NewRequest(&filesystem.StatRequest{Path: remote})
 	if user != "" {
-		req.Header().Set("Authorization", basicUser(user))
+		req.Header().Set("Authorization", envdclient.BasicUser(user))
 	}
 	resp, err := e.fs().Stat(cmd.Context(), req)
 	if err != nil {
@@ -127,7 +128,7 @@ func (e *envdClient) statRemote(cmd *cobra.Command, remote, user string) (*files
 func (e *envdClient) downloadDir(cmd *cobra.Command, remote, local, user string, force bool) error {
 	req := connect.NewRequest(&filesystem.ListDirRequest{Path: remote, Depth: maxListDepth})
 	if user != "" {
-		req.Header().Set("Authorization", basicUser(user))
+		req.Header().Set("Authorization", envdclient.BasicUser(user))
 	}
 	resp, err := e.fs().ListDir(cmd.Context(), req)
 	if err != nil {

@@ -13,10 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"connectrpc.com/connect"
-
-	"github.com/aenv-dev/aenv/internal/envd/gen/process"
-	"github.com/aenv-dev/aenv/internal/envd/gen/process/processconnect"
+	"github.com/aenv-dev/aenv/internal/envdclient"
 )
 
 // envdPort is the port the node's proxy forwards envd traffic to (E2b-Sandbox-Port).
@@ -28,7 +25,6 @@ type Client struct {
 	base string
 	key  string
 	http *http.Client
-	proc processconnect.ProcessClient
 }
 
 // NewClient returns a client of the node at base (http://host:port) with API key key.
@@ -42,7 +38,6 @@ func NewClient(base, key string, conns int) *Client {
 		IdleConnTimeout:     90 * time.Second,
 	}
 	c := &Client{base: strings.TrimRight(base, "/"), key: key, http: &http.Client{Transport: tr}}
-	c.proc = processconnect.NewProcessClient(c.http, c.base)
 	return c
 }
 
@@ -198,40 +193,30 @@ type CommandResult struct {
 // through envd's process.Process/Start stream via the node's proxy, and returns once the
 // end event arrives.
 func (c *Client) Run(ctx context.Context, sb Sandbox, cmdline string) (CommandResult, error) {
-	noStdin := false
-	req := connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmdline}},
-		Stdin:   &noStdin,
-	})
-	h := req.Header()
-	h.Set("E2b-Sandbox-Id", sb.ID)
-	h.Set("E2b-Sandbox-Port", envdPort)
-	if sb.Token != "" {
-		h.Set("X-Access-Token", sb.Token)
+	envd := envdclient.New(c.http, c.base, envdclient.WithSandbox(sb.ID, envdPort), envdclient.WithAccessToken(sb.Token))
+	p, err := envd.Start(ctx, envdclient.Command{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmdline}})
+	if errors.Is(err, envdclient.ErrNoStart) {
+		return CommandResult{}, fmt.Errorf("%q in %s: stream ended without an end event", cmdline, sb.ID)
 	}
-	stream, err := c.proc.Start(ctx, req)
+	var recvErr *envdclient.ReceiveError
+	if errors.As(err, &recvErr) {
+		return CommandResult{}, fmt.Errorf("%q in %s: %w", cmdline, sb.ID, recvErr.Err)
+	}
 	if err != nil {
 		return CommandResult{}, fmt.Errorf("start %q in %s: %w", cmdline, sb.ID, err)
 	}
-	defer stream.Close()
-	var res CommandResult
+	defer p.Close()
 	var stdout, stderr strings.Builder
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			stdout.Write(d.GetStdout())
-			stderr.Write(d.GetStderr())
-		}
-		if end := ev.GetEnd(); end != nil {
-			res.ExitCode, res.Stdout, res.Stderr = int(end.GetExitCode()), stdout.String(), stderr.String()
-			if end.Error != nil && !end.GetExited() {
-				return res, fmt.Errorf("%q in %s: %s", cmdline, sb.ID, end.GetError())
-			}
-			return res, nil
-		}
+	end, err := p.Wait(&stdout, &stderr)
+	if errors.Is(err, envdclient.ErrNoEnd) {
+		return CommandResult{}, fmt.Errorf("%q in %s: stream ended without an end event", cmdline, sb.ID)
 	}
-	if err := stream.Err(); err != nil {
-		return res, fmt.Errorf("%q in %s: %w", cmdline, sb.ID, err)
+	if err != nil {
+		return CommandResult{}, fmt.Errorf("%q in %s: %w", cmdline, sb.ID, err)
 	}
-	return res, fmt.Errorf("%q in %s: stream ended without an end event", cmdline, sb.ID)
+	res := CommandResult{ExitCode: int(end.GetExitCode()), Stdout: stdout.String(), Stderr: stderr.String()}
+	if end.Error != nil && !end.GetExited() {
+		return res, fmt.Errorf("%q in %s: %s", cmdline, sb.ID, end.GetError())
+	}
+	return res, nil
 }

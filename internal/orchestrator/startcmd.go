@@ -3,13 +3,9 @@ package orchestrator
 import (
 	"cmp"
 	"context"
-	"encoding/base64"
 	"fmt"
 
-	"connectrpc.com/connect"
-
-	processpb "github.com/aenv-dev/aenv/internal/envd/gen/process"
-	"github.com/aenv-dev/aenv/internal/envd/gen/process/processconnect"
+	"github.com/aenv-dev/aenv/internal/envdclient"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
@@ -39,35 +35,21 @@ func (o *Orchestrator) startTemplateCommand(ctx context.Context, ep sandbox.Endp
 	if cmd == "" {
 		return nil
 	}
-	client := processconnect.NewProcessClient(o.envd, o.envdURL(ep))
-	workdir := cmp.Or(rec.Launch.DefaultWorkdir, defaultWorkdir)
-	tag := startCmdTag
-	noStdin := false
-	req := connect.NewRequest(&processpb.StartRequest{
-		Process: &processpb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmd}, Cwd: &workdir},
-		Tag:     &tag,
-		Stdin:   &noStdin,
-	})
-	user := cmp.Or(rec.Launch.DefaultUser, defaultUser)
-	req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
-	if rec.EnvdAccessToken != "" {
-		req.Header().Set("X-Access-Token", rec.EnvdAccessToken)
-	}
+	client := envdclient.New(o.envd, o.envdURL(ep), envdclient.WithAccessToken(rec.EnvdAccessToken))
 	// The process outlives this stream: envd keeps it running when the client goes away.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := client.Start(ctx, req)
+	p, err := client.Start(ctx, envdclient.Command{
+		Cmd:  "/bin/bash",
+		Args: []string{"-l", "-c", cmd},
+		Cwd:  cmp.Or(rec.Launch.DefaultWorkdir, defaultWorkdir),
+		User: cmp.Or(rec.Launch.DefaultUser, defaultUser),
+		Tag:  startCmdTag,
+	})
 	if err != nil {
+		// ErrNoStart's text keeps the message this returned before envdclient existed.
 		return fmt.Errorf("start command: %w", err)
 	}
-	defer stream.Close()
-	for stream.Receive() {
-		if stream.Msg().GetEvent().GetStart() != nil {
-			return nil
-		}
-	}
-	if err := stream.Err(); err != nil {
-		return fmt.Errorf("start command: %w", err)
-	}
-	return fmt.Errorf("start command: envd closed the stream before the process started")
+	p.Close()
+	return nil
 }

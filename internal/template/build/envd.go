@@ -2,7 +2,6 @@ package build
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -10,10 +9,7 @@ import (
 	"net/url"
 	"time"
 
-	"connectrpc.com/connect"
-
-	"github.com/aenv-dev/aenv/internal/envd/gen/process"
-	"github.com/aenv-dev/aenv/internal/envd/gen/process/processconnect"
+	"github.com/aenv-dev/aenv/internal/envdclient"
 )
 
 // Session is a connection to the envd of one build sandbox. Steps, the ready check and
@@ -24,7 +20,7 @@ type Session struct {
 	base      string
 	token     string
 	http      *http.Client
-	proc      processconnect.ProcessClient
+	envd      *envdclient.Client
 }
 
 // NewSession connects to envd at base ("http://host:port") with the sandbox's access token.
@@ -33,33 +29,8 @@ func NewSession(sandboxID, base, token string, hc *http.Client) *Session {
 		hc = &http.Client{}
 	}
 	s := &Session{SandboxID: sandboxID, base: base, token: token, http: hc}
-	s.proc = processconnect.NewProcessClient(hc, base, connect.WithInterceptors(tokenInterceptor{s}))
+	s.envd = envdclient.New(hc, base, envdclient.WithAccessToken(token))
 	return s
-}
-
-type tokenInterceptor struct{ s *Session }
-
-func (i tokenInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if i.s.token != "" {
-			req.Header().Set("X-Access-Token", i.s.token)
-		}
-		return next(ctx, req)
-	}
-}
-
-func (i tokenInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		conn := next(ctx, spec)
-		if i.s.token != "" {
-			conn.RequestHeader().Set("X-Access-Token", i.s.token)
-		}
-		return conn
-	}
-}
-
-func (i tokenInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
 }
 
 // Command is one process to run in the build sandbox.
@@ -100,44 +71,30 @@ func (s *Session) Run(ctx context.Context, c Command) error {
 	if len(c.Argv) > 0 {
 		cmd, args = c.Argv[0], c.Argv[1:]
 	}
-	noStdin := false
-	req := connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: cmd, Args: args, Envs: c.Env},
-		Stdin:   &noStdin,
-	})
-	if c.Dir != "" {
-		req.Msg.Process.Cwd = &c.Dir
+	p, err := s.envd.Start(ctx, envdclient.Command{Cmd: cmd, Args: args, Cwd: c.Dir, User: c.User, Env: c.Env})
+	if errors.Is(err, envdclient.ErrNoStart) {
+		// Before the start event the stream ending reads as any other missing end event.
+		return fmt.Errorf("run %q: stream ended without an end event", c.describe())
 	}
-	if c.User != "" {
-		req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(c.User+":")))
+	var recvErr *envdclient.ReceiveError
+	if errors.As(err, &recvErr) {
+		return fmt.Errorf("run %q: %w", c.describe(), recvErr.Err)
 	}
-	stream, err := s.proc.Start(ctx, req)
 	if err != nil {
 		return fmt.Errorf("start %q: %w", c.describe(), err)
 	}
-	defer stream.Close()
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			if b := d.GetStdout(); len(b) > 0 && c.Stdout != nil {
-				c.Stdout.Write(b)
-			}
-			if b := d.GetStderr(); len(b) > 0 && c.Stderr != nil {
-				c.Stderr.Write(b)
-			}
-			continue
-		}
-		if end := ev.GetEnd(); end != nil {
-			if end.GetExitCode() != 0 || !end.GetExited() {
-				return &ExitError{Code: int(end.GetExitCode()), Status: end.GetStatus()}
-			}
-			return nil
-		}
+	defer p.Close()
+	end, err := p.Wait(c.Stdout, c.Stderr)
+	if errors.Is(err, envdclient.ErrNoEnd) {
+		return fmt.Errorf("run %q: stream ended without an end event", c.describe())
 	}
-	if err := stream.Err(); err != nil {
+	if err != nil {
 		return fmt.Errorf("run %q: %w", c.describe(), err)
 	}
-	return fmt.Errorf("run %q: stream ended without an end event", c.describe())
+	if end.GetExitCode() != 0 || !end.GetExited() {
+		return &ExitError{Code: int(end.GetExitCode()), Status: end.GetStatus()}
+	}
+	return nil
 }
 
 func (c Command) describe() string {
