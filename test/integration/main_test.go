@@ -48,6 +48,11 @@ func TestMain(m *testing.M) {
 	buildDir = dir
 	code := m.Run()
 	os.RemoveAll(dir)
+	// Each node's cgroups are removed by its cleanup; the shared parent is the suite's.
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/aenv-it")
+	for _, p := range parents {
+		os.Remove(p)
+	}
 	os.Exit(code)
 }
 

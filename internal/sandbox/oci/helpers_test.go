@@ -117,6 +117,11 @@ func TestMain(m *testing.M) {
 	if envdBin != "" {
 		os.Remove(envdBin)
 	}
+	// Each backend's cgroups are removed by its cleanup; the shared parent is the suite's.
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + testCgroup)
+	for _, p := range parents {
+		os.Remove(p)
+	}
 	os.Exit(code)
 }
 
