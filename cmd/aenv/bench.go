@@ -38,18 +38,6 @@ func newBenchCmd() *cobra.Command {
 		ip := net.ParseIP(host)
 		return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
 	}
-	format := func(output string) (string, error) {
-		switch output {
-		case "":
-			if isTerminal(os.Stdout) {
-				return "table", nil
-			}
-			return "json", nil
-		case "table", "json":
-			return output, nil
-		}
-		return "", fmt.Errorf("-o %q: want table or json", output)
-	}
 
 	var (
 		co            bench.CreateOptions
@@ -72,7 +60,7 @@ func newBenchCmd() *cobra.Command {
 			"`npm ci` in test/e2e).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f, err := format(createOut)
+			f, err := tableOrJSON(createOut)
 			if err != nil {
 				return err
 			}
@@ -149,7 +137,7 @@ func newBenchCmd() *cobra.Command {
 			"(meaningful only when the node runs on this machine), then kills them all.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f, err := format(densityOut)
+			f, err := tableOrJSON(densityOut)
 			if err != nil {
 				return err
 			}

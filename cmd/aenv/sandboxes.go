@@ -127,6 +127,20 @@ func isTerminal(f *os.File) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
+// tableOrJSON resolves -o: table on a terminal, JSON when piped, unless asked.
+func tableOrJSON(output string) (string, error) {
+	if output == "" {
+		output = "json"
+		if isTerminal(os.Stdout) {
+			output = "table"
+		}
+	}
+	if output != "table" && output != "json" {
+		return "", fmt.Errorf("-o %q: want table or json", output)
+	}
+	return output, nil
+}
+
 func newListCmd(g *globals) *cobra.Command {
 	var (
 		output string
@@ -139,14 +153,9 @@ func newListCmd(g *globals) *cobra.Command {
 		Short:   "List sandboxes (a table on a terminal, JSON when piped)",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output == "" {
-				output = "json"
-				if isTerminal(os.Stdout) {
-					output = "table"
-				}
-			}
-			if output != "table" && output != "json" {
-				return fmt.Errorf("-o %q: want table or json", output)
+			output, err := tableOrJSON(output)
+			if err != nil {
+				return err
 			}
 			c, err := g.client()
 			if err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -15,20 +14,6 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/server/api"
 )
-
-// tableOrJSON resolves -o: table on a terminal, JSON when piped, unless asked.
-func tableOrJSON(output string) (string, error) {
-	if output == "" {
-		output = "json"
-		if isTerminal(os.Stdout) {
-			output = "table"
-		}
-	}
-	if output != "table" && output != "json" {
-		return "", fmt.Errorf("-o %q: want table or json", output)
-	}
-	return output, nil
-}
 
 func encodeIndented(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)

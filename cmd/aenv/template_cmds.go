@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -23,14 +22,9 @@ func newTemplateLsCmd(g *globals) *cobra.Command {
 		Short:   "List templates (a table on a terminal, JSON when piped)",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output == "" {
-				output = "json"
-				if isTerminal(os.Stdout) {
-					output = "table"
-				}
-			}
-			if output != "table" && output != "json" {
-				return fmt.Errorf("-o %q: want table or json", output)
+			output, err := tableOrJSON(output)
+			if err != nil {
+				return err
 			}
 			c, err := g.client()
 			if err != nil {
