@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -153,4 +154,34 @@ func (c *client) sandboxInfo(ctx context.Context, id string) (*api.SandboxDetail
 		return nil, c.apiErr("sandbox "+id, resp.StatusCode(), resp.Body)
 	}
 	return resp.JSON200, nil
+}
+
+// allPages follows X-Next-Token until the server has no more items. fetch makes one
+// request with the given token (nil for the first page) and returns the decoded page
+// (nil on a non-2xx answer), the response and its body.
+func allPages[T any](c *client, what string, fetch func(next *string) (*[]T, *http.Response, []byte, error)) ([]T, error) {
+	all := []T{}
+	var next *string
+	for {
+		page, resp, body, err := fetch(next)
+		if err != nil {
+			return nil, c.transportErr(err)
+		}
+		if page == nil {
+			return nil, c.apiErr(what, resp.StatusCode, body)
+		}
+		all = append(all, *page...)
+		tok := resp.Header.Get("X-Next-Token")
+		if tok == "" {
+			return all, nil
+		}
+		next = &tok
+	}
+}
+
+// encodeIndented writes v as indented JSON, the CLI's output when piped.
+func encodeIndented(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }

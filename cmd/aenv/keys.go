@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -134,9 +133,7 @@ func newKeysCmd(g *globals) *cobra.Command {
 				if keys == nil {
 					keys = []api.APIKeyInfo{}
 				}
-				enc := json.NewEncoder(c.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(keys)
+				return encodeIndented(c.OutOrStdout(), keys)
 			}
 			tw := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tNAME\tPREFIX\tCREATED\tLAST USED")

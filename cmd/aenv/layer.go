@@ -302,9 +302,7 @@ func layerInspectCmd() *cobra.Command {
 			w := cmd.OutOrStdout()
 			switch output {
 			case "json":
-				enc := json.NewEncoder(w)
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(info); err != nil {
+				if err := encodeIndented(w, info); err != nil {
 					return err
 				}
 			case "", "text":

@@ -1,9 +1,9 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"sort"
 	"strconv"
@@ -177,29 +177,19 @@ func newListCmd(g *globals) *cobra.Command {
 				enc := encodeMetadataFilter(m)
 				params.Metadata = &enc
 			}
-			var all []api.ListedSandbox
-			for {
+			all, err := allPages(c, "list sandboxes", func(next *string) (*[]api.ListedSandbox, *http.Response, []byte, error) {
+				params.NextToken = next
 				resp, err := c.api.ListSandboxesV2WithResponse(cmd.Context(), &params)
 				if err != nil {
-					return c.transportErr(err)
+					return nil, nil, nil, err
 				}
-				if resp.JSON200 == nil {
-					return c.apiErr("list sandboxes", resp.StatusCode(), resp.Body)
-				}
-				all = append(all, *resp.JSON200...)
-				next := resp.HTTPResponse.Header.Get("X-Next-Token")
-				if next == "" {
-					break
-				}
-				params.NextToken = &next
+				return resp.JSON200, resp.HTTPResponse, resp.Body, nil
+			})
+			if err != nil {
+				return err
 			}
 			if output == "json" {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				if all == nil {
-					all = []api.ListedSandbox{}
-				}
-				return enc.Encode(all)
+				return encodeIndented(cmd.OutOrStdout(), all)
 			}
 			return printTable(cmd.OutOrStdout(), all)
 		},
@@ -260,9 +250,7 @@ func newInfoCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			enc := json.NewEncoder(cmd.OutOrStdout())
-			enc.SetIndent("", "  ")
-			return enc.Encode(info)
+			return encodeIndented(cmd.OutOrStdout(), info)
 		},
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,12 +13,6 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/server/api"
 )
-
-func encodeIndented(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
 
 func newSnapshotCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
@@ -85,22 +78,14 @@ func snapshotErr(c *client, what string, status int, body []byte) error {
 
 // listSnapshots pages through GET /snapshots.
 func (c *client) listSnapshots(cmd *cobra.Command, params api.ListSnapshotsParams) ([]api.SnapshotInfo, error) {
-	all := []api.SnapshotInfo{}
-	for {
+	return allPages(c, "list snapshots", func(next *string) (*[]api.SnapshotInfo, *http.Response, []byte, error) {
+		params.NextToken = next
 		resp, err := c.api.ListSnapshotsWithResponse(cmd.Context(), &params)
 		if err != nil {
-			return nil, c.transportErr(err)
+			return nil, nil, nil, err
 		}
-		if resp.JSON200 == nil {
-			return nil, c.apiErr("list snapshots", resp.StatusCode(), resp.Body)
-		}
-		all = append(all, *resp.JSON200...)
-		next := resp.HTTPResponse.Header.Get("X-Next-Token")
-		if next == "" {
-			return all, nil
-		}
-		params.NextToken = &next
-	}
+		return resp.JSON200, resp.HTTPResponse, resp.Body, nil
+	})
 }
 
 func newSnapshotListCmd(g *globals) *cobra.Command {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -30,27 +29,20 @@ func newTemplateLsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			all := []api.Template{}
 			params := api.ListTemplatesV2Params{}
-			for {
+			all, err := allPages(c, "list templates", func(next *string) (*[]api.Template, *http.Response, []byte, error) {
+				params.NextToken = next
 				resp, err := c.api.ListTemplatesV2WithResponse(cmd.Context(), &params)
 				if err != nil {
-					return c.transportErr(err)
+					return nil, nil, nil, err
 				}
-				if resp.JSON200 == nil {
-					return c.apiErr("list templates", resp.StatusCode(), resp.Body)
-				}
-				all = append(all, *resp.JSON200...)
-				next := resp.HTTPResponse.Header.Get("X-Next-Token")
-				if next == "" {
-					break
-				}
-				params.NextToken = &next
+				return resp.JSON200, resp.HTTPResponse, resp.Body, nil
+			})
+			if err != nil {
+				return err
 			}
 			if output == "json" {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(all)
+				return encodeIndented(cmd.OutOrStdout(), all)
 			}
 			return printTemplates(cmd.OutOrStdout(), all)
 		},
