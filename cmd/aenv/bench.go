@@ -18,7 +18,7 @@ import (
 func newBenchCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure a running node: create → first command latency, density",
+		Short: "Measure a running node: create → first command latency, density, fork, pause to disk",
 		Long: "bench measures a running aenv node (from --url / $AENV_URL, key as for every client\n" +
 			"command). Sandboxes it creates get a short TTL and are killed when it ends, also when\n" +
 			"interrupted. Figures on a busy machine are noisy: use --repeat and read the medians.",
@@ -174,6 +174,97 @@ func newBenchCmd() *cobra.Command {
 	df.DurationVar(&densitySettle, "settle", 3*time.Second, "wait before each memory reading")
 	df.StringVarP(&densityOut, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
 
-	root.AddCommand(create, dens)
+	root.AddCommand(create, dens, newBenchForkCmd(resolve), newBenchPauseCmd(resolve))
 	return root
+}
+
+// newBenchForkCmd is `aenv bench fork`: fork → every child answered a command.
+func newBenchForkCmd(resolve func(*cobra.Command) (string, string, error)) *cobra.Command {
+	var (
+		o   bench.ForkOptions
+		out string
+	)
+	cmd := &cobra.Command{
+		Use:   "fork",
+		Short: "Latency of fork -n N → every child answered a command",
+		Long: "fork creates one sandbox from --template, then forks it --runs times into -n children\n" +
+			"(after --warmup unmeasured forks). Each run is timed from POST /sandboxes/{id}/fork until\n" +
+			"every child has completed its first command through envd; children are killed after\n" +
+			"each run (not timed).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := tableOrJSON(out)
+			if err != nil {
+				return err
+			}
+			base, key, err := resolve(cmd)
+			if err != nil {
+				return err
+			}
+			c := bench.NewClient(base, key, o.Count+1)
+			defer c.Close()
+			prog := bench.NewProgress(cmd.ErrOrStderr(), isTerminal(os.Stderr))
+			defer prog.Done()
+			prog.Label(fmt.Sprintf("fork -n %d", o.Count))
+			o.Progress = prog.Update
+			r, err := bench.RunFork(cmd.Context(), c, o)
+			prog.Done()
+			if err != nil {
+				return err
+			}
+			return r.Write(cmd.OutOrStdout(), f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.Template, "template", "base", "template of the source sandbox (must be layered to fork)")
+	fl.IntVarP(&o.Count, "n", "n", 16, "children per fork")
+	fl.IntVar(&o.Runs, "runs", 5, "forks measured")
+	fl.IntVar(&o.Warmup, "warmup", 1, "unmeasured forks first")
+	fl.StringVar(&o.Command, "command", "true", "each child's first command")
+	fl.StringVarP(&out, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
+	return cmd
+}
+
+// newBenchPauseCmd is `aenv bench pause`: pause to disk and resume latency.
+func newBenchPauseCmd(resolve func(*cobra.Command) (string, string, error)) *cobra.Command {
+	var (
+		o   bench.PauseOptions
+		out string
+	)
+	cmd := &cobra.Command{
+		Use:   "pause",
+		Short: "Latency of pause to disk and of resume",
+		Long: "pause creates one sandbox from --template and cycles it -n times: write a file, pause\n" +
+			"with memory:false (timed until the node answers), connect (resume, timed until the node\n" +
+			"answers), then read the file back through envd (timed; a changed file is a failure).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := tableOrJSON(out)
+			if err != nil {
+				return err
+			}
+			base, key, err := resolve(cmd)
+			if err != nil {
+				return err
+			}
+			c := bench.NewClient(base, key, 2)
+			defer c.Close()
+			prog := bench.NewProgress(cmd.ErrOrStderr(), isTerminal(os.Stderr))
+			defer prog.Done()
+			prog.Label("pause/resume")
+			o.Progress = prog.Update
+			r, err := bench.RunPause(cmd.Context(), c, o)
+			prog.Done()
+			if err != nil {
+				return err
+			}
+			return r.Write(cmd.OutOrStdout(), f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.Template, "template", "base", "template of the sandbox (must be layered to pause to disk)")
+	fl.IntVarP(&o.N, "n", "n", 20, "pause → resume cycles measured")
+	fl.IntVar(&o.Warmup, "warmup", 2, "unmeasured cycles first")
+	fl.StringVarP(&out, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
+	return cmd
 }

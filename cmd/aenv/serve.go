@@ -147,6 +147,12 @@ func serve(ctx context.Context, cfg config.Config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	repo, err := openRepository(ctx, cfg, reg, log)
+	if err != nil {
+		return err
+	}
+	defer repo.Close()
+
 	backend, err := oci.New(ctx, oci.Config{
 		DataDir:         filepath.Join(cfg.DataDir, "oci"),
 		EnvdPath:        envd,
@@ -154,6 +160,7 @@ func serve(ctx context.Context, cfg config.Config) error {
 		Logger:          log.With("component", "oci"),
 		CgroupParent:    cfg.Backend.CgroupParent,
 		SnapshotQuiesce: cfg.Snapshot.Quiesce,
+		LayerResolver:   repo.layers,
 		Network: network.Config{
 			Bridge:   cfg.Network.Bridge,
 			Subnet:   cfg.Network.Subnet,
@@ -179,7 +186,7 @@ func serve(ctx context.Context, cfg config.Config) error {
 	// The publisher closes after the orchestrator's shutdown (which unpins) and before
 	// the backend and the catalog its sync writes to.
 	var orch *orchestrator.Orchestrator
-	pub, pins, err := openPublisher(ctx, cfg, cat, log, func() *orchestrator.Orchestrator { return orch })
+	pub, pins, err := openPublisher(cfg, cat, repo, log, func() *orchestrator.Orchestrator { return orch })
 	if err != nil {
 		return err
 	}
@@ -220,7 +227,7 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 
 	// Builds run in sandboxes of this node; Close cancels running ones (they end in error).
-	builds, err := build.New(build.Config{DataDir: cfg.DataDir, Publisher: pub, Logger: log}, orch, cat.Templates())
+	builds, err := build.New(build.Config{DataDir: cfg.DataDir, Publisher: pub, Logger: log, Registerer: reg}, orch, cat.Templates())
 	if err != nil {
 		return fmt.Errorf("start the template builder: %w", err)
 	}
@@ -228,7 +235,8 @@ func serve(ctx context.Context, cfg config.Config) error {
 
 	// `aenv pull` goes through here while the node holds the catalog lock.
 	pulls := &server.Puller{Templates: cat.Templates(), DataDir: cfg.DataDir,
-		CanConvert: func() bool { return layeredTemplate(cat, baseTemplateID) }}
+		CanConvert: func() bool { return layeredTemplate(cat, baseTemplateID) },
+		Publisher:  pub, InUse: orch.UsesRootFSDir, Log: log}
 	srv, err := server.New(server.Options{
 		Orchestrator:     orch,
 		Builds:           builds,

@@ -91,9 +91,37 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 	return err
 }
 
-// Pause pauses a sandbox (POST /sandboxes/{id}/pause).
+// Pause pauses a sandbox (POST /sandboxes/{id}/pause), leaving memory to the node's default.
 func (c *Client) Pause(ctx context.Context, id string) error {
 	return c.do(ctx, "pause "+id, http.MethodPost, "/sandboxes/"+id+"/pause", nil, http.StatusNoContent, nil)
+}
+
+// PauseToDisk pauses a sandbox with {"memory": false}: its filesystem is captured and it
+// releases everything else; a connect restarts its processes on the files.
+func (c *Client) PauseToDisk(ctx context.Context, id string) error {
+	body := map[string]bool{"memory": false}
+	return c.do(ctx, "pause "+id+" to disk", http.MethodPost, "/sandboxes/"+id+"/pause", body, http.StatusNoContent, nil)
+}
+
+// ForkChild is one entry of a fork's answer: exactly one of Sandbox and Error is set.
+type ForkChild struct {
+	Sandbox *Sandbox `json:"sandbox"`
+	Error   *struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// Fork forks a running sandbox into count children (POST /sandboxes/{id}/fork), each with
+// a TTL of timeout seconds.
+func (c *Client) Fork(ctx context.Context, id string, count, timeout int) ([]ForkChild, error) {
+	var out []ForkChild
+	body := map[string]int{"count": count, "timeout": timeout}
+	err := c.do(ctx, "fork "+id, http.MethodPost, "/sandboxes/"+id+"/fork", body, http.StatusCreated, &out)
+	if err == nil && len(out) != count {
+		err = fmt.Errorf("fork %s: %d results for %d children", id, len(out), count)
+	}
+	return out, err
 }
 
 // Connect connects to a sandbox (POST /sandboxes/{id}/connect), resuming it when paused.

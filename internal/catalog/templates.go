@@ -47,6 +47,13 @@ type Template struct {
 	// defaults (user, /home/user).
 	DefaultUser    string `json:"defaultUser,omitempty"`
 	DefaultWorkdir string `json:"defaultWorkdir,omitempty"`
+	// ExposedPorts ("80", "53/udp"), Labels, Entrypoint and Cmd are the image
+	// configuration a template was made from, with a build's EXPOSE and LABEL added:
+	// kept so clients can read what the image declares (nothing here acts on them).
+	ExposedPorts []string          `json:"exposedPorts,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	Entrypoint   []string          `json:"entrypoint,omitempty"`
+	Cmd          []string          `json:"cmd,omitempty"`
 	// SourceSandboxID is the sandbox a snapshot was captured from.
 	SourceSandboxID string `json:"sourceSandboxID,omitempty"`
 	// ParentID is the snapshot the source sandbox was itself created from (lineage:

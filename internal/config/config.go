@@ -112,6 +112,10 @@ type Snapshot struct {
 	// "sync" (syncfs then seal, a few ms, a crash-consistent image whose journal replays
 	// at the next mount).
 	Quiesce string `toml:"quiesce"`
+	// LazyLayers registers templates and snapshots synced from the repository without
+	// downloading their layers: sandboxes read the blocks they touch, through the block
+	// cache. False fetches every layer whole before the entry appears.
+	LazyLayers bool `toml:"lazy_layers"`
 }
 
 // Repository locates the shared repository and the node-local cache in front of it.
@@ -119,6 +123,19 @@ type Repository struct {
 	PosixFS RepositoryPosixFS `toml:"posix_fs"`
 	S3      RepositoryS3      `toml:"s3"`
 	Cache   RepositoryCache   `toml:"cache"`
+	// BlockCache holds the blocks of layers read lazily from the repository.
+	BlockCache RepositoryBlockCache `toml:"block_cache"`
+}
+
+// RepositoryBlockCache is the node-local cache of blocks of lazily read layers.
+type RepositoryBlockCache struct {
+	Dir         string `toml:"dir"` // empty: <data_dir>/block-cache
+	MaxSizeGB   int    `toml:"max_size_gb"`
+	BlockSizeKB int    `toml:"block_size_kb"`
+	// Readahead is how many blocks past a sequential read are fetched in the background.
+	Readahead     int     `toml:"readahead"`
+	HighWatermark float64 `toml:"high_watermark"`
+	LowWatermark  float64 `toml:"low_watermark"`
 }
 
 // RepositoryPosixFS is a repository on a (possibly shared) directory.
@@ -161,6 +178,14 @@ func (c *Config) RepositoryCacheDir() string {
 		return c.Repository.Cache.Dir
 	}
 	return filepath.Join(c.DataDir, "repository-cache")
+}
+
+// BlockCacheDir is the block cache directory with its default applied.
+func (c *Config) BlockCacheDir() string {
+	if c.Repository.BlockCache.Dir != "" {
+		return c.Repository.BlockCache.Dir
+	}
+	return filepath.Join(c.DataDir, "block-cache")
 }
 
 // Duration is a time.Duration written as a Go duration string ("300s", "24h").

@@ -43,7 +43,8 @@ func (c *Config) validateRepository(bad func(key, format string, args ...any)) {
 	}
 
 	r := &c.Repository
-	for key, p := range map[string]*string{"repository.posix_fs.path": &r.PosixFS.Path, "repository.cache.dir": &r.Cache.Dir} {
+	for key, p := range map[string]*string{"repository.posix_fs.path": &r.PosixFS.Path, "repository.cache.dir": &r.Cache.Dir,
+		"repository.block_cache.dir": &r.BlockCache.Dir} {
 		if *p == "" {
 			continue
 		}
@@ -96,6 +97,22 @@ func (c *Config) validateRepository(bad func(key, format string, args ...any)) {
 	}
 	if !(cc.LowWatermark > 0 && cc.LowWatermark <= cc.HighWatermark) {
 		bad("repository.cache.low_watermark", "must be in (0, high_watermark], got %g", cc.LowWatermark)
+	}
+	bc := r.BlockCache
+	if bc.MaxSizeGB < 1 {
+		bad("repository.block_cache.max_size_gb", "must be at least 1, got %d", bc.MaxSizeGB)
+	}
+	if bc.BlockSizeKB < 4 || bc.BlockSizeKB > 16384 || bc.BlockSizeKB&(bc.BlockSizeKB-1) != 0 {
+		bad("repository.block_cache.block_size_kb", "must be a power of two between 4 and 16384, got %d", bc.BlockSizeKB)
+	}
+	if bc.Readahead < 0 || bc.Readahead > 64 {
+		bad("repository.block_cache.readahead", "must be between 0 and 64, got %d", bc.Readahead)
+	}
+	if !(bc.HighWatermark > 0 && bc.HighWatermark <= 1) {
+		bad("repository.block_cache.high_watermark", "must be in (0, 1], got %g", bc.HighWatermark)
+	}
+	if !(bc.LowWatermark > 0 && bc.LowWatermark <= bc.HighWatermark) {
+		bad("repository.block_cache.low_watermark", "must be in (0, high_watermark], got %g", bc.LowWatermark)
 	}
 }
 

@@ -46,3 +46,54 @@ func (k fileKeychain) ResolveContext(_ context.Context, r authn.Resource) (authn
 	}
 	return authn.Anonymous, nil
 }
+
+// Credentials are a username and password for one registry, as a request
+// gives them (E2B's fromImageRegistry "registry" type) rather than a file on
+// the node.
+type Credentials struct {
+	Username string
+	Password string
+}
+
+// CredentialsKeychain answers with creds for the registry that ref names and
+// defers to fallback (nil: anonymous) for every other registry, so
+// credentials given for one image are never sent elsewhere.
+func CredentialsKeychain(ref string, creds Credentials, fallback authn.Keychain) (authn.Keychain, error) {
+	src, err := ParseReference(ref)
+	if err != nil {
+		return nil, err
+	}
+	if src.Transport != Registry {
+		return nil, fmt.Errorf("%w: registry credentials given for %s, which is not a registry image", ErrUnsupportedSource, src)
+	}
+	r, err := name.ParseReference(src.Ref)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadReference, err)
+	}
+	if creds.Username == "" || creds.Password == "" {
+		return nil, fmt.Errorf("%w: registry credentials need both a username and a password", ErrBadReference)
+	}
+	if fallback == nil {
+		fallback = anonymousKeychain{}
+	}
+	return credsKeychain{registry: r.Context().RegistryStr(), creds: creds, fallback: fallback}, nil
+}
+
+type credsKeychain struct {
+	registry string
+	creds    Credentials
+	fallback authn.Keychain
+}
+
+func (k credsKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
+	if r.RegistryStr() != k.registry {
+		return k.fallback.Resolve(r)
+	}
+	return authn.FromConfig(authn.AuthConfig{Username: k.creds.Username, Password: k.creds.Password}), nil
+}
+
+type anonymousKeychain struct{}
+
+func (anonymousKeychain) Resolve(authn.Resource) (authn.Authenticator, error) {
+	return authn.Anonymous, nil
+}

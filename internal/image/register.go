@@ -67,6 +67,10 @@ func Register(ts TemplateStore, b *Built, o RegisterOptions) (catalog.Template, 
 		ReadyCmd:       o.ReadyCmd,
 		DefaultUser:    b.User,
 		DefaultWorkdir: cfg.WorkingDir,
+		ExposedPorts:   cfg.ExposedPorts,
+		Labels:         cfg.Labels,
+		Entrypoint:     cfg.Entrypoint,
+		Cmd:            cfg.Cmd,
 		Artifact:       art,
 	}
 	if t.DefaultWorkdir == "" {

@@ -33,6 +33,7 @@ func (o *Orchestrator) doDiskPause(ctx context.Context, e *entry, p *op, inst sa
 	if err != nil {
 		return true, o.captureFailed(ctx, e, p, err)
 	}
+	o.crashPoint(opPause, stageCapture)
 	o.mu.Lock()
 	e.disk, e.rec.DiskSnapshot = c, json.RawMessage(raw)
 	e.rec.State = StatePaused // what persist stores; the op still guards the entry
@@ -40,7 +41,8 @@ func (o *Orchestrator) doDiskPause(ctx context.Context, e *entry, p *op, inst sa
 	if err := o.m.timeStage(opPause, stagePersist, func() error { return o.persist(e) }); err != nil {
 		return true, o.keepRunning(ctx, e, p, c, err)
 	}
-	if err := o.m.timeStage(opPause, stageStop, func() error { return inst.Stop(ctx) }); err != nil {
+	o.crashPoint(opPause, stagePersist)
+	if err := o.m.timeStage(opPause, stageStop, func() error { return stopCaptured(ctx, inst) }); err != nil {
 		err = fmt.Errorf("stop sandbox %s after its disk snapshot: %w", e.rec.ID, err)
 		if perr := o.persist(o.clearDisk(e)); perr != nil {
 			o.log.Error("record pause rollback", "sandbox", e.rec.ID, "err", perr)
@@ -52,6 +54,21 @@ func (o *Orchestrator) doDiskPause(ctx context.Context, e *entry, p *op, inst sa
 	o.mu.Unlock()
 	o.finish(e, p, StatePaused, nil)
 	return true, nil
+}
+
+// capturedStopper is an instance that can stop faster once its state is captured: its
+// processes are gone when StopAfterCapture returns, and what it held is released in
+// the background (the OCI backend: unmounts, runtime state, network slot).
+type capturedStopper interface {
+	StopAfterCapture(ctx context.Context) error
+}
+
+// stopCaptured stops inst after a pause to disk captured it.
+func stopCaptured(ctx context.Context, inst sandbox.Instance) error {
+	if s, ok := inst.(capturedStopper); ok {
+		return s.StopAfterCapture(ctx)
+	}
+	return inst.Stop(ctx)
 }
 
 // clearDisk forgets e's disk snapshot and marks it running again (for persist).

@@ -62,6 +62,7 @@ func (o *Orchestrator) fork(ctx context.Context, id string, count int, timeout t
 	if err != nil {
 		return nil, err
 	}
+	o.crashPoint(opFork, stageCapture)
 	// The source is done once captured; children launch without holding it.
 	src := o.finish(e, p, StateRunning, nil)
 	defer o.discardCapture(octx, c)
@@ -76,6 +77,9 @@ func (o *Orchestrator) fork(ctx context.Context, id string, count int, timeout t
 			defer func() { <-sem; wg.Done() }()
 			sb, err := o.forkChild(octx, src, c, timeout)
 			out[n] = ForkResult{Sandbox: sb, Err: err}
+			if err == nil {
+				o.crashPoint(opFork, stageLaunch)
+			}
 		}()
 	}
 	wg.Wait()

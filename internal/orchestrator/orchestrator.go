@@ -13,6 +13,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -152,6 +153,7 @@ type Orchestrator struct {
 	rootfs  TemplateRootFS // nil: the template's directory
 	pub     Publisher      // nil: nothing is published or pinned
 	pins    PinLister      // nil: Start keeps every pin
+	crashAt string         // CrashPointEnv, read once at New (debug only)
 
 	// regMu orders a snapshot's registration and publication (read side) before a
 	// delete of the same entry (write side), so a delete that overtakes a snapshot
@@ -212,6 +214,7 @@ func New(cfg Config, backend sandbox.Backend, cat *catalog.Catalog, opts ...Opti
 		envd:    newEnvdClient(),
 		seed:    seed,
 		entries: map[string]*entry{},
+		crashAt: os.Getenv(CrashPointEnv),
 	}
 	for _, opt := range opts {
 		opt(o)

@@ -154,6 +154,10 @@ func (o *Orchestrator) UsesTemplate(id string) bool {
 // catalog by someone else (the publisher's sync, after another node deleted it) is no
 // longer referenced, so it frees the capture's artifacts that nothing else uses.
 func (o *Orchestrator) DiscardTemplate(ctx context.Context, t catalog.Template) {
+	if t.Kind == catalog.KindTemplate {
+		o.discardBuiltTemplate(ctx, t)
+		return
+	}
 	if t.Kind != catalog.KindSnapshot || len(t.Artifact) == 0 {
 		return
 	}

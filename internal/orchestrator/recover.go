@@ -21,6 +21,10 @@ import (
 //   - a record paused to disk is kept if the backend can decode its disk snapshot (an
 //     instance that survived is stopped: the node died mid-pause or mid-resume).
 //
+// Then the backend frees the captures nothing references any more (CaptureReconciler)
+// and snapshots registered but never handed to the publisher are published: both are
+// what a node killed in the middle of a snapshot, fork or pause to disk leaves.
+//
 // Start must be called once, before the orchestrator serves requests.
 func (o *Orchestrator) Start(ctx context.Context) error {
 	o.mu.Lock()
@@ -114,6 +118,8 @@ func (o *Orchestrator) Start(ctx context.Context) error {
 		kept++
 	}
 	o.reconcilePins()
+	o.reconcileCaptures(ctx)
+	o.publishMissed(ctx)
 	o.log.Info("orchestrator started", "sandboxes", kept, "dropped", dropped)
 	return nil
 }

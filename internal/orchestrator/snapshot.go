@@ -65,6 +65,7 @@ func (o *Orchestrator) snapshot(ctx context.Context, id, name string) (SnapshotI
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
+	o.crashPoint(opSnapshot, stageCapture)
 	o.mu.Lock()
 	src := e.clone()
 	o.mu.Unlock()
@@ -76,8 +77,10 @@ func (o *Orchestrator) snapshot(ctx context.Context, id, name string) (SnapshotI
 	}
 	publication := PublicationNone
 	if err == nil {
+		o.crashPoint(opSnapshot, stageRegister)
 		// Usable here already; other nodes get it when the background upload completes.
 		publication = o.publish(octx, tpl, src.EnvdVersion)
+		o.crashPoint(opSnapshot, stagePublish)
 	}
 	o.regMu.RUnlock()
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
+	"sync"
 
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
@@ -61,6 +61,7 @@ type Spec struct {
 
 // Block is a mounted block root. Close releases it; the upper's files stay in Dir.
 type Block struct {
+	dir      string
 	st       *stack.Stack
 	ex       *blockdev.Exposed
 	target   string
@@ -68,6 +69,9 @@ type Block struct {
 	undirty  func() error // restores the loop device's dirty limits
 	stopSync chan struct{}
 	synced   chan struct{}
+	// flushMu keeps the flusher's fsyncs out of a snapshot's frozen window: the seal
+	// waits for the stack's I/O, an fsync included.
+	flushMu sync.Mutex
 }
 
 // Open opens the stack (creating an empty upper in spec.Dir), exposes it as a loop device
@@ -92,7 +96,7 @@ func Open(ctx context.Context, spec Spec) (b *Block, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("rootfs: open stack: %w", err)
 	}
-	b = &Block{st: st, target: spec.Target, log: slog.Default()}
+	b = &Block{dir: spec.Dir, st: st, target: spec.Target, log: slog.Default()}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, b.Close())
@@ -149,70 +153,6 @@ func (b *Block) UpperBytes() int64 {
 		return 0
 	}
 	return fi.Size()
-}
-
-// Quiesce selects how Snapshot makes the filesystem consistent.
-type Quiesce int
-
-const (
-	// QuiesceFreeze freezes the filesystem (FIFREEZE) around the seal: the sealed image
-	// is clean (no journal to replay, fsck-clean). Writes block for the freeze, which on
-	// Linux costs a few RCU grace periods (tens of ms) when no freeze ran recently.
-	QuiesceFreeze Quiesce = iota
-	// QuiesceSync flushes the filesystem (syncfs) and then seals the device at a point
-	// in time without freezing: the image is crash-consistent (the journal, replayed at
-	// the next mount, covers writes racing the seal) and holds everything written before
-	// the snapshot began. Writes block only while the stack swaps its upper.
-	QuiesceSync
-)
-
-// SnapshotTimes are the phases of one Snapshot.
-type SnapshotTimes struct {
-	Sync   time.Duration // flushing dirty data while the root stays writable
-	Frozen time.Duration // writes blocked: freeze, seal and restack, thaw
-	Total  time.Duration
-}
-
-// Snapshot seals the root's current state into a new lower at output (which must not
-// exist and must be on Dir's filesystem) while the filesystem stays mounted: dirty data is
-// flushed first with the root still writable, then (QuiesceFreeze) the filesystem is
-// frozen only for the final flush and the seal-and-restack, and thawed. It returns every lower of the
-// snapshot, bottom first (the new one last). A failure before the seal leaves the root as
-// it was; one after it leaves the stack broken (stack.ErrBroken) and the root unusable.
-func (b *Block) Snapshot(ctx context.Context, output string, q Quiesce) ([]stack.LayerRef, SnapshotTimes, error) {
-	var t SnapshotTimes
-	t0 := time.Now()
-	// Most dirty pages go down now, so the frozen window only covers what was written
-	// during this sync: the window then does not grow with the data written before.
-	if err := syncfs(b.target); err != nil {
-		return nil, t, err
-	}
-	t1 := time.Now()
-	thaw := func() error { return nil }
-	if q == QuiesceFreeze {
-		var err error
-		if thaw, err = blockdev.Freeze(b.target); err != nil {
-			return nil, t, fmt.Errorf("rootfs: %w", err)
-		}
-	}
-	ref, serr := b.st.SealAndRestack(ctx, output)
-	terr := thaw()
-	t2 := time.Now()
-	t.Sync, t.Frozen, t.Total = t1.Sub(t0), t2.Sub(t1), t2.Sub(t0)
-	// A sealed ref with an error means the restack worked and only the compaction that
-	// follows it failed: the snapshot is good.
-	if serr != nil && ref.Path == "" {
-		return nil, t, errors.Join(fmt.Errorf("rootfs: snapshot: %w", serr), terr)
-	}
-	if serr != nil {
-		b.log.Warn("rootfs: compaction after snapshot failed", "err", serr)
-	}
-	if terr != nil {
-		return nil, t, fmt.Errorf("rootfs: %w", terr)
-	}
-	// The stack's lowers now end with the sealed upper (or a compaction of the newest
-	// lowers, which holds the same data).
-	return b.st.Manifest().Lowers, t, nil
 }
 
 // Close unmounts the filesystem, detaches the loop device, unmounts FUSE and closes the
@@ -303,18 +243,6 @@ func grow(ctx context.Context, dev string) error {
 	out, err := exec.CommandContext(ctx, "resize2fs", "-f", dev).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("rootfs: resize2fs %s: %w: %s", dev, err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-func syncfs(dir string) error {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("rootfs: open %s: %w", dir, err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Syncfs(fd); err != nil {
-		return fmt.Errorf("rootfs: syncfs %s: %w", dir, err)
 	}
 	return nil
 }

@@ -48,16 +48,19 @@ func limitDirty(dev string, max uint64) (restore func() error, err error) {
 }
 
 // flushEvery is how often the flusher looks at the upper's growth.
-const flushEvery = 50 * time.Millisecond
+const flushEvery = 20 * time.Millisecond
 
-// flusher fsyncs the upper whenever it has grown by max bytes since the last sync, until
-// stop is closed. The host would write the data back anyway; doing it as it comes keeps
-// what a snapshot's seal must fsync (the upper's unsynced tail) bounded too.
+// flusher keeps the upper's data flowing to the host's disk as it is written, until stop
+// is closed: it starts writeback (without waiting) whenever the upper has grown by max/8,
+// and fsyncs it whenever it has grown by max. The host would write the data back anyway,
+// but only after seconds or gigabytes; doing it as it comes keeps what a snapshot must
+// flush and then make durable (the upper's unsynced tail) small, whatever was written.
 func (b *Block) flusher(max uint64, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	t := time.NewTicker(flushEvery)
 	defer t.Stop()
-	last := b.UpperBytes()
+	synced := b.UpperBytes()
+	kicked := synced
 	for {
 		select {
 		case <-stop:
@@ -65,14 +68,27 @@ func (b *Block) flusher(max uint64, stop <-chan struct{}, done chan<- struct{}) 
 		case <-t.C:
 		}
 		n := b.UpperBytes()
-		if n >= last && uint64(n-last) < max {
-			continue
+		if n < synced || n < kicked {
+			// A snapshot restacked: a fresh upper.
+			synced, kicked = n, n
 		}
-		if err := b.st.Sync(); err != nil {
+		var err error
+		switch {
+		case uint64(n-synced) >= max:
+			b.flushMu.Lock()
+			err = b.st.Sync()
+			b.flushMu.Unlock()
+			synced, kicked = n, n
+		case uint64(n-kicked) >= max/8:
+			b.flushMu.Lock()
+			err = b.st.StartWriteback()
+			b.flushMu.Unlock()
+			kicked = n
+		}
+		if err != nil {
 			// Closed or broken: the owner sees it on its own path.
 			return
 		}
-		last = n
 	}
 }
 

@@ -22,7 +22,7 @@ func Sweep(ctx context.Context, root string) error {
 		return fmt.Errorf("rootfs: sweep: %w", err)
 	}
 	loops, err := blockdev.SweepLoops(ctx, root)
-	errs := []error{err}
+	errs := []error{err, sweepExpedited(root)}
 	for _, dev := range loops {
 		var st unix.Stat_t
 		if err := unix.Stat(dev, &st); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/image/install"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/server/api"
+	"github.com/aenv-dev/aenv/internal/snapshot"
 )
 
 // Puller configures POST /aenv/templates/pull: image pulls into the node's own catalog,
@@ -33,6 +34,16 @@ type Puller struct {
 	CanConvert func() bool
 	// DockerConfig is the docker config.json with registry credentials (default ~/.docker).
 	DockerConfig string
+	// Publisher, when set, publishes each converted pull (its sealed layers and config)
+	// to the shared repository, as builds and snapshots are, so that other nodes sharing
+	// it can create sandboxes from it (*snapshot.Publisher). Unconverted pulls are
+	// directories, which cannot be published.
+	Publisher TemplatePublisher
+	// InUse reports whether a sandbox runs on a directory template's rootfs, which keeps
+	// a replaced template's files until it is gone (nil: none does).
+	InUse func(rootfsDir string) bool
+	// Log receives publication and clean-up failures (default slog.Default()).
+	Log *slog.Logger
 
 	// mu serialises pulls: two pulls of one name would both pass install's name check,
 	// and a replace reads and rewrites the old entry.
@@ -158,6 +169,10 @@ func (p *Puller) run(ctx context.Context, req install.Request) (catalog.Template
 	switch {
 	case errors.Is(err, catalog.ErrNotFound):
 		t, err := install.Run(ctx, p.Templates, req)
+		if err == nil {
+			p.publish(ctx, t, req.Convert)
+			p.sweep()
+		}
 		return t, false, err
 	case err != nil:
 		return catalog.Template{}, false, err
@@ -172,7 +187,50 @@ func (p *Puller) run(ctx context.Context, req install.Request) (catalog.Template
 		return catalog.Template{}, true, err
 	}
 	// install returns the entry as it built it, under the ID it made up.
+	p.publish(ctx, rt.stored, req.Convert)
+	// The old version's files go once no sandbox runs on them (at a later pull if some
+	// still do now).
+	if old.RootFSDir != rt.stored.RootFSDir {
+		if _, err := install.Retire(p.DataDir, old.RootFSDir); err != nil {
+			p.logger().Warn("retire the replaced template's files", "template", old.ID, "err", err)
+		}
+	}
+	p.sweep()
 	return rt.stored, true, nil
+}
+
+// TemplatePublisher publishes a registered template to the repository in the background.
+type TemplatePublisher interface {
+	PublishTemplate(ctx context.Context, t catalog.Template, envdVersion string) (*snapshot.Handle, error)
+}
+
+// publish starts the background publication of a converted pull. The pull has
+// succeeded on this node whatever happens there; a failure leaves it local, and says so.
+func (p *Puller) publish(ctx context.Context, t catalog.Template, converted bool) {
+	if p.Publisher == nil || !converted {
+		return
+	}
+	if _, err := p.Publisher.PublishTemplate(context.WithoutCancel(ctx), t, ""); err != nil {
+		p.logger().Error("publish the pulled template; it stays usable on this node only", "template", t.ID, "err", err)
+	}
+}
+
+// sweep removes replaced templates' files that no sandbox uses any more.
+func (p *Puller) sweep() {
+	removed, err := install.SweepRetired(p.DataDir, p.InUse)
+	if err != nil {
+		p.logger().Warn("remove replaced templates' files", "err", err)
+	}
+	for _, d := range removed {
+		p.logger().Info("removed a replaced template's files", "dir", d)
+	}
+}
+
+func (p *Puller) logger() *slog.Logger {
+	if p.Log != nil {
+		return p.Log
+	}
+	return slog.Default()
 }
 
 // baseTemplateID is the template the node installs itself (cmd/aenv ensureBaseTemplate).

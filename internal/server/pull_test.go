@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"log"
@@ -11,7 +12,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -27,6 +30,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/server/api"
+	"github.com/aenv-dev/aenv/internal/snapshot"
 )
 
 // pullImage is a one-layer image whose /app holds body.
@@ -84,6 +88,34 @@ type pullEnv struct {
 	*env
 	cat  *catalog.Catalog
 	data string
+	pub  *pullPublisher
+	mu   sync.Mutex
+	used map[string]bool // rootfs directories "sandboxes" run on
+}
+
+// pullPublisher records what the puller publishes.
+type pullPublisher struct {
+	mu  sync.Mutex
+	got []catalog.Template
+}
+
+func (p *pullPublisher) PublishTemplate(_ context.Context, t catalog.Template, _ string) (*snapshot.Handle, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.got = append(p.got, t)
+	return nil, nil
+}
+
+func (p *pullPublisher) published() []catalog.Template {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.got)
+}
+
+func (e *pullEnv) use(dir string, on bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.used[dir] = on
 }
 
 func newPullEnv(t *testing.T, canConvert bool) *pullEnv {
@@ -94,8 +126,15 @@ func newPullEnv(t *testing.T, canConvert bool) *pullEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cat.Close() })
-	p := &Puller{Templates: cat.Templates(), DataDir: data, CanConvert: func() bool { return canConvert }}
-	return &pullEnv{env: newEnv(t, func(o *Options) { o.Pulls = p }), cat: cat, data: data}
+	e := &pullEnv{cat: cat, data: data, pub: &pullPublisher{}, used: map[string]bool{}}
+	p := &Puller{Templates: cat.Templates(), DataDir: data, CanConvert: func() bool { return canConvert },
+		Publisher: e.pub, InUse: func(dir string) bool {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			return e.used[dir]
+		}}
+	e.env = newEnv(t, func(o *Options) { o.Pulls = p })
+	return e
 }
 
 // pull posts body and returns the stream's events; the last one is the outcome.
@@ -167,8 +206,13 @@ func TestPullTemplate(t *testing.T) {
 		t.Fatalf("rootfs app = %q, %v", b, err)
 	}
 
+	if got := e.pub.published(); len(got) != 0 {
+		t.Errorf("a directory template was published: %+v", got)
+	}
+
 	// Pulling over the name replaces the template like a rebuild: same ID, new root, and
 	// the old root stays for sandboxes already running on it.
+	e.use(v1t.RootFSDir, true)
 	res = e.pull(`{"ref":"` + reg + `/team/app:v2","name":"app"}`).Template()
 	if res == nil || res.TemplateID != v1t.ID || !*res.Replaced || len(res.Names) != 1 || res.Names[0] != "app" {
 		t.Fatalf("replace outcome = %+v", res)
@@ -186,6 +230,21 @@ func TestPullTemplate(t *testing.T) {
 	}
 	if n := len(e.templates()); n != 1 {
 		t.Errorf("%d templates after a replace, want 1", n)
+	}
+	// Once no sandbox runs on the old root, the next replace removes it, and the root
+	// it replaces (unused) at once.
+	e.use(v1t.RootFSDir, false)
+	if res := e.pull(`{"ref":"` + reg + `/team/app:v1","name":"app"}`).Template(); res == nil || !*res.Replaced {
+		t.Fatalf("second replace: %+v", res)
+	}
+	for _, d := range []string{v1t.RootFSDir, v2t.RootFSDir} {
+		if _, err := os.Stat(filepath.Dir(d)); !os.IsNotExist(err) {
+			t.Errorf("replaced template files %s remain: %v", d, err)
+		}
+	}
+	v3t, _ := e.cat.Templates().Resolve("app")
+	if b, err := os.ReadFile(filepath.Join(v3t.RootFSDir, "app")); err != nil || string(b) != "one" {
+		t.Fatalf("current rootfs app = %q, %v", b, err)
 	}
 
 	// Snapshots and the node's own base template are not replaced by a pull.
@@ -308,5 +367,13 @@ func TestPullTemplateConvert(t *testing.T) {
 	fs, err := rootfs.TemplateRootFS(tpl.RootFSDir, tpl.Artifact)
 	if err != nil || len(fs.Layers) == 0 || fs.VirtualSize != 64<<20 {
 		t.Fatalf("root = %+v, %v", fs, err)
+	}
+	// It is published with its layers, so nodes sharing the repository see it.
+	got := e.pub.published()
+	if len(got) != 1 || got[0].ID != tpl.ID {
+		t.Fatalf("published %+v, want %s once", got, tpl.ID)
+	}
+	if m, err := snapshot.ManifestFromTemplate(got[0], ""); err != nil || len(m.Layers) != len(fs.Layers) || m.Name != "conv" {
+		t.Errorf("manifest of the pulled template: %+v, %v", m, err)
 	}
 }

@@ -153,7 +153,7 @@ func New(o Options) (*Server, error) {
 		writeError(w, http.StatusNotFound, "route not found: %s %s", r.Method, r.URL.Path)
 	})
 	api.HandlerWithOptions(&handlers{s: s}, api.StdHTTPServerOptions{
-		BaseRouter:       s.mux,
+		BaseRouter:       routeMux{s.mux},
 		Middlewares:      []api.MiddlewareFunc{s.requireAPIKey},
 		ErrorHandlerFunc: paramError,
 	})

@@ -33,6 +33,9 @@ type TemplateBuilder interface {
 	Templates() ([]catalog.Template, error)
 	Resolve(idOrAlias string) (catalog.Template, error)
 	Delete(ctx context.Context, idOrAlias string) (catalog.Template, error)
+	AssignTags(target string, tags []string) (buildID string, assigned []string, err error)
+	RemoveTags(name string, tags []string) error
+	Tags(idOrAlias string) ([]build.Tag, error)
 }
 
 // uploadURLTTL is how long an upload URL from GET /templates/{id}/files/{hash} is valid.
@@ -79,15 +82,19 @@ func (h *handlers) RequestTemplateBuildV3(w http.ResponseWriter, r *http.Request
 		writeError(w, http.StatusBadRequest, "name is required")
 		return
 	}
-	rec, err := b.Request(r.Context(), build.RequestOptions{Name: name, Resources: sandbox.Resources{
-		CPUCount: int(derefInt(body.CpuCount)), MemoryMB: int(derefInt(body.MemoryMB))}})
+	o := build.RequestOptions{Name: name, Resources: sandbox.Resources{
+		CPUCount: int(derefInt(body.CpuCount)), MemoryMB: int(derefInt(body.MemoryMB))}}
+	if body.Tags != nil {
+		o.Tags = *body.Tags
+	}
+	rec, err := b.Request(r.Context(), o)
 	if err != nil {
 		writeBuildError(w, r, err)
 		return
 	}
-	tags := []string{}
-	if body.Tags != nil {
-		tags = *body.Tags
+	tags := rec.Tags
+	if tags == nil {
+		tags = []string{}
 	}
 	writeJSON(w, http.StatusAccepted, api.TemplateRequestResponseV3{TemplateID: rec.TemplateID, BuildID: rec.ID,
 		Names: []string{rec.Name}, Aliases: []string{rec.Name}, Tags: tags})
@@ -170,15 +177,19 @@ func (h *handlers) StartTemplateBuildV2(w http.ResponseWriter, r *http.Request, 
 	if !decodeRequired(w, r, &body) {
 		return
 	}
-	if body.FromImageRegistry != nil {
-		writeError(w, http.StatusBadRequest, "fromImageRegistry is not supported: put registry credentials in the node's docker config file")
-		return
-	}
 	spec := build.Spec{FromImage: deref(body.FromImage), FromTemplate: deref(body.FromTemplate),
-		StartCmd: deref(body.StartCmd), ReadyCmd: deref(body.ReadyCmd)}
+		StartCmd: deref(body.StartCmd), ReadyCmd: deref(body.ReadyCmd), Force: body.Force != nil && *body.Force}
+	if body.FromImageRegistry != nil {
+		creds, err := registryCredentials(*body.FromImageRegistry)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "fromImageRegistry: %s", err.Error())
+			return
+		}
+		spec.Registry = &creds
+	}
 	if body.Steps != nil {
 		for _, st := range *body.Steps {
-			s := build.Step{Type: st.Type, FilesHash: deref(st.FilesHash)}
+			s := build.Step{Type: st.Type, FilesHash: deref(st.FilesHash), Force: st.Force != nil && *st.Force}
 			if st.Args != nil {
 				s.Args = *st.Args
 			}

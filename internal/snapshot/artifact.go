@@ -48,9 +48,10 @@ func walkLayerRefs(v any, fn func(obj map[string]any)) {
 	}
 }
 
-// ArtifactLayers lists the sealed layer files an artifact names: objects
-// with an absolute "path" and a "uuid" (LSMT layers have one), bottom first
-// in document order, each once.
+// ArtifactLayers lists the sealed layers an artifact names: objects with a
+// "uuid" (LSMT layers have one) and an absolute "path", or no path but a
+// "digest" (a layer this node reads lazily from the repository), bottom
+// first in document order, each once.
 func ArtifactLayers(raw json.RawMessage) ([]LayerFile, error) {
 	if len(raw) == 0 {
 		return nil, nil
@@ -63,12 +64,24 @@ func ArtifactLayers(raw json.RawMessage) ([]LayerFile, error) {
 	seen := map[string]bool{}
 	walkLayerRefs(v, func(o map[string]any) {
 		p, _ := o["path"].(string)
+		d, _ := o["digest"].(string)
 		uuid, _ := o["uuid"].(string)
-		if p == "" || uuid == "" || !filepath.IsAbs(p) || seen[p] {
+		var l LayerFile
+		switch {
+		case uuid == "":
+			return
+		case p != "" && filepath.IsAbs(p):
+			l = LayerFile{Path: filepath.Clean(p), UUID: uuid}
+		case p == "" && repository.Digest(d).Validate() == nil:
+			l = LayerFile{Digest: repository.Digest(d), UUID: uuid}
+		default:
 			return
 		}
-		seen[p] = true
-		l := LayerFile{Path: filepath.Clean(p), UUID: uuid}
+		key := l.Path + "|" + string(l.Digest)
+		if seen[key] {
+			return
+		}
+		seen[key] = true
 		if n, ok := o["size"].(json.Number); ok {
 			l.Size, _ = n.Int64()
 		}

@@ -19,6 +19,17 @@ import (
 // also returned for its pins and stats. The posix_fs directory is created
 // when missing; an S3 bucket must exist.
 func OpenRepository(ctx context.Context, cfg config.Config) (repository.Repository, *nodecache.Cache, error) {
+	cache, _, err := OpenRepositories(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cache, cache, nil
+}
+
+// OpenRepositories is OpenRepository that also returns the repository behind
+// the node cache (for what must reach it directly: keeping lazily read blobs
+// alive).
+func OpenRepositories(ctx context.Context, cfg config.Config) (*nodecache.Cache, repository.Repository, error) {
 	log := slog.Default()
 	var remote repository.Repository
 	switch cfg.Snapshot.RepositoryBackend {
@@ -49,7 +60,7 @@ func OpenRepository(ctx context.Context, cfg config.Config) (repository.Reposito
 	if err != nil {
 		return nil, nil, fmt.Errorf("snapshot: node cache %s: %w", cfg.RepositoryCacheDir(), err)
 	}
-	return cache, cache, nil
+	return cache, remote, nil
 }
 
 // ConfigOptions are the publisher options the node config sets; the caller
@@ -62,5 +73,6 @@ func ConfigOptions(cfg config.Config, nodeID string) Options {
 		MaxDepth:     cfg.Snapshot.MaxDepth,
 		SyncInterval: cfg.Snapshot.SyncInterval.Duration,
 		GCGrace:      cfg.Snapshot.GCGrace.Duration,
+		LazyLayers:   cfg.Snapshot.LazyLayers,
 	}
 }

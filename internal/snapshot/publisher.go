@@ -11,11 +11,13 @@
 // mid-upload finishes them after a restart.
 //
 // Sync registers in the local catalog every complete record of the
-// repository this node does not have, with its layers fetched to this node
-// and the artifact's layer paths pointed at them; records deleted from the
-// repository leave the catalog once no sandbox here uses them. Delete removes
-// a record and collects blobs nothing references any more; Compact merges
-// stacks deeper than the limit into a new record version.
+// repository this node does not have: with Options.LazyLayers its layer refs
+// name digests only and sandboxes read them lazily (lazy.go), otherwise its
+// layers are fetched to this node and the artifact's layer paths pointed at
+// them; records deleted from the repository leave the catalog once no
+// sandbox here uses them. Delete removes a record and collects blobs nothing
+// references any more; Compact merges stacks deeper than the limit into a
+// new record version.
 //
 // Layout under the state directory:
 //
@@ -61,11 +63,14 @@ type CatalogStore interface {
 	Delete(idOrAlias string) (catalog.Template, error)
 }
 
-// LayerFile is one sealed layer of a manifest, bottom first.
+// LayerFile is one sealed layer of a manifest, bottom first: a file, or a
+// layer already in the repository that this node reads lazily (Digest, no
+// Path).
 type LayerFile struct {
-	Path string `json:"path"` // absolute
-	UUID string `json:"uuid,omitempty"`
-	Size int64  `json:"size,omitempty"` // checked when set
+	Path   string            `json:"path,omitempty"` // absolute
+	Digest repository.Digest `json:"digest,omitempty"`
+	UUID   string            `json:"uuid,omitempty"`
+	Size   int64             `json:"size,omitempty"` // checked when set
 	// Role is the record layer's role; empty means "rootfs".
 	Role string `json:"role,omitempty"`
 }
@@ -116,7 +121,11 @@ func (m *Manifest) validate() error {
 		return fmt.Errorf("%w: %s has no layers", ErrInvalid, m.ID)
 	}
 	for i, l := range m.Layers {
-		if !filepath.IsAbs(l.Path) {
+		if l.Path == "" && l.Digest != "" {
+			if err := l.Digest.Validate(); err != nil {
+				return fmt.Errorf("%w: layer %d: %v", ErrInvalid, i, err)
+			}
+		} else if !filepath.IsAbs(l.Path) {
 			return fmt.Errorf("%w: layer %d path %q is not absolute", ErrInvalid, i, l.Path)
 		}
 		if l.Size < 0 || len(l.Role) > 64 {
@@ -166,6 +175,10 @@ type Options struct {
 	SyncInterval time.Duration
 	// GCGrace is passed to repository.GC (0: its default; negative: none).
 	GCGrace time.Duration
+	// LazyLayers makes Sync register records with layer refs by digest only
+	// (read lazily through the backend's layer resolver) instead of fetching
+	// every layer first.
+	LazyLayers bool
 	// InUse reports whether a sandbox on this node uses a template or
 	// snapshot; sync keeps the catalog entry of a record deleted elsewhere
 	// until it is free. Nil means none is.
@@ -332,7 +345,9 @@ func (p *Publisher) Publish(ctx context.Context, m Manifest) (*Handle, error) {
 		return nil, err
 	}
 	for i := range m.Layers {
-		m.Layers[i].Path = filepath.Clean(m.Layers[i].Path)
+		if m.Layers[i].Path != "" {
+			m.Layers[i].Path = filepath.Clean(m.Layers[i].Path)
+		}
 		if m.Layers[i].Role == "" {
 			m.Layers[i].Role = "rootfs"
 		}

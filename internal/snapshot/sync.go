@@ -27,8 +27,9 @@ type SyncResult struct {
 }
 
 // Sync brings the local catalog in step with the repository: complete
-// records unknown here are registered (their layers fetched first, so the
-// entry is usable the moment it appears), new revisions of synced ones
+// records unknown here are registered (read lazily with LazyLayers, else
+// with their layers fetched first; either way the entry is usable the
+// moment it appears), new revisions of synced ones
 // replace them, and entries whose record was deleted are removed once no
 // sandbox here uses them. Pending records are ignored: other nodes use a
 // record only when it is complete.
@@ -140,25 +141,32 @@ func listAll(ctx context.Context, repo repository.Repository, kind repository.Ki
 	}
 }
 
-// register fetches rec's layers to this node and puts its catalog entry.
-// With keepLocal the existing entry keeps its own fields and only its
+// register puts rec's catalog entry: with LazyLayers at once, its layer
+// refs by digest (see lazy.go), otherwise after fetching its layers to this
+// node. With keepLocal the existing entry keeps its own fields and only its
 // artifact's layer refs follow the record.
 func (p *Publisher) register(ctx context.Context, rec repository.Record, keepLocal bool) error {
-	byDigest := map[repository.Digest]string{}
-	for _, l := range rec.Layers {
-		path, err := p.materialize(ctx, l.Digest)
-		if err != nil {
-			return err
-		}
-		byDigest[l.Digest] = path
-	}
 	var cfg recordConfig
 	if len(rec.Config) > 0 {
 		if err := json.Unmarshal(rec.Config, &cfg); err != nil {
 			return fmt.Errorf("%w: record %s config: %v", ErrInvalid, rec.ID, err)
 		}
 	}
-	art, err := withPaths(cfg.Artifact, byDigest)
+	var art json.RawMessage
+	var err error
+	if p.o.LazyLayers {
+		art, err = withLazyPaths(cfg.Artifact, p.lazyPaths(rec))
+	} else {
+		byDigest := map[repository.Digest]string{}
+		for _, l := range rec.Layers {
+			path, err := p.materialize(ctx, l.Digest)
+			if err != nil {
+				return err
+			}
+			byDigest[l.Digest] = path
+		}
+		art, err = withPaths(cfg.Artifact, byDigest)
+	}
 	if err != nil {
 		return err
 	}

@@ -75,3 +75,18 @@ func (p *Publisher) journaled(id string) bool {
 	_, err := os.Stat(p.path("publishing", id+".json"))
 	return err == nil
 }
+
+// Knows reports whether this node's publisher has id: a publication in
+// flight or journaled, or a record it published or synced. A snapshot in
+// the catalog it does not know was registered but never handed to it (the
+// node died in between), or its publication failed for good.
+func (p *Publisher) Knows(id string) bool {
+	p.mu.Lock()
+	j := p.jobs[id]
+	p.mu.Unlock()
+	if j != nil || p.journaled(id) {
+		return true
+	}
+	_, ok := p.tracked(id)
+	return ok
+}

@@ -60,7 +60,7 @@ func (p *Publisher) run(ctx context.Context, j *job) (err error) {
 	files := map[repository.Digest]LayerFile{}
 	var distinct []repository.Digest
 	for i, l := range m.Layers {
-		d, n, derr := p.dg.digest(l)
+		d, n, derr := p.layerDigest(ctx, l)
 		if derr != nil {
 			if cached := p.cachedByPath(l.Path); cached != "" && errors.Is(derr, fs.ErrNotExist) {
 				// The file is gone (its sandbox discarded it) but a
@@ -72,7 +72,9 @@ func (p *Publisher) run(ctx context.Context, j *job) (err error) {
 			}
 		}
 		layers[i] = repository.Layer{Role: l.Role, Digest: d, Size: n, UUID: l.UUID}
-		byPath[l.Path] = d
+		if l.Path != "" {
+			byPath[l.Path] = d
+		}
 		if _, ok := files[d]; !ok {
 			files[d] = l
 			distinct = append(distinct, d)

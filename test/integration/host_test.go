@@ -98,7 +98,7 @@ type container struct {
 }
 
 // runcList lists the containers in the node's runtime root (<data>/oci/runc).
-func runcList(t *testing.T, dataDir string) map[string]container {
+func runcList(t testing.TB, dataDir string) map[string]container {
 	t.Helper()
 	root := filepath.Join(dataDir, "oci", "runc")
 	out := map[string]container{}
@@ -120,7 +120,7 @@ func runcList(t *testing.T, dataDir string) map[string]container {
 }
 
 // mountsUnder lists mount points below dir, deepest first.
-func mountsUnder(t *testing.T, dir string) []string {
+func mountsUnder(t testing.TB, dir string) []string {
 	t.Helper()
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -190,7 +190,7 @@ func cgroupsOf(parent, cid string) []string {
 // dir, loop devices backed by files there, network namespaces and cgroups of containers it
 // owned, and any namespace of the node's own slot prefix.
 // Call it with the node stopped.
-func leftovers(t *testing.T, n *node, keep map[string]bool) []string {
+func leftovers(t testing.TB, n *node, keep map[string]bool) []string {
 	t.Helper()
 	var out []string
 	for id, c := range runcList(t, n.dataDir) {
@@ -278,7 +278,7 @@ func requireNoLeftovers(t *testing.T, n *node, keep map[string]bool) {
 // /dev/fuse descriptors, and while one is open an unmount of a block root waits forever),
 // containers (runc delete -f also kills their processes and removes their cgroups), mounts
 // and loop devices. The node's network and cgroup names are nodeNet.teardown's business.
-func forceCleanup(t *testing.T, dataDir string, seen *ownership) {
+func forceCleanup(t testing.TB, dataDir string, seen *ownership) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	killNaming(dataDir)

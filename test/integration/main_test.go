@@ -57,7 +57,7 @@ func TestMain(m *testing.M) {
 }
 
 // needNode returns the binaries, or skips the test when the host cannot run a node.
-func needNode(t *testing.T) binaries {
+func needNode(t testing.TB) binaries {
 	t.Helper()
 	b, err := buildOnce()
 	if err != nil {

@@ -22,7 +22,7 @@ import (
 
 // node is one `aenv serve` subprocess on a loopback port and its own data directory.
 type node struct {
-	t       *testing.T
+	t       testing.TB
 	bins    binaries
 	dataDir string
 	addr    string // host:port of the API
@@ -60,7 +60,7 @@ func (s *syncBuffer) String() string {
 
 // newNode prepares a node with a fresh data directory; start runs it. Everything the node
 // leaves behind is removed when the test ends, whatever its outcome.
-func newNode(t *testing.T, env ...string) *node {
+func newNode(t testing.TB, env ...string) *node {
 	t.Helper()
 	bins := needNode(t)
 	dd, err := os.MkdirTemp("", "aenv-it-")
@@ -88,7 +88,7 @@ func newNode(t *testing.T, env ...string) *node {
 // uniqueNet picks network and cgroup names no other node on the host uses: a node's
 // startup sweep removes every slot, nftables table and cgroup of its names it does not
 // know, so nodes sharing names would remove each other's sandboxes.
-func uniqueNet(t *testing.T) nodeNet {
+func uniqueNet(t testing.TB) nodeNet {
 	t.Helper()
 	for range 100 {
 		var b [1]byte
@@ -118,7 +118,7 @@ func randHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -279,7 +279,7 @@ func (n *node) cgroupParent() string {
 }
 
 // run runs cmdline in sb and returns its stdout; a failure or non-zero exit fails the test.
-func run(ctx context.Context, t *testing.T, c *bench.Client, sb bench.Sandbox, cmdline string) string {
+func run(ctx context.Context, t testing.TB, c *bench.Client, sb bench.Sandbox, cmdline string) string {
 	t.Helper()
 	res, err := c.Run(ctx, sb, cmdline)
 	if err != nil {
@@ -292,7 +292,7 @@ func run(ctx context.Context, t *testing.T, c *bench.Client, sb bench.Sandbox, c
 }
 
 // states lists the node's sandboxes as id → state.
-func states(ctx context.Context, t *testing.T, c *bench.Client) map[string]string {
+func states(ctx context.Context, t testing.TB, c *bench.Client) map[string]string {
 	t.Helper()
 	list, err := c.List(ctx)
 	if err != nil {
@@ -306,7 +306,7 @@ func states(ctx context.Context, t *testing.T, c *bench.Client) map[string]strin
 }
 
 // killAll kills every sandbox of the node through the API.
-func killAll(ctx context.Context, t *testing.T, c *bench.Client) {
+func killAll(ctx context.Context, t testing.TB, c *bench.Client) {
 	t.Helper()
 	var errs []error
 	for id := range states(ctx, t, c) {

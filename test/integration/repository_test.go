@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/bench"
+	"github.com/aenv-dev/aenv/internal/repository"
+	"github.com/aenv-dev/aenv/internal/repository/posixfs"
 )
 
 // nodeNet is what keeps two nodes on one host apart: each sweeps, at startup, every
@@ -52,7 +54,7 @@ func (n nodeNet) leftovers() []string {
 // teardown removes everything the node's names own on the host: namespaces, sandbox
 // cgroups, the cgroup parent, the bridge and its nftables tables (which a node keeps
 // across restarts, so a stopped node still has them).
-func (n nodeNet) teardown(t *testing.T) {
+func (n nodeNet) teardown(t testing.TB) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ents, _ := os.ReadDir("/run/netns")
@@ -81,7 +83,7 @@ func (n nodeNet) teardown(t *testing.T) {
 
 // newNode prepares a node on these names. Unlike newNode it does not wait for other
 // nodes on the host to finish: with names of its own, no other node's sweep touches it.
-func (n nodeNet) newNode(t *testing.T, env ...string) *node {
+func (n nodeNet) newNode(t testing.TB, env ...string) *node {
 	t.Helper()
 	bins := needNode(t)
 	dd, err := os.MkdirTemp("", "aenv-it-")
@@ -136,7 +138,7 @@ func (n *node) api(ctx context.Context, method, path, body string, want int) ([]
 }
 
 // listsSnapshot reports whether the node's GET /snapshots knows id.
-func (n *node) listsSnapshot(ctx context.Context, t *testing.T, id string) bool {
+func (n *node) listsSnapshot(ctx context.Context, t testing.TB, id string) bool {
 	t.Helper()
 	out, err := n.api(ctx, http.MethodGet, "/snapshots?name="+url.QueryEscape(id), "", http.StatusOK)
 	if err != nil {
@@ -164,13 +166,15 @@ func waitFor(d time.Duration, cond func() bool) bool {
 }
 
 // TestSharedPosixRepository runs two nodes on one host, each with its own data dir,
-// port, network and cgroup parent, sharing one posix_fs repository directory. A
-// snapshot taken on node A is published there and synced by node B, which creates a
-// sandbox from it that sees A's file. The snapshot deleted on A stays on B while B's
-// sandbox runs on it and leaves B's catalog once that sandbox is gone. Nothing of either
-// node is left on the host.
+// port, network and cgroup parent, sharing one posix_fs repository directory (see
+// sharedRepositoryFlow).
 func TestSharedPosixRepository(t *testing.T) {
-	repo, err := os.MkdirTemp("", "aenv-it-repo-")
+	dir, err := os.MkdirTemp("", "aenv-it-repo-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	repo, err := posixfs.Open(dir, posixfs.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,15 +182,24 @@ func TestSharedPosixRepository(t *testing.T) {
 		{bridge: "aenvra0", subnet: "10.93.0.0/16", prefix: "aenvra", cgroup: "aenv-it-ra"},
 		{bridge: "aenvrb0", subnet: "10.94.0.0/16", prefix: "aenvrb", cgroup: "aenv-it-rb"},
 	}
+	sharedRepositoryFlow(t, nets, repo, "AENV_REPOSITORY_POSIX_FS_PATH="+dir)
+}
+
+// sharedRepositoryFlow runs two nodes on nets sharing repo (reached with the settings in
+// env). A named snapshot taken on node A is published there and synced by node B, which
+// creates a sandbox from it that sees A's file: the record names every layer of the
+// stack, the base template's included, so B does not depend on its own base (built on B,
+// never published). B cannot take the same name while it knows A's snapshot. The snapshot
+// deleted on A stays on B while B's sandbox runs on it and leaves B's catalog once that
+// sandbox is gone. Nothing of either node is left on the host.
+func sharedRepositoryFlow(t *testing.T, nets []nodeNet, repo repository.Repository, env ...string) {
 	// Registered first, so it runs last: after each node was killed and swept.
 	t.Cleanup(func() {
 		for _, n := range nets {
 			n.teardown(t)
 		}
-		os.RemoveAll(repo)
 	})
-	common := []string{"AENV_REPOSITORY_POSIX_FS_PATH=" + repo, "AENV_SNAPSHOT_SYNC_INTERVAL=1s",
-		"AENV_SANDBOX_SHUTDOWN_ACTION=stop"}
+	common := append([]string{"AENV_SNAPSHOT_SYNC_INTERVAL=1s", "AENV_SANDBOX_SHUTDOWN_ACTION=stop"}, env...)
 	a := nets[0].newNode(t, common...)
 	b := nets[1].newNode(t, common...)
 	a.start()
@@ -197,7 +210,8 @@ func TestSharedPosixRepository(t *testing.T) {
 
 	src := a.create(ctx, ca)
 	run(ctx, t, ca, src, "echo written-on-a > /home/user/marker")
-	out, err := a.api(ctx, http.MethodPost, "/sandboxes/"+src.ID+"/snapshots", `{}`, http.StatusCreated)
+	name := "shared-" + randHex(4)
+	out, err := a.api(ctx, http.MethodPost, "/sandboxes/"+src.ID+"/snapshots", `{"name":"`+name+`"}`, http.StatusCreated)
 	if se := (*bench.APIError)(nil); errors.As(err, &se) && se.Status == http.StatusNotImplemented {
 		t.Skipf("the base template is not layered on this host (see serve's warning at startup), so its sandboxes cannot be snapshotted: %v", err)
 	}
@@ -216,10 +230,11 @@ func TestSharedPosixRepository(t *testing.T) {
 		t.Fatalf("node B never listed snapshot %s taken on node A", snapID)
 	}
 	t.Logf("snapshot %s usable on node B %s after it was taken on node A", snapID, time.Since(start).Round(time.Millisecond))
+	requireCompleteRecord(ctx, t, repo, snapID)
 
-	child, err := cb.Create(ctx, bench.CreateRequest{TemplateID: snapID, Timeout: 600, Secure: true})
+	child, err := cb.Create(ctx, bench.CreateRequest{TemplateID: name, Timeout: 600, Secure: true})
 	if err != nil {
-		t.Fatalf("create from A's snapshot on node B: %v", err)
+		t.Fatalf("create from A's snapshot (by name) on node B: %v", err)
 	}
 	b.observe()
 	if got := run(ctx, t, cb, child, "cat /home/user/marker"); got != "written-on-a" {
@@ -228,6 +243,10 @@ func TestSharedPosixRepository(t *testing.T) {
 	run(ctx, t, cb, child, "echo written-on-b > /home/user/marker")
 	if got := run(ctx, t, ca, src, "cat /home/user/marker"); got != "written-on-a" {
 		t.Fatalf("node A's source sandbox reads %q after B's write", got)
+	}
+	// Names are unique across the nodes that know each other's snapshots.
+	if _, err := b.api(ctx, http.MethodPost, "/sandboxes/"+child.ID+"/snapshots", `{"name":"`+name+`"}`, http.StatusConflict); err != nil {
+		t.Fatalf("node B snapshot with node A's snapshot name: %v", err)
 	}
 
 	// Deleted on A (and so in the repository): B keeps it while its sandbox runs on it.
@@ -264,4 +283,31 @@ func TestSharedPosixRepository(t *testing.T) {
 			t.Errorf("node %c left behind:\n  %s", 'A'+i, strings.Join(left, "\n  "))
 		}
 	}
+}
+
+// requireCompleteRecord checks, in the repository itself, that snapshot id is complete,
+// names its whole stack (the base template's layer and at least the sealed upper on it)
+// and that every blob it names is there.
+func requireCompleteRecord(ctx context.Context, t *testing.T, repo repository.Repository, id string) repository.Record {
+	t.Helper()
+	rec, err := repo.GetRecord(ctx, repository.KindSnapshot, id)
+	if err != nil {
+		t.Fatalf("record of %s: %v", id, err)
+	}
+	if rec.State != repository.StateComplete {
+		t.Fatalf("record of %s is %s, want complete", id, rec.State)
+	}
+	rootfs := 0
+	for _, l := range rec.Layers {
+		if l.Role == "rootfs" {
+			rootfs++
+		}
+		if _, err := repo.StatBlob(ctx, l.Digest); err != nil {
+			t.Fatalf("record %s names blob %s (%s), not in the repository: %v", id, l.Digest, l.Role, err)
+		}
+	}
+	if rootfs < 2 {
+		t.Fatalf("record %s names %d rootfs layers; want the base's and the snapshot's own: %+v", id, rootfs, rec.Layers)
+	}
+	return rec
 }

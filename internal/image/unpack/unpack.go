@@ -79,6 +79,7 @@ type applier struct {
 	// that could alter how a name resolves (a removed directory or symlink,
 	// a whiteout) drops the whole cache.
 	dirs map[string]openDir
+	buf  []byte // copySparse's scratch space
 }
 
 type openDir struct {
@@ -220,7 +221,10 @@ func (a *applier) entry(h *tar.Header, r io.Reader) error {
 			return fmt.Errorf("create file: %w", err)
 		}
 		f := os.NewFile(uintptr(fd), target)
-		n, err := io.Copy(f, r)
+		if a.buf == nil {
+			a.buf = make([]byte, sparseChunk)
+		}
+		n, err := copySparse(f, r, a.buf)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}

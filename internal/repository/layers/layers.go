@@ -2,23 +2,46 @@
 // is read lazily, in ranges, through the storage block cache, so a sandbox
 // starts from a snapshot in any repository (posix_fs, s3, the node cache in
 // front of either) without downloading its layers first.
+//
+// A node that reads a layer lazily holds no copy of it: the repository's
+// blob is the only one. Records keep blobs from GC, but a record deleted on
+// another node would let that node's GC take a blob a sandbox here still
+// reads; KeepAlive refreshes such blobs' LastUsed so every node's GC spares
+// them for its grace period.
 package layers
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/repository"
 	"github.com/aenv-dev/aenv/internal/storage/cache"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 )
 
-// Resolver implements stack.Resolver over a repository.
+// Resolver implements stack.Resolver over a repository. Its zero value but
+// Repo is ready to use; it must not be copied after first use.
 type Resolver struct {
 	Repo repository.Repository
 	// Cache, when set, keeps the blocks read (by digest, so layers shared by
 	// snapshots share cached blocks); nil reads through to the repository.
+	// Blobs Repo holds on this node (a node cache's Cached) bypass it: they
+	// are local files already.
 	Cache *cache.Cache
+	// Remote is the repository behind Repo's node cache (Repo itself when it
+	// has none); KeepAlive refreshes blobs there. Nil disables KeepAlive.
+	Remote repository.Repository
+
+	fetched atomic.Int64 // bytes read from remote blobs
+	mu      sync.Mutex
+	open    map[repository.Digest]int // remote blobs open now
 }
 
 var _ stack.Resolver = (*Resolver)(nil)
@@ -26,12 +49,21 @@ var _ stack.Resolver = (*Resolver)(nil)
 // A repository blob is a block cache source as it is.
 var _ cache.Source = repository.BlobReader(nil)
 
+// localCache is what a node cache (*nodecache.Cache) tells about its blobs.
+type localCache interface {
+	Cached(repository.Digest) bool
+}
+
 // OpenLayer implements stack.Resolver.
 func (r *Resolver) OpenLayer(ctx context.Context, ref stack.LayerRef) (stack.Source, error) {
 	d, err := repository.ParseDigest(ref.Digest)
 	if err != nil {
 		return nil, fmt.Errorf("layers: %w", err)
 	}
+	// Checked before the open: a blob fetched whole meanwhile is then read
+	// through the block cache once, which is only slower.
+	lc, ok := r.Repo.(localCache)
+	local := ok && lc.Cached(d)
 	br, err := r.Repo.OpenBlob(ctx, d)
 	if err != nil {
 		return nil, fmt.Errorf("layers: open %s: %w", d, err)
@@ -40,10 +72,114 @@ func (r *Resolver) OpenLayer(ctx context.Context, ref stack.LayerRef) (stack.Sou
 		br.Close()
 		return nil, fmt.Errorf("%w: layer %s is %d bytes, manifest says %d", repository.ErrDigestMismatch, d, br.Size(), ref.Size)
 	}
-	if r.Cache == nil {
+	if local {
 		return &direct{br}, nil
 	}
-	return &cached{File: r.Cache.File(string(d), br), blob: br}, nil
+	rb := &remoteBlob{BlobReader: br, r: r, d: d}
+	r.mu.Lock()
+	if r.open == nil {
+		r.open = map[repository.Digest]int{}
+	}
+	r.open[d]++
+	first := r.open[d] == 1
+	r.mu.Unlock()
+	if first && r.Remote != nil {
+		// Until the next KeepAlive, only the record keeps the blob; a delete
+		// of the record elsewhere must not take it from under this reader.
+		go func() {
+			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			if _, err := r.Remote.PutBlob(lctx, d, -1, eofReader{}); err != nil {
+				slog.Warn("layers: keep a lazily read layer alive", "digest", d, "err", err)
+			}
+		}()
+	}
+	if r.Cache == nil {
+		return &direct{rb}, nil
+	}
+	return &cached{File: r.Cache.File(string(d), rb), blob: rb}, nil
+}
+
+// FetchedBytes is how many bytes were read from blobs not held on this node
+// (through the block cache, only its misses and prefetches).
+func (r *Resolver) FetchedBytes() int64 { return r.fetched.Load() }
+
+// Open lists the remote blobs open now (lowers of running sandboxes).
+func (r *Resolver) Open() []repository.Digest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]repository.Digest, 0, len(r.open))
+	for d := range r.open {
+		out = append(out, d)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// ErrNoRemote: KeepAlive without a Remote.
+var ErrNoRemote = errors.New("layers: no remote repository to keep blobs alive in")
+
+// KeepAlive refreshes, in Remote, the LastUsed of every blob open through r
+// and of extra (e.g. the node cache's pins, which cover paused sandboxes),
+// except those this node holds a copy of. It returns how many it refreshed;
+// blobs that are gone are reported in the error (their readers will fail).
+func (r *Resolver) KeepAlive(ctx context.Context, extra []repository.Digest) (int, error) {
+	if r.Remote == nil {
+		return 0, ErrNoRemote
+	}
+	ds := append(r.Open(), extra...)
+	slices.Sort(ds)
+	ds = slices.Compact(ds)
+	lc, _ := r.Repo.(localCache)
+	n := 0
+	var errs []error
+	for _, d := range ds {
+		if lc != nil && lc.Cached(d) {
+			continue
+		}
+		// A present blob is not read again, only touched; a missing one
+		// fails verification of the empty reader, so nothing is stored.
+		if _, err := r.Remote.PutBlob(ctx, d, -1, eofReader{}); err != nil {
+			if ctx.Err() != nil {
+				return n, ctx.Err()
+			}
+			errs = append(errs, fmt.Errorf("layers: keep %s alive: %w", d, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+type eofReader struct{}
+
+func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
+
+// remoteBlob counts the bytes read from a blob of the remote repository and
+// tells the resolver when it is closed.
+type remoteBlob struct {
+	repository.BlobReader
+	r      *Resolver
+	d      repository.Digest
+	closed atomic.Bool
+}
+
+func (b *remoteBlob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	n, err := b.BlobReader.ReadAt(ctx, p, off)
+	b.r.fetched.Add(int64(n))
+	return n, err
+}
+
+func (b *remoteBlob) Close() error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	b.r.mu.Lock()
+	if b.r.open[b.d]--; b.r.open[b.d] <= 0 {
+		delete(b.r.open, b.d)
+	}
+	b.r.mu.Unlock()
+	return b.BlobReader.Close()
 }
 
 type cached struct {

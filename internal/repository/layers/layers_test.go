@@ -5,7 +5,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/repository"
 	"github.com/aenv-dev/aenv/internal/repository/posixfs"
@@ -59,5 +63,92 @@ func TestOpenLayer(t *testing.T) {
 	}
 	if s := bc.Stats(); s.FetchedBytes == 0 {
 		t.Fatalf("block cache not used: %+v", s)
+	}
+}
+
+// A blob read lazily has no copy on this node, so the reader keeps it alive in
+// the repository: opening it refreshes its LastUsed (GC spares it for its grace
+// period even with no record naming it), KeepAlive refreshes open and extra
+// blobs, and a closed blob is left to age. Reads from the repository are counted.
+func TestKeepAlive(t *testing.T) {
+	dir := t.TempDir()
+	repo, err := posixfs.Open(dir, posixfs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	data, d := repositorytest.Blob(3, 1<<20)
+	if _, err := repo.PutBlob(ctx, d, int64(len(data)), bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	blobFile := filepath.Join(dir, "blobs", "sha256", d.Hex())
+	age := func() {
+		old := time.Now().Add(-2 * time.Hour)
+		if err := os.Chtimes(blobFile, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fresh := func() bool {
+		info, err := repo.StatBlob(ctx, d)
+		return err == nil && time.Since(info.LastUsed) < time.Minute
+	}
+	age()
+	r := &Resolver{Repo: repo, Remote: repo}
+	src, err := r.OpenLayer(ctx, stack.LayerRef{Digest: string(d)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !fresh() {
+		if time.Now().After(deadline) {
+			t.Fatal("opening a remote blob did not refresh its LastUsed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := r.Open(); !slices.Equal(got, []repository.Digest{d}) {
+		t.Fatalf("open blobs %v", got)
+	}
+	p := make([]byte, 8192)
+	if _, err := src.ReadAt(p, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if r.FetchedBytes() != 8192 {
+		t.Fatalf("fetched %d bytes, want 8192", r.FetchedBytes())
+	}
+	res, err := repository.GC(ctx, repo, repository.GCOptions{Grace: time.Hour})
+	if err != nil || len(res.Deleted) != 0 {
+		t.Fatalf("GC took a blob read lazily: %+v %v", res, err)
+	}
+
+	age()
+	if n, err := r.KeepAlive(ctx, nil); err != nil || n != 1 || !fresh() {
+		t.Fatalf("KeepAlive of the open blob: %d, %v, fresh %v", n, err, fresh())
+	}
+	src.Close()
+	src.Close() // idempotent
+	if got := r.Open(); len(got) != 0 {
+		t.Fatalf("open blobs after close: %v", got)
+	}
+	age()
+	if n, err := r.KeepAlive(ctx, nil); err != nil || n != 0 || fresh() {
+		t.Fatalf("KeepAlive refreshed a closed blob: %d, %v", n, err)
+	}
+	if n, err := r.KeepAlive(ctx, []repository.Digest{d}); err != nil || n != 1 || !fresh() {
+		t.Fatalf("KeepAlive of a pinned blob: %d, %v", n, err)
+	}
+	_, gone := repositorytest.Blob(4, 10)
+	if _, err := r.KeepAlive(ctx, []repository.Digest{gone}); err == nil {
+		t.Fatal("KeepAlive of a missing blob reported nothing")
+	}
+	if _, err := repo.StatBlob(ctx, gone); !errors.Is(err, repository.ErrNotFound) {
+		t.Fatalf("KeepAlive stored a missing blob: %v", err)
+	}
+	if _, err := (&Resolver{Repo: repo}).KeepAlive(ctx, nil); !errors.Is(err, ErrNoRemote) {
+		t.Fatalf("KeepAlive without a remote: %v", err)
+	}
+	age()
+	res, err = repository.GC(ctx, repo, repository.GCOptions{Grace: time.Hour})
+	if err != nil || len(res.Deleted) != 1 {
+		t.Fatalf("GC of an aged, closed, unreferenced blob: %+v %v", res, err)
 	}
 }

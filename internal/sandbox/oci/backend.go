@@ -204,9 +204,16 @@ type Backend struct {
 	pool   *network.Pool
 	warm   *warmPool
 	log    *slog.Logger
+	// usernsFDs are the user namespaces id-mapped mounts are made for.
+	usernsFDs *usernsCache
 
 	mu        sync.Mutex
 	instances map[string]*Instance
+	// tearing counts the containers of each sandbox id still torn down in the background
+	// (StopAfterCapture); seq numbers the container ids used meanwhile.
+	tearing   map[string]int
+	seq       int
+	teardowns sync.WaitGroup
 
 	// layersMu orders snapshots (which add layer files and capture records) against the
 	// garbage collection of layer files (see gcLayers).
@@ -234,11 +241,19 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 			}
 		}
 	}
-	b := &Backend{cfg: cfg, v2: unifiedOnly(), log: cfg.Logger, instances: map[string]*Instance{}}
+	b := &Backend{cfg: cfg, v2: unifiedOnly(), log: cfg.Logger, instances: map[string]*Instance{}, tearing: map[string]int{}, usernsFDs: newUsernsCache()}
 	b.memsw = hostAccountsSwap(b.v2)
 	rt, userns, err := b.probe(ctx)
 	if err != nil {
 		return nil, err
+	}
+	binPath := rt.bin
+	if rt.name == "runc" {
+		if f, err := sealedCopy(rt.bin); err != nil {
+			b.log.Warn("oci: runc runs from its file (slower starts)", "err", err)
+		} else {
+			rt.exe, rt.bin = f, fmt.Sprintf("/proc/self/fd/%d", f.Fd())
+		}
 	}
 	b.rt, b.userns = rt, userns
 	pool, err := network.New(ctx, cfg.Network)
@@ -247,7 +262,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	b.pool = pool
 	b.warm = newWarmPool(b, cfg.WarmContainers)
-	b.log.Info("oci backend ready", "runtime", rt.name, "bin", rt.bin, "userns", userns, "cgroup_v2_only", b.v2)
+	b.log.Info("oci backend ready", "runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2)
 	return b, nil
 }
 
@@ -272,7 +287,7 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 // Close removes the warm containers and the network pool's warm slots. Running sandboxes
 // keep running (a restart adopts them through Reconcile).
 func (b *Backend) Close(ctx context.Context) error {
-	return errors.Join(b.warm.close(ctx), b.pool.Close(ctx))
+	return errors.Join(b.waitTeardowns(ctx), b.warm.close(ctx), b.pool.Close(ctx), b.usernsFDs.close())
 }
 
 // Pool exposes the network pool (for tests and diagnostics).
@@ -375,7 +390,8 @@ func (b *Backend) reserve(plan sandbox.LaunchPlan) (*Instance, error) {
 // launchNew creates and starts a container for the reserved inst with a bundle of its own;
 // o names the root (the rest of o comes from plan). On failure nothing is left behind.
 func (b *Backend) launchNew(ctx context.Context, inst *Instance, plan sandbox.LaunchPlan, o createOpts) (sandbox.Instance, error) {
-	inst.cid, inst.l = plan.SandboxID, b.layout(plan.SandboxID)
+	inst.cid = b.containerID(plan.SandboxID)
+	inst.l = b.layout(inst.cid)
 	o.allowInternet, o.res, o.hostname, o.run = plan.AllowInternet, plan.Resources, hostname(plan.SandboxID), true
 	err := os.Mkdir(inst.l.dir, 0o711)
 	if err == nil {
@@ -385,7 +401,7 @@ func (b *Backend) launchNew(ctx context.Context, inst *Instance, plan sandbox.La
 		b.mu.Lock()
 		delete(b.instances, plan.SandboxID)
 		b.mu.Unlock()
-		return nil, fmt.Errorf("%w: %s has a bundle on disk", ErrExists, plan.SandboxID)
+		return nil, fmt.Errorf("%w: %s has a bundle on disk", ErrExists, inst.cid)
 	}
 	if err != nil {
 		// Clean with a fresh context: a cancelled launch must still leave nothing behind.
@@ -421,10 +437,9 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 	userns := -1
 	if b.userns {
 		m = &idMap{HostID: b.cfg.UIDBase + uint32(slot.Index)*idRangeSize, Size: idRangeSize}
-		if userns, err = usernsFD(*m); err != nil {
+		if userns, err = b.usernsFDs.get(*m); err != nil {
 			return err
 		}
-		defer closeFD(userns)
 	}
 	inst.idmap = m
 	if err := b.saveState(inst, o.lower, len(o.layers) > 0, o.allowInternet); err != nil {

@@ -154,19 +154,25 @@ func (i *Instance) Stop(ctx context.Context) error {
 	i.slot, i.block = nil, nil
 	i.stopped = true
 	i.mu.Unlock()
-	errs := []error{i.b.rt.remove(ctx, i.cid)}
+	t0 := time.Now()
+	errs := []error{i.b.removeContainer(ctx, i.cid, i.l)}
 	errs = append(errs, removeCgroups(i.b.cgroupsPath(i.cid), i.b.v2))
+	t1 := time.Now()
 	if blk != nil {
 		// ext4, then the loop device, then FUSE and the stack: each holds the next.
 		errs = append(errs, blk.Close())
 	}
 	errs = append(errs, unmountAll(i.l.dir))
+	t2 := time.Now()
 	if slot != nil {
 		errs = append(errs, i.b.pool.Release(ctx, slot))
 	}
+	t3 := time.Now()
 	if err := os.RemoveAll(i.l.dir); err != nil {
 		errs = append(errs, fmt.Errorf("oci: remove bundle: %w", err))
 	}
+	i.b.log.Debug("oci: container removed", "id", i.id, "cid", i.cid, "runtime", t1.Sub(t0), "rootfs", t2.Sub(t1),
+		"network", t3.Sub(t2), "bundle", time.Since(t3))
 	i.b.mu.Lock()
 	if i.b.instances[i.id] == i {
 		delete(i.b.instances, i.id)

@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // errNoContainer means the runtime has no container of that id.
@@ -17,9 +20,10 @@ var errNoContainer = errors.New("oci: no such container")
 // runtimeCLI drives an OCI runtime binary (runc, crun, runsc) with its own state root, so
 // our containers never mix with anything else on the host.
 type runtimeCLI struct {
-	name string // runc | crun | runsc
-	bin  string // resolved path
-	root string // --root: the runtime's state directory
+	name string   // runc | crun | runsc
+	bin  string   // resolved path, or /proc/self/fd/N of exe
+	root string   // --root: the runtime's state directory
+	exe  *os.File // a sealed in-memory copy of the binary (runc only), or nil
 }
 
 // containerState is the subset of `state`/`list -f json` output we use.
@@ -146,10 +150,50 @@ func (r runtimeCLI) resume(ctx context.Context, id string) error {
 	return err
 }
 
+// deleteStopped deletes a container whose processes are gone (its state and cgroups); a
+// missing container is fine, a live one an error.
+func (r runtimeCLI) deleteStopped(ctx context.Context, id string) error {
+	if _, err := r.output(ctx, "delete", id); err != nil && !errors.Is(err, errNoContainer) {
+		return err
+	}
+	return nil
+}
+
 // remove kills every process of the container and deletes it; a missing container is fine.
 func (r runtimeCLI) remove(ctx context.Context, id string) error {
 	if _, err := r.output(ctx, "delete", "--force", id); err != nil && !errors.Is(err, errNoContainer) {
 		return err
 	}
 	return nil
+}
+
+// runcMemfdSeals are the seals runc checks for on /proc/self/exe (RUNC_MEMFD_SEALS in its
+// nsenter/cloned_binary.c) to accept it as a safe copy of itself.
+const runcMemfdSeals = unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+
+// sealedCopy copies the runtime binary into a sealed memfd. runc (1.1) protects the host
+// binary from containers (CVE-2019-5736) by copying itself into such a memfd and
+// re-executing from it at every container start: 9 MB copied and one more exec per
+// launch. Started from a sealed copy, it finds itself already safe and skips both. The
+// returned file must stay open as long as the runtime is run through /proc/self/fd.
+func sealedCopy(bin string) (*os.File, error) {
+	src, err := os.Open(bin)
+	if err != nil {
+		return nil, fmt.Errorf("oci: sealed runtime copy: %w", err)
+	}
+	defer src.Close()
+	fd, err := unix.MemfdCreate("runc", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("oci: sealed runtime copy: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "runc-memfd")
+	if _, err := io.Copy(f, src); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("oci: sealed runtime copy: %w", err)
+	}
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, runcMemfdSeals); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("oci: seal runtime copy: %w", err)
+	}
+	return f, nil
 }

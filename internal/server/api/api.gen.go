@@ -53,6 +53,18 @@ const (
 	TemplateBuildStatusWaiting  TemplateBuildStatus = "waiting"
 )
 
+// Defines values for GetTemplateBuildLogsParamsDirection.
+const (
+	Backward GetTemplateBuildLogsParamsDirection = "backward"
+	Forward  GetTemplateBuildLogsParamsDirection = "forward"
+)
+
+// Defines values for GetTemplateBuildLogsParamsSource.
+const (
+	Persistent GetTemplateBuildLogsParamsSource = "persistent"
+	Temporary  GetTemplateBuildLogsParamsSource = "temporary"
+)
+
 // APIKeyInfo defines model for APIKeyInfo.
 type APIKeyInfo struct {
 	CreatedAt time.Time  `json:"createdAt"`
@@ -62,6 +74,20 @@ type APIKeyInfo struct {
 
 	// Prefix The first characters of the key, to recognise it.
 	Prefix string `json:"prefix"`
+}
+
+// AssignTemplateTagsRequest defines model for AssignTemplateTagsRequest.
+type AssignTemplateTagsRequest struct {
+	Tags []string `json:"tags"`
+
+	// Target "name:tag" of the build to tag ("name" alone: its `default` tag).
+	Target string `json:"target"`
+}
+
+// AssignedTemplateTags defines model for AssignedTemplateTags.
+type AssignedTemplateTags struct {
+	BuildID string   `json:"buildID"`
+	Tags    []string `json:"tags"`
 }
 
 // BuildLogEntry defines model for BuildLogEntry.
@@ -106,6 +132,13 @@ type CreatedAPIKey struct {
 	Key    string `json:"key"`
 	Name   string `json:"name"`
 	Prefix string `json:"prefix"`
+}
+
+// DeleteTemplateTagsRequest defines model for DeleteTemplateTagsRequest.
+type DeleteTemplateTagsRequest struct {
+	// Name Template name or ID.
+	Name string   `json:"name"`
+	Tags []string `json:"tags"`
 }
 
 // EnvVars defines model for EnvVars.
@@ -439,6 +472,11 @@ type TemplateBuildInfo struct {
 	TemplateID string              `json:"templateID"`
 }
 
+// TemplateBuildLogsResponse defines model for TemplateBuildLogsResponse.
+type TemplateBuildLogsResponse struct {
+	Logs []BuildLogEntry `json:"logs"`
+}
+
 // TemplateBuildRequestV3 defines model for TemplateBuildRequestV3.
 type TemplateBuildRequestV3 struct {
 	// Alias Deprecated name field of older SDKs.
@@ -447,18 +485,23 @@ type TemplateBuildRequestV3 struct {
 	MemoryMB      *int32  `json:"memoryMB,omitempty"`
 	MinFreeDiskMb *int32  `json:"minFreeDiskMb,omitempty"`
 
-	// Name Template name, optionally with a `:tag` (the tag is ignored).
-	Name   *string   `json:"name,omitempty"`
+	// Name Template name, optionally with a `:tag` (added to tags).
+	Name *string `json:"name,omitempty"`
+
+	// Tags Tags the build gets once it is ready (none, with no `:tag` in name either → `default`).
 	Tags   *[]string `json:"tags,omitempty"`
 	TeamID *string   `json:"teamID,omitempty"`
 }
 
 // TemplateBuildStartV2 defines model for TemplateBuildStartV2.
 type TemplateBuildStartV2 struct {
+	// Force E2B's force / skipCache. Every step always runs here (no step cache); recorded and logged.
 	Force     *bool   `json:"force,omitempty"`
 	FromImage *string `json:"fromImage,omitempty"`
 
-	// FromImageRegistry Registry credentials; not supported (use a docker config file on the node).
+	// FromImageRegistry Credentials for fromImage's registry, used for that registry only and never stored:
+	// `{"type": "registry", "username", "password"}`. The `aws` and `gcp` types are answered 400
+	// (not supported; use a docker config file with a credential helper on the node).
 	FromImageRegistry *map[string]interface{} `json:"fromImageRegistry,omitempty"`
 	FromTemplate      *string                 `json:"fromTemplate,omitempty"`
 	ReadyCmd          *string                 `json:"readyCmd,omitempty"`
@@ -533,6 +576,13 @@ type TemplateStep struct {
 
 	// Type RUN, ENV, WORKDIR, USER or COPY.
 	Type string `json:"type"`
+}
+
+// TemplateTag defines model for TemplateTag.
+type TemplateTag struct {
+	BuildID   string    `json:"buildID"`
+	CreatedAt time.Time `json:"createdAt"`
+	Tag       string    `json:"tag"`
 }
 
 // TemplateWithBuilds defines model for TemplateWithBuilds.
@@ -644,6 +694,28 @@ type GetTemplateParams struct {
 	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
 }
 
+// GetTemplateBuildLogsParams defines parameters for GetTemplateBuildLogs.
+type GetTemplateBuildLogsParams struct {
+	// Cursor Timestamp in milliseconds: entries at or after it (forward) or at or before it (backward).
+	Cursor *int64 `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Limit At most this many entries (default 100, at most 1000).
+	Limit     *int32                               `form:"limit,omitempty" json:"limit,omitempty"`
+	Direction *GetTemplateBuildLogsParamsDirection `form:"direction,omitempty" json:"direction,omitempty"`
+
+	// Level Only entries at this level or above.
+	Level *LogLevel `form:"level,omitempty" json:"level,omitempty"`
+
+	// Source temporary or persistent; both read the node's stored log.
+	Source *GetTemplateBuildLogsParamsSource `form:"source,omitempty" json:"source,omitempty"`
+}
+
+// GetTemplateBuildLogsParamsDirection defines parameters for GetTemplateBuildLogs.
+type GetTemplateBuildLogsParamsDirection string
+
+// GetTemplateBuildLogsParamsSource defines parameters for GetTemplateBuildLogs.
+type GetTemplateBuildLogsParamsSource string
+
 // GetTemplateBuildStatusParams defines parameters for GetTemplateBuildStatus.
 type GetTemplateBuildStatusParams struct {
 	// LogsOffset Index of the first log entry to return (default 0).
@@ -717,6 +789,12 @@ type CreateSandboxSnapshotJSONRequestBody = SandboxSnapshotRequest
 
 // SetSandboxTimeoutJSONRequestBody defines body for SetSandboxTimeout for application/json ContentType.
 type SetSandboxTimeoutJSONRequestBody = SandboxTimeoutRequest
+
+// DeleteTemplateTagsJSONRequestBody defines body for DeleteTemplateTags for application/json ContentType.
+type DeleteTemplateTagsJSONRequestBody = DeleteTemplateTagsRequest
+
+// AssignTemplateTagsJSONRequestBody defines body for AssignTemplateTags for application/json ContentType.
+type AssignTemplateTagsJSONRequestBody = AssignTemplateTagsRequest
 
 // CreateSandboxV2JSONRequestBody defines body for CreateSandboxV2 for application/json ContentType.
 type CreateSandboxV2JSONRequestBody = NewSandboxV2
@@ -895,17 +973,33 @@ type ClientInterface interface {
 	// GetTemplateAlias request
 	GetTemplateAlias(ctx context.Context, alias string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// DeleteTemplateTagsWithBody request with any body
+	DeleteTemplateTagsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	DeleteTemplateTags(ctx context.Context, body DeleteTemplateTagsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// AssignTemplateTagsWithBody request with any body
+	AssignTemplateTagsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	AssignTemplateTags(ctx context.Context, body AssignTemplateTagsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// DeleteTemplate request
 	DeleteTemplate(ctx context.Context, templateID string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetTemplate request
 	GetTemplate(ctx context.Context, templateID string, params *GetTemplateParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetTemplateBuildLogs request
+	GetTemplateBuildLogs(ctx context.Context, templateID TemplateID, buildID BuildID, params *GetTemplateBuildLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetTemplateBuildStatus request
 	GetTemplateBuildStatus(ctx context.Context, templateID TemplateID, buildID BuildID, params *GetTemplateBuildStatusParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetTemplateFileUpload request
 	GetTemplateFileUpload(ctx context.Context, templateID TemplateID, hash string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListTemplateTags request
+	ListTemplateTags(ctx context.Context, templateID TemplateID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListSandboxesV2 request
 	ListSandboxesV2(ctx context.Context, params *ListSandboxesV2Params, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1342,6 +1436,54 @@ func (c *Client) GetTemplateAlias(ctx context.Context, alias string, reqEditors 
 	return c.Client.Do(req)
 }
 
+func (c *Client) DeleteTemplateTagsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteTemplateTagsRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) DeleteTemplateTags(ctx context.Context, body DeleteTemplateTagsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteTemplateTagsRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) AssignTemplateTagsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAssignTemplateTagsRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) AssignTemplateTags(ctx context.Context, body AssignTemplateTagsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewAssignTemplateTagsRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 func (c *Client) DeleteTemplate(ctx context.Context, templateID string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewDeleteTemplateRequest(c.Server, templateID)
 	if err != nil {
@@ -1366,6 +1508,18 @@ func (c *Client) GetTemplate(ctx context.Context, templateID string, params *Get
 	return c.Client.Do(req)
 }
 
+func (c *Client) GetTemplateBuildLogs(ctx context.Context, templateID TemplateID, buildID BuildID, params *GetTemplateBuildLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTemplateBuildLogsRequest(c.Server, templateID, buildID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 func (c *Client) GetTemplateBuildStatus(ctx context.Context, templateID TemplateID, buildID BuildID, params *GetTemplateBuildStatusParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetTemplateBuildStatusRequest(c.Server, templateID, buildID, params)
 	if err != nil {
@@ -1380,6 +1534,18 @@ func (c *Client) GetTemplateBuildStatus(ctx context.Context, templateID Template
 
 func (c *Client) GetTemplateFileUpload(ctx context.Context, templateID TemplateID, hash string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetTemplateFileUploadRequest(c.Server, templateID, hash)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) ListTemplateTags(ctx context.Context, templateID TemplateID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListTemplateTagsRequest(c.Server, templateID)
 	if err != nil {
 		return nil, err
 	}
@@ -2581,6 +2747,86 @@ func NewGetTemplateAliasRequest(server string, alias string) (*http.Request, err
 	return req, nil
 }
 
+// NewDeleteTemplateTagsRequest calls the generic DeleteTemplateTags builder with application/json body
+func NewDeleteTemplateTagsRequest(server string, body DeleteTemplateTagsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewDeleteTemplateTagsRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewDeleteTemplateTagsRequestWithBody generates requests for DeleteTemplateTags with any type of body
+func NewDeleteTemplateTagsRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/tags")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("DELETE", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewAssignTemplateTagsRequest calls the generic AssignTemplateTags builder with application/json body
+func NewAssignTemplateTagsRequest(server string, body AssignTemplateTagsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewAssignTemplateTagsRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewAssignTemplateTagsRequestWithBody generates requests for AssignTemplateTags with any type of body
+func NewAssignTemplateTagsRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/tags")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewDeleteTemplateRequest generates requests for DeleteTemplate
 func NewDeleteTemplateRequest(server string, templateID string) (*http.Request, error) {
 	var err error
@@ -2663,6 +2909,133 @@ func NewGetTemplateRequest(server string, templateID string, params *GetTemplate
 		if params.NextToken != nil {
 
 			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "nextToken", runtime.ParamLocationQuery, *params.NextToken); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetTemplateBuildLogsRequest generates requests for GetTemplateBuildLogs
+func NewGetTemplateBuildLogsRequest(server string, templateID TemplateID, buildID BuildID, params *GetTemplateBuildLogsParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "templateID", runtime.ParamLocationPath, templateID)
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithLocation("simple", false, "buildID", runtime.ParamLocationPath, buildID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/%s/builds/%s/logs", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "cursor", runtime.ParamLocationQuery, *params.Cursor); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "limit", runtime.ParamLocationQuery, *params.Limit); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Direction != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "direction", runtime.ParamLocationQuery, *params.Direction); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Level != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "level", runtime.ParamLocationQuery, *params.Level); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Source != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "source", runtime.ParamLocationQuery, *params.Source); err != nil {
 				return nil, err
 			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
 				return nil, err
@@ -2806,6 +3179,40 @@ func NewGetTemplateFileUploadRequest(server string, templateID TemplateID, hash 
 	}
 
 	operationPath := fmt.Sprintf("/templates/%s/files/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewListTemplateTagsRequest generates requests for ListTemplateTags
+func NewListTemplateTagsRequest(server string, templateID TemplateID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "templateID", runtime.ParamLocationPath, templateID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/templates/%s/tags", pathParam0)
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -3365,17 +3772,33 @@ type ClientWithResponsesInterface interface {
 	// GetTemplateAliasWithResponse request
 	GetTemplateAliasWithResponse(ctx context.Context, alias string, reqEditors ...RequestEditorFn) (*GetTemplateAliasResponse, error)
 
+	// DeleteTemplateTagsWithBodyWithResponse request with any body
+	DeleteTemplateTagsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*DeleteTemplateTagsResponse, error)
+
+	DeleteTemplateTagsWithResponse(ctx context.Context, body DeleteTemplateTagsJSONRequestBody, reqEditors ...RequestEditorFn) (*DeleteTemplateTagsResponse, error)
+
+	// AssignTemplateTagsWithBodyWithResponse request with any body
+	AssignTemplateTagsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AssignTemplateTagsResponse, error)
+
+	AssignTemplateTagsWithResponse(ctx context.Context, body AssignTemplateTagsJSONRequestBody, reqEditors ...RequestEditorFn) (*AssignTemplateTagsResponse, error)
+
 	// DeleteTemplateWithResponse request
 	DeleteTemplateWithResponse(ctx context.Context, templateID string, reqEditors ...RequestEditorFn) (*DeleteTemplateResponse, error)
 
 	// GetTemplateWithResponse request
 	GetTemplateWithResponse(ctx context.Context, templateID string, params *GetTemplateParams, reqEditors ...RequestEditorFn) (*GetTemplateResponse, error)
 
+	// GetTemplateBuildLogsWithResponse request
+	GetTemplateBuildLogsWithResponse(ctx context.Context, templateID TemplateID, buildID BuildID, params *GetTemplateBuildLogsParams, reqEditors ...RequestEditorFn) (*GetTemplateBuildLogsResponse, error)
+
 	// GetTemplateBuildStatusWithResponse request
 	GetTemplateBuildStatusWithResponse(ctx context.Context, templateID TemplateID, buildID BuildID, params *GetTemplateBuildStatusParams, reqEditors ...RequestEditorFn) (*GetTemplateBuildStatusResponse, error)
 
 	// GetTemplateFileUploadWithResponse request
 	GetTemplateFileUploadWithResponse(ctx context.Context, templateID TemplateID, hash string, reqEditors ...RequestEditorFn) (*GetTemplateFileUploadResponse, error)
+
+	// ListTemplateTagsWithResponse request
+	ListTemplateTagsWithResponse(ctx context.Context, templateID TemplateID, reqEditors ...RequestEditorFn) (*ListTemplateTagsResponse, error)
 
 	// ListSandboxesV2WithResponse request
 	ListSandboxesV2WithResponse(ctx context.Context, params *ListSandboxesV2Params, reqEditors ...RequestEditorFn) (*ListSandboxesV2Response, error)
@@ -4006,6 +4429,57 @@ func (r GetTemplateAliasResponse) StatusCode() int {
 	return 0
 }
 
+type DeleteTemplateTagsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteTemplateTagsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteTemplateTagsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type AssignTemplateTagsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON201      *AssignedTemplateTags
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r AssignTemplateTagsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r AssignTemplateTagsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
 type DeleteTemplateResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4049,6 +4523,32 @@ func (r GetTemplateResponse) Status() string {
 
 // StatusCode returns HTTPResponse.StatusCode
 func (r GetTemplateResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type GetTemplateBuildLogsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *TemplateBuildLogsResponse
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r GetTemplateBuildLogsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetTemplateBuildLogsResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -4101,6 +4601,31 @@ func (r GetTemplateFileUploadResponse) Status() string {
 
 // StatusCode returns HTTPResponse.StatusCode
 func (r GetTemplateFileUploadResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type ListTemplateTagsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *[]TemplateTag
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r ListTemplateTagsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListTemplateTagsResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -4560,6 +5085,40 @@ func (c *ClientWithResponses) GetTemplateAliasWithResponse(ctx context.Context, 
 	return ParseGetTemplateAliasResponse(rsp)
 }
 
+// DeleteTemplateTagsWithBodyWithResponse request with arbitrary body returning *DeleteTemplateTagsResponse
+func (c *ClientWithResponses) DeleteTemplateTagsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*DeleteTemplateTagsResponse, error) {
+	rsp, err := c.DeleteTemplateTagsWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteTemplateTagsResponse(rsp)
+}
+
+func (c *ClientWithResponses) DeleteTemplateTagsWithResponse(ctx context.Context, body DeleteTemplateTagsJSONRequestBody, reqEditors ...RequestEditorFn) (*DeleteTemplateTagsResponse, error) {
+	rsp, err := c.DeleteTemplateTags(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteTemplateTagsResponse(rsp)
+}
+
+// AssignTemplateTagsWithBodyWithResponse request with arbitrary body returning *AssignTemplateTagsResponse
+func (c *ClientWithResponses) AssignTemplateTagsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*AssignTemplateTagsResponse, error) {
+	rsp, err := c.AssignTemplateTagsWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseAssignTemplateTagsResponse(rsp)
+}
+
+func (c *ClientWithResponses) AssignTemplateTagsWithResponse(ctx context.Context, body AssignTemplateTagsJSONRequestBody, reqEditors ...RequestEditorFn) (*AssignTemplateTagsResponse, error) {
+	rsp, err := c.AssignTemplateTags(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseAssignTemplateTagsResponse(rsp)
+}
+
 // DeleteTemplateWithResponse request returning *DeleteTemplateResponse
 func (c *ClientWithResponses) DeleteTemplateWithResponse(ctx context.Context, templateID string, reqEditors ...RequestEditorFn) (*DeleteTemplateResponse, error) {
 	rsp, err := c.DeleteTemplate(ctx, templateID, reqEditors...)
@@ -4578,6 +5137,15 @@ func (c *ClientWithResponses) GetTemplateWithResponse(ctx context.Context, templ
 	return ParseGetTemplateResponse(rsp)
 }
 
+// GetTemplateBuildLogsWithResponse request returning *GetTemplateBuildLogsResponse
+func (c *ClientWithResponses) GetTemplateBuildLogsWithResponse(ctx context.Context, templateID TemplateID, buildID BuildID, params *GetTemplateBuildLogsParams, reqEditors ...RequestEditorFn) (*GetTemplateBuildLogsResponse, error) {
+	rsp, err := c.GetTemplateBuildLogs(ctx, templateID, buildID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetTemplateBuildLogsResponse(rsp)
+}
+
 // GetTemplateBuildStatusWithResponse request returning *GetTemplateBuildStatusResponse
 func (c *ClientWithResponses) GetTemplateBuildStatusWithResponse(ctx context.Context, templateID TemplateID, buildID BuildID, params *GetTemplateBuildStatusParams, reqEditors ...RequestEditorFn) (*GetTemplateBuildStatusResponse, error) {
 	rsp, err := c.GetTemplateBuildStatus(ctx, templateID, buildID, params, reqEditors...)
@@ -4594,6 +5162,15 @@ func (c *ClientWithResponses) GetTemplateFileUploadWithResponse(ctx context.Cont
 		return nil, err
 	}
 	return ParseGetTemplateFileUploadResponse(rsp)
+}
+
+// ListTemplateTagsWithResponse request returning *ListTemplateTagsResponse
+func (c *ClientWithResponses) ListTemplateTagsWithResponse(ctx context.Context, templateID TemplateID, reqEditors ...RequestEditorFn) (*ListTemplateTagsResponse, error) {
+	rsp, err := c.ListTemplateTags(ctx, templateID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListTemplateTagsResponse(rsp)
 }
 
 // ListSandboxesV2WithResponse request returning *ListSandboxesV2Response
@@ -5818,6 +6395,107 @@ func ParseGetTemplateAliasResponse(rsp *http.Response) (*GetTemplateAliasRespons
 	return response, nil
 }
 
+// ParseDeleteTemplateTagsResponse parses an HTTP response from a DeleteTemplateTagsWithResponse call
+func ParseDeleteTemplateTagsResponse(rsp *http.Response) (*DeleteTemplateTagsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteTemplateTagsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseAssignTemplateTagsResponse parses an HTTP response from a AssignTemplateTagsWithResponse call
+func ParseAssignTemplateTagsResponse(rsp *http.Response) (*AssignTemplateTagsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &AssignTemplateTagsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest AssignedTemplateTags
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseDeleteTemplateResponse parses an HTTP response from a DeleteTemplateWithResponse call
 func ParseDeleteTemplateResponse(rsp *http.Response) (*DeleteTemplateResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -5878,6 +6556,60 @@ func ParseGetTemplateResponse(rsp *http.Response) (*GetTemplateResponse, error) 
 			return nil, err
 		}
 		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetTemplateBuildLogsResponse parses an HTTP response from a GetTemplateBuildLogsWithResponse call
+func ParseGetTemplateBuildLogsResponse(rsp *http.Response) (*GetTemplateBuildLogsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetTemplateBuildLogsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TemplateBuildLogsResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest N401
@@ -5986,6 +6718,53 @@ func ParseGetTemplateFileUploadResponse(rsp *http.Response) (*GetTemplateFileUpl
 			return nil, err
 		}
 		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseListTemplateTagsResponse parses an HTTP response from a ListTemplateTagsWithResponse call
+func ParseListTemplateTagsResponse(rsp *http.Response) (*ListTemplateTagsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListTemplateTagsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest []TemplateTag
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
 		var dest N401
@@ -6418,18 +7197,30 @@ type ServerInterface interface {
 	// Resolve a template name (Template.exists)
 	// (GET /templates/aliases/{alias})
 	GetTemplateAlias(w http.ResponseWriter, r *http.Request, alias string)
+	// Remove tags from a template (Template.removeTags)
+	// (DELETE /templates/tags)
+	DeleteTemplateTags(w http.ResponseWriter, r *http.Request)
+	// Give more tags to the build a "name:tag" target names (Template.assignTags)
+	// (POST /templates/tags)
+	AssignTemplateTags(w http.ResponseWriter, r *http.Request)
 	// Delete a template or snapshot
 	// (DELETE /templates/{templateID})
 	DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID string)
 	// A template and its builds
 	// (GET /templates/{templateID})
 	GetTemplate(w http.ResponseWriter, r *http.Request, templateID string, params GetTemplateParams)
+	// A build's log entries by time (E2B's build logs endpoint)
+	// (GET /templates/{templateID}/builds/{buildID}/logs)
+	GetTemplateBuildLogs(w http.ResponseWriter, r *http.Request, templateID TemplateID, buildID BuildID, params GetTemplateBuildLogsParams)
 	// A build's status and its log entries from logsOffset on
 	// (GET /templates/{templateID}/builds/{buildID}/status)
 	GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, templateID TemplateID, buildID BuildID, params GetTemplateBuildStatusParams)
 	// Ask whether a COPY step's files are on the node, and where to upload them
 	// (GET /templates/{templateID}/files/{hash})
 	GetTemplateFileUpload(w http.ResponseWriter, r *http.Request, templateID TemplateID, hash string)
+	// A template's tags and the builds they name (Template.getTags)
+	// (GET /templates/{templateID}/tags)
+	ListTemplateTags(w http.ResponseWriter, r *http.Request, templateID TemplateID)
 	// List sandboxes with filters and paging
 	// (GET /v2/sandboxes)
 	ListSandboxesV2(w http.ResponseWriter, r *http.Request, params ListSandboxesV2Params)
@@ -7199,6 +7990,46 @@ func (siw *ServerInterfaceWrapper) GetTemplateAlias(w http.ResponseWriter, r *ht
 	handler.ServeHTTP(w, r)
 }
 
+// DeleteTemplateTags operation middleware
+func (siw *ServerInterfaceWrapper) DeleteTemplateTags(w http.ResponseWriter, r *http.Request) {
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteTemplateTags(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// AssignTemplateTags operation middleware
+func (siw *ServerInterfaceWrapper) AssignTemplateTags(w http.ResponseWriter, r *http.Request) {
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.AssignTemplateTags(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // DeleteTemplate operation middleware
 func (siw *ServerInterfaceWrapper) DeleteTemplate(w http.ResponseWriter, r *http.Request) {
 
@@ -7271,6 +8102,89 @@ func (siw *ServerInterfaceWrapper) GetTemplate(w http.ResponseWriter, r *http.Re
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetTemplate(w, r, templateID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetTemplateBuildLogs operation middleware
+func (siw *ServerInterfaceWrapper) GetTemplateBuildLogs(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID TemplateID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", r.PathValue("templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "buildID" -------------
+	var buildID BuildID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "buildID", r.PathValue("buildID"), &buildID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "buildID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetTemplateBuildLogsParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "cursor", r.URL.Query(), &params.Cursor)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "limit", r.URL.Query(), &params.Limit)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "direction" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "direction", r.URL.Query(), &params.Direction)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "direction", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "level" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "level", r.URL.Query(), &params.Level)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "level", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "source" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "source", r.URL.Query(), &params.Source)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "source", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTemplateBuildLogs(w, r, templateID, buildID, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -7378,6 +8292,37 @@ func (siw *ServerInterfaceWrapper) GetTemplateFileUpload(w http.ResponseWriter, 
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetTemplateFileUpload(w, r, templateID, hash)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListTemplateTags operation middleware
+func (siw *ServerInterfaceWrapper) ListTemplateTags(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID TemplateID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", r.PathValue("templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListTemplateTags(w, r, templateID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -7772,10 +8717,14 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc("GET "+options.BaseURL+"/snapshots", wrapper.ListSnapshots)
 	m.HandleFunc("GET "+options.BaseURL+"/templates", wrapper.ListTemplates)
 	m.HandleFunc("GET "+options.BaseURL+"/templates/aliases/{alias}", wrapper.GetTemplateAlias)
+	m.HandleFunc("DELETE "+options.BaseURL+"/templates/tags", wrapper.DeleteTemplateTags)
+	m.HandleFunc("POST "+options.BaseURL+"/templates/tags", wrapper.AssignTemplateTags)
 	m.HandleFunc("DELETE "+options.BaseURL+"/templates/{templateID}", wrapper.DeleteTemplate)
 	m.HandleFunc("GET "+options.BaseURL+"/templates/{templateID}", wrapper.GetTemplate)
+	m.HandleFunc("GET "+options.BaseURL+"/templates/{templateID}/builds/{buildID}/logs", wrapper.GetTemplateBuildLogs)
 	m.HandleFunc("GET "+options.BaseURL+"/templates/{templateID}/builds/{buildID}/status", wrapper.GetTemplateBuildStatus)
 	m.HandleFunc("GET "+options.BaseURL+"/templates/{templateID}/files/{hash}", wrapper.GetTemplateFileUpload)
+	m.HandleFunc("GET "+options.BaseURL+"/templates/{templateID}/tags", wrapper.ListTemplateTags)
 	m.HandleFunc("GET "+options.BaseURL+"/v2/sandboxes", wrapper.ListSandboxesV2)
 	m.HandleFunc("POST "+options.BaseURL+"/v2/sandboxes", wrapper.CreateSandboxV2)
 	m.HandleFunc("POST "+options.BaseURL+"/v2/sandboxes/{sandboxID}/connect", wrapper.ConnectSandboxV2)

@@ -40,9 +40,11 @@ type Options struct {
 	BlockSize int64   // fetch granularity, power of two ≥ 4 KiB; default 1 MiB
 	HighWater float64 // evict when usage exceeds this fraction of MaxBytes (default 0.9)
 	LowWater  float64 // ... down to this fraction (default 0.8)
-	// Prefetch fetches block k+1 in the background when blocks k-1 and k of
-	// one file are read in order.
-	Prefetch bool
+	// Readahead is how many blocks past k (k+1 .. k+Readahead) are fetched
+	// in the background when blocks k-1 and k of one file are read in order;
+	// 0 fetches none. Prefetch alone means a readahead of one block.
+	Readahead int
+	Prefetch  bool
 }
 
 // Stats are cumulative counters.
@@ -95,6 +97,12 @@ func Open(o Options) (*Cache, error) {
 	if o.BlockSize < pageSize || o.BlockSize&(o.BlockSize-1) != 0 {
 		return nil, fmt.Errorf("cache: block size %d not a power of two ≥ %d", o.BlockSize, pageSize)
 	}
+	if o.Readahead < 0 {
+		return nil, fmt.Errorf("cache: negative readahead %d", o.Readahead)
+	}
+	if o.Prefetch && o.Readahead == 0 {
+		o.Readahead = 1
+	}
 	if o.HighWater == 0 {
 		o.HighWater = 0.9
 	}
@@ -107,7 +115,7 @@ func Open(o Options) (*Cache, error) {
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
-	c := &Cache{o: o, lru: list.New(), items: map[string]*list.Element{}, prefetchSem: make(chan struct{}, 4)}
+	c := &Cache{o: o, lru: list.New(), items: map[string]*list.Element{}, prefetchSem: make(chan struct{}, max(4, o.Readahead))}
 	if err := c.load(); err != nil {
 		return nil, err
 	}

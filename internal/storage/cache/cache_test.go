@@ -165,8 +165,50 @@ func TestSequentialAmplification(t *testing.T) {
 	}
 }
 
+// TestReadahead: a sequential read of blocks k-1, k fetches up to Readahead
+// blocks past k in the background, and never past the end of the file; a
+// random read fetches only its own block.
+func TestReadahead(t *testing.T) {
+	const bs = 64 << 10
+	for _, tc := range []struct {
+		name      string
+		readahead int
+		reads     []int64 // block numbers, in order
+		want      int64   // blocks fetched once prefetches settle
+	}{
+		{"off sequential", 0, []int64{0, 1}, 2},
+		{"one sequential", 1, []int64{0, 1}, 3},
+		{"four sequential", 4, []int64{0, 1}, 6},
+		{"four random", 4, []int64{5, 2}, 2},
+		{"four at the end", 4, []int64{7, 8}, 3}, // 10 blocks: only 9 is left
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Open(Options{Dir: t.TempDir(), MaxBytes: 64 << 20, BlockSize: bs, Readahead: tc.readahead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			src := &memSource{b: blobOf(10 * bs)}
+			f := c.File("k", src)
+			p := make([]byte, 100)
+			for _, k := range tc.reads {
+				if _, err := f.ReadAt(p, k*bs); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(p, src.b[k*bs:k*bs+100]) {
+					t.Fatalf("block %d read wrong", k)
+				}
+			}
+			c.Close() // waits for prefetches
+			if got := c.Stats().FetchedBytes / bs; got != tc.want {
+				t.Fatalf("fetched %d blocks, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestOptionsValidation(t *testing.T) {
-	for _, o := range []Options{{MaxBytes: 0}, {MaxBytes: 1, BlockSize: 1000}, {MaxBytes: 1, HighWater: 0.5, LowWater: 0.7}} {
+	for _, o := range []Options{{MaxBytes: 0}, {MaxBytes: 1, BlockSize: 1000}, {MaxBytes: 1, HighWater: 0.5, LowWater: 0.7},
+		{MaxBytes: 1, Readahead: -1}} {
 		o.Dir = t.TempDir()
 		if _, err := Open(o); err == nil {
 			t.Errorf("%+v accepted", o)

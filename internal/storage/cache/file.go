@@ -205,28 +205,30 @@ func (f *File) Evict(off, n int64) {
 }
 
 func (f *File) maybePrefetch(k int64) {
-	if !f.c.o.Prefetch {
+	if f.c.o.Readahead == 0 {
 		return
 	}
 	f.mu.Lock()
 	seq := f.last == k-1
 	f.last = k
 	f.mu.Unlock()
-	next := k + 1
-	if !seq || next*f.c.o.BlockSize >= f.size {
+	if !seq {
 		return
 	}
-	if _, err := os.Stat(filepath.Join(f.c.o.Dir, f.blockName(next))); err == nil {
-		return
-	}
-	select {
-	case f.c.prefetchSem <- struct{}{}:
-		f.c.prefetches.Add(1)
-		go func() {
-			defer f.c.prefetches.Done()
-			defer func() { <-f.c.prefetchSem }()
-			_, _ = f.fetch(context.Background(), next)
-		}()
-	default: // enough prefetches in flight
+	for next := k + 1; next <= k+int64(f.c.o.Readahead) && next*f.c.o.BlockSize < f.size; next++ {
+		if _, err := os.Stat(filepath.Join(f.c.o.Dir, f.blockName(next))); err == nil {
+			continue
+		}
+		select {
+		case f.c.prefetchSem <- struct{}{}:
+			f.c.prefetches.Add(1)
+			go func() {
+				defer f.c.prefetches.Done()
+				defer func() { <-f.c.prefetchSem }()
+				_, _ = f.fetch(context.Background(), next)
+			}()
+		default: // enough prefetches in flight
+			return
+		}
 	}
 }

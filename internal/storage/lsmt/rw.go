@@ -46,6 +46,10 @@ type CreateOptions struct {
 	// data file stops growing under rewrites, at the price of torn blocks on
 	// a host crash between syncs.
 	Hybrid bool
+	// NoSync leaves the new files unsynced (the caller calls Sync before relying on
+	// them): creating a layer then costs no disk flush, e.g. inside a snapshot's
+	// frozen window.
+	NoSync bool
 }
 
 // CreateRW creates a new writable layer. indexPath is ignored for sparse
@@ -108,8 +112,10 @@ func CreateRW(dataPath, indexPath string, o CreateOptions) (*RWLayer, error) {
 			return fail(err)
 		}
 	}
-	if err := l.syncFiles(); err != nil {
-		return fail(err)
+	if !o.NoSync {
+		if err := l.syncFiles(); err != nil {
+			return fail(err)
+		}
 	}
 	return l, nil
 }
@@ -465,6 +471,31 @@ func (l *RWLayer) Sync() error {
 	return l.syncFiles()
 }
 
+// Flush writes buffered index entries to the index file without syncing it: a
+// reopen after the process (not the host) dies sees every completed write.
+func (l *RWLayer) Flush() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return fmt.Errorf("%s: %w", l.name, ErrClosed)
+	}
+	return l.flushLocked()
+}
+
+// StartWriteback starts writing the data file's dirty pages back to disk without
+// waiting for them (sync_file_range): a later Sync then finds little left to write.
+func (l *RWLayer) StartWriteback() error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return fmt.Errorf("%s: %w", l.name, ErrClosed)
+	}
+	if err := unix.SyncFileRange(int(l.data.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE); err != nil {
+		return fmt.Errorf("%s: start writeback: %w", l.name, err)
+	}
+	return nil
+}
+
 func (l *RWLayer) syncFiles() error {
 	if err := l.data.Sync(); err != nil {
 		return fmt.Errorf("%s: fsync: %w", l.name, err)
@@ -488,7 +519,14 @@ type SealInfo struct {
 // close_seal): the layer's own index and a trailer are appended after the
 // data, nothing is copied, and the index file is removed. The layer is closed
 // afterwards. It costs O(index entries), not O(data).
-func (l *RWLayer) Seal() (SealInfo, error) {
+func (l *RWLayer) Seal() (SealInfo, error) { return l.seal(true) }
+
+// SealUnsynced is Seal without the fsync: the sealed file's tail may still be only in
+// the page cache, so the caller fsyncs it (by path) before anything durable refers to
+// it. It keeps a disk flush out of a snapshot's frozen window.
+func (l *RWLayer) SealUnsynced() (SealInfo, error) { return l.seal(false) }
+
+func (l *RWLayer) seal(durable bool) (SealInfo, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -517,8 +555,10 @@ func (l *RWLayer) Seal() (SealInfo, error) {
 	if _, err := l.data.WriteAt(buf, e); err != nil {
 		return SealInfo{}, fmt.Errorf("%s: seal: write index at %d: %w", l.name, e, err)
 	}
-	if err := l.data.Sync(); err != nil {
-		return SealInfo{}, fmt.Errorf("%s: seal: fsync: %w", l.name, err)
+	if durable {
+		if err := l.data.Sync(); err != nil {
+			return SealInfo{}, fmt.Errorf("%s: seal: fsync: %w", l.name, err)
+		}
 	}
 	l.closed = true
 	l.data.Close()

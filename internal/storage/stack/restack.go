@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
 )
@@ -22,28 +23,103 @@ import (
 // the swap. The returned ref describes the sealed layer (Digest is left
 // empty: hashing would cost O(data)).
 //
+// It is Restack, then Persist, then CompactIfDeep; a caller that must keep
+// the time I/O is quiesced short runs Restack alone inside that window and
+// the other two after it.
+//
 // A failure before the seal leaves the stack unchanged; a failure after it
-// marks the stack ErrBroken. When the lower count then exceeds the
-// manifest's MaxDepth, the newest lowers are compacted into one layer
-// (Compact) without blocking I/O.
+// marks the stack ErrBroken. A ref with an error means only the compaction
+// failed: the sealed layer is good and durable.
 func (s *Stack) SealAndRestack(ctx context.Context, output string) (LayerRef, error) {
-	ref, err := s.sealAndRestack(ctx, output)
+	ref, err := s.Restack(ctx, output)
 	if err != nil {
 		return ref, err
 	}
+	if err := s.Persist(ref); err != nil {
+		return LayerRef{}, err
+	}
+	if _, err := s.CompactIfDeep(ctx, output); err != nil {
+		return ref, err
+	}
+	return ref, nil
+}
+
+// Restack is the part of SealAndRestack that swaps layers, without making
+// anything durable: the sealed layer, its rename and the fresh upper are in
+// the host's page cache (every reader sees them), and a host crash before
+// Persist may lose them. It costs no disk flush and O(index entries) work.
+func (s *Stack) Restack(ctx context.Context, output string) (LayerRef, error) {
+	return s.sealAndRestack(ctx, output)
+}
+
+// Persist makes what Restack did durable: the sealed layer at ref.Path, its
+// directory entry, and the fresh upper's files. Nothing durable may refer to
+// the sealed layer (a manifest, a capture record) before it returns. An error
+// marks the stack ErrBroken: the upper's history may be lost.
+func (s *Stack) Persist(ref LayerRef) error {
+	s.mu.RLock()
+	var paths []string
+	if u := s.m.Upper; u != nil {
+		paths = append(paths, s.m.abs(u.Data))
+		if !u.Sparse {
+			paths = append(paths, s.m.abs(u.Index))
+		}
+	}
+	s.mu.RUnlock()
+	paths = append(paths, ref.Path)
+	dirs := []string{filepath.Dir(ref.Path)}
+	if len(paths) > 1 && filepath.Dir(paths[0]) != dirs[0] {
+		dirs = append(dirs, filepath.Dir(paths[0]))
+	}
+	for _, p := range append(paths, dirs...) {
+		if err := fsyncPath(p); err != nil {
+			s.mu.Lock()
+			if s.broken == nil {
+				s.broken = err
+			}
+			s.mu.Unlock()
+			return fmt.Errorf("%w: persist restack: %v", ErrBroken, err)
+		}
+	}
+	return nil
+}
+
+// CompactIfDeep compacts the newest lowers into one layer next to output
+// when the lower count exceeds the manifest's MaxDepth (Compact: I/O is not
+// blocked). It returns the compacted layer's ref, or an empty one when the
+// stack is not too deep.
+func (s *Stack) CompactIfDeep(ctx context.Context, output string) (LayerRef, error) {
 	s.mu.RLock()
 	depth, maxDepth := len(s.lowers), s.m.MaxDepth
 	s.mu.RUnlock()
 	if maxDepth == 0 {
 		maxDepth = DefaultMaxDepth
 	}
-	if depth > maxDepth {
-		out := compactPath(output)
-		if _, err := s.Compact(ctx, out, depth-maxDepth+1); err != nil {
-			return ref, fmt.Errorf("stack: restacked, but compaction failed: %w", err)
-		}
+	if depth <= maxDepth {
+		return LayerRef{}, nil
+	}
+	ref, err := s.Compact(ctx, compactPath(output), depth-maxDepth+1)
+	if err != nil {
+		return LayerRef{}, fmt.Errorf("stack: restacked, but compaction failed: %w", err)
 	}
 	return ref, nil
+}
+
+// fsyncPath fsyncs a file or directory by name (a read-only descriptor is enough
+// on Linux).
+func fsyncPath(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("fsync %s: %w", p, err)
+	}
+	return nil
 }
 
 func compactPath(output string) string {
@@ -51,7 +127,10 @@ func compactPath(output string) string {
 }
 
 func (s *Stack) sealAndRestack(ctx context.Context, output string) (LayerRef, error) {
+	qt0 := time.Now()
 	s.mu.Lock()
+	qt := []time.Duration{time.Since(qt0)}
+	defer func() { fmt.Fprintln(os.Stderr, "QZ restack", qt, time.Since(qt0)) }()
 	defer s.mu.Unlock()
 	if err := s.writable(); err != nil {
 		return LayerRef{}, err
@@ -72,7 +151,9 @@ func (s *Stack) sealAndRestack(ctx context.Context, output string) (LayerRef, er
 	if !sameFS(filepath.Dir(output), filepath.Dir(dataPath)) {
 		return LayerRef{}, fmt.Errorf("stack: restack output %s is not on the upper's filesystem", output)
 	}
-	info, err := s.upper.Seal()
+	qt = append(qt, time.Since(qt0))
+	info, err := s.upper.SealUnsynced()
+	qt = append(qt, time.Since(qt0))
 	if err != nil {
 		// Seal failed before anything was renamed; the upper may be
 		// half-sealed, so the stack cannot continue.
@@ -87,16 +168,19 @@ func (s *Stack) sealAndRestack(ctx context.Context, output string) (LayerRef, er
 		return fail(err)
 	}
 	ref := LayerRef{Path: output, Size: info.Size, UUID: info.UUID}
+	qt = append(qt, time.Since(qt0))
 	lw, err := s.openLower(ctx, ref)
+	qt = append(qt, time.Since(qt0))
 	if err != nil {
 		return fail(err)
 	}
-	up, err := lsmt.CreateRW(dataPath, indexPath, lsmt.CreateOptions{VirtualSize: s.vsize, ParentUUID: info.UUID, Sparse: u.Sparse, Hybrid: u.Hybrid})
+	up, err := lsmt.CreateRW(dataPath, indexPath, lsmt.CreateOptions{VirtualSize: s.vsize, ParentUUID: info.UUID, Sparse: u.Sparse, Hybrid: u.Hybrid, NoSync: true})
 	if err != nil {
 		lw.l.Close()
 		lw.src.Close()
 		return fail(err)
 	}
+	qt = append(qt, time.Since(qt0))
 	// Shift the merged tags down one layer and overlay the new lower as tag 0.
 	old := s.merged.Mappings()
 	shifted := make([]lsmt.Mapping, len(old))

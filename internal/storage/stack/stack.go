@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/aenv-dev/aenv/internal/storage/blob"
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
@@ -69,6 +70,8 @@ type Stack struct {
 
 	rmw     sync.Mutex // serializes unaligned read-modify-write
 	compact sync.Mutex // one compaction at a time
+	// syncHeld > 0 makes Sync skip its fsyncs (HoldSync).
+	syncHeld atomic.Int32
 }
 
 // Open opens the stack a manifest describes, creating the upper's files when
@@ -395,14 +398,40 @@ func (s *Stack) writeZeros(off, n int64) error {
 	return nil
 }
 
-// Sync makes all completed writes and discards durable.
+// Sync makes all completed writes and discards durable (while HoldSync holds, it
+// only writes buffered index entries to the page cache).
 func (s *Stack) Sync() error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if err := s.writable(); err != nil {
 		return err
 	}
+	if s.syncHeld.Load() > 0 {
+		return s.upper.Flush()
+	}
 	return s.upper.Sync()
+}
+
+// StartWriteback starts writing the upper's dirty data back to the host's disk
+// without waiting for it, so that a later Sync (or a snapshot's Persist) has little
+// left to wait for.
+func (s *Stack) StartWriteback() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if err := s.writable(); err != nil {
+		return err
+	}
+	return s.upper.StartWriteback()
+}
+
+// HoldSync makes Sync skip its fsyncs until release runs: a frozen filesystem's
+// flushes then reach the stack (every reader, and a seal, sees them) without waiting
+// for the host's disk. The caller makes the data durable itself afterwards (Persist
+// after a Restack, or Sync). Holds nest.
+func (s *Stack) HoldSync() (release func()) {
+	s.syncHeld.Add(1)
+	var once sync.Once
+	return func() { once.Do(func() { s.syncHeld.Add(-1) }) }
 }
 
 // Close closes every layer; the upper is left unsealed and reopenable.

@@ -18,10 +18,9 @@ import (
 
 // Capturer turns a finished build sandbox into the new template's root filesystem.
 //
-// TarCapture is the implementation for backends that cannot snapshot (the OCI backend
-// today): it streams the sandbox's root out through envd. A backend with snapshots can
-// supply a Capturer that snapshots the sandbox instead and returns its artifact, without
-// changes to the executor.
+// The Service snapshots build sandboxes that run on layered roots (snapshotCapture, see
+// layers.go). TarCapture is the fallback for directory templates and backends that
+// cannot snapshot: it streams the sandbox's root out through envd.
 type Capturer interface {
 	// Capture stores the sandbox's filesystem under dir (which it creates; dir must not
 	// exist) and says how the template refers to it. On error dir is left absent.
@@ -34,6 +33,9 @@ type Captured struct {
 	RootFSDir string
 	// Artifact is stored verbatim as the catalog template's artifact.
 	Artifact json.RawMessage
+	// Layers is a layered capture (snapshotCapture): the template's stack, with the
+	// backend capture that owns the new layer. RootFSDir and Artifact are then empty.
+	Layers *LayersArtifact
 }
 
 // captureScript archives the sandbox's root to stdout, leaving out the kernel and

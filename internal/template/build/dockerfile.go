@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -516,11 +518,23 @@ func startCommand(entry, cmd *command) string {
 
 // SpecFromDockerfile turns a parsed Dockerfile into a build spec with E2B's conventions:
 // steps run as root as in Docker, and a file without USER leaves the template's default
-// user as `user` (what the SDKs expect).
+// user as the image's USER, or `user` (what the SDKs expect) when the image has none.
+// EXPOSE and LABEL become steps that record them in the template.
 func (d *Dockerfile) Spec() Spec {
 	steps := append([]Step{{Type: StepUser, Args: []string{"root"}}}, d.Steps...)
+	if len(d.Expose) > 0 {
+		steps = append(steps, Step{Type: StepExpose, Args: slices.Clone(d.Expose)})
+	}
+	if len(d.Labels) > 0 {
+		var kv []string
+		for _, k := range slices.Sorted(maps.Keys(d.Labels)) {
+			kv = append(kv, k, d.Labels[k])
+		}
+		steps = append(steps, Step{Type: StepLabel, Args: kv})
+	}
 	if !d.SetsUser {
-		steps = append(steps, Step{Type: StepUser, Args: []string{"user"}})
+		// Back to the image's USER (or `user`): the template's default.
+		steps = append(steps, Step{Type: StepDefaultUser})
 	}
 	return Spec{FromImage: d.From, StartCmd: d.StartCmd, ReadyCmd: d.ReadyCmd, Steps: steps}
 }

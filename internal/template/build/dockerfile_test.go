@@ -158,7 +158,7 @@ func TestDockerfileSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := d.Spec()
-	want := []Step{{Type: StepUser, Args: []string{"root"}}, {Type: StepRun, Args: []string{"x"}}, {Type: StepUser, Args: []string{"user"}}}
+	want := []Step{{Type: StepUser, Args: []string{"root"}}, {Type: StepRun, Args: []string{"x"}}, {Type: StepDefaultUser}}
 	if s.FromImage != "a" || s.StartCmd != "sleep 1" || !reflect.DeepEqual(s.Steps, want) {
 		t.Errorf("spec = %+v", s)
 	}

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,6 +37,9 @@ type state struct {
 	user    string
 	workdir string
 	env     map[string]string
+	// expose and labels are EXPOSE and LABEL, on top of the base's.
+	expose []string
+	labels map[string]string
 }
 
 // executor runs a spec's steps in one build sandbox.
@@ -47,6 +51,8 @@ type executor struct {
 	readyTimeout time.Duration
 	st           state
 	copies       int
+	// startUser is the user the build started as (DEFAULT_USER returns to it).
+	startUser string
 }
 
 // lineWriter turns a process's output into log lines.
@@ -179,6 +185,23 @@ func (x *executor) step(ctx context.Context, st Step) error {
 		x.st.user = st.Args[0]
 	case StepCopy:
 		return x.copy(ctx, st)
+	case StepDefaultUser:
+		x.st.user = x.startUser
+	case StepExpose:
+		for _, p := range st.Args {
+			if !slices.Contains(x.st.expose, p) {
+				x.st.expose = append(slices.Clip(x.st.expose), p)
+			}
+		}
+	case StepLabel:
+		labels := maps.Clone(x.st.labels)
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		for i := 0; i < len(st.Args); i += 2 {
+			labels[st.Args[i]] = st.Args[i+1]
+		}
+		x.st.labels = labels
 	default:
 		return fmt.Errorf("unsupported step type %q", st.Type)
 	}

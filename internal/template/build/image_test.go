@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -22,7 +23,7 @@ import (
 )
 
 // dirLayer tars a directory tree (as an image layer) with its ownership and modes.
-func dirLayer(t *testing.T, dir string) []byte {
+func dirLayer(t testing.TB, dir string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -71,10 +72,10 @@ func dirLayer(t *testing.T, dir string) []byte {
 	return buf.Bytes()
 }
 
-// TestBuildFromImage pulls an image from an OCI layout made of the base rootfs, imports
-// it once and builds on it twice (the second build reuses the import).
-func TestBuildFromImage(t *testing.T) {
-	n := newRealNode(t, Config{})
+// baseImage writes an OCI layout holding one image made of n's base rootfs, with the
+// configuration edit makes, and returns its directory.
+func baseImage(t testing.TB, n *realNode, edit func(*v1.Config)) string {
+	t.Helper()
 	b := dirLayer(t, filepath.Join(n.data, "templates", "base", "rootfs"))
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
 		tarball.WithMediaType(types.OCILayer))
@@ -89,6 +90,9 @@ func TestBuildFromImage(t *testing.T) {
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", image.HostPlatform().Architecture
 	cf.Config.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "FROM_IMAGE=yes"}
+	if edit != nil {
+		edit(&cf.Config)
+	}
 	img, err = mutate.ConfigFile(mutate.MediaType(img, types.OCIManifestSchema1), cf)
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +105,14 @@ func TestBuildFromImage(t *testing.T) {
 	if err := lp.AppendImage(img); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+// TestBuildFromImage pulls an image from an OCI layout made of the base rootfs, imports
+// it once and builds on it twice (the second build reuses the import).
+func TestBuildFromImage(t *testing.T) {
+	n := newRealNode(t, Config{})
+	dir := baseImage(t, n, nil)
 	for i, name := range []string{"from-image-1", "from-image-2"} {
 		rec := n.build(t, name, Spec{FromImage: "oci:" + dir, Steps: []Step{{Type: StepRun, Args: []string{`echo "$FROM_IMAGE" > /home/user/env.txt`}}}})
 		if rec.Status != StatusReady {

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/image/install"
@@ -48,7 +50,9 @@ type Config struct {
 	// DataDir is the node's data directory (templates/, images/, builds/).
 	DataDir string
 	Pull    image.Options
-	// Capturer turns the build sandbox into the template; default TarCapture.
+	// Capturer, when set, turns every build sandbox into its template. Default: a
+	// snapshot into layers where the build sandbox runs on a layered root, TarCapture
+	// into a directory otherwise.
 	Capturer Capturer
 	// BuildTimeout bounds a whole build (default 1 h), StepTimeout one step (default
 	// 30 min), ReadyTimeout the wait for the ready command (default 2 min).
@@ -62,9 +66,17 @@ type Config struct {
 	// EnvdPort is envd's port when an endpoint does not say (default 49983).
 	EnvdPort int
 	HTTP     *http.Client
+	// ConvertImages reports whether images a build starts from are also converted into
+	// layered templates (so the build is captured as layers, not a directory); nil: when
+	// the node's base template is layered. ImageDiskMB is their disk size (default
+	// install.DefaultDiskMB; sandboxes asking for more grow it).
+	ConvertImages func() bool
+	ImageDiskMB   int
 	// Publisher, when set, publishes each built template to the repository.
 	Publisher Publisher
 	Logger    *slog.Logger
+	// Registerer receives the build metrics (nil: not exported).
+	Registerer prometheus.Registerer
 }
 
 // Service runs builds and answers questions about them.
@@ -76,6 +88,8 @@ type Service struct {
 	files *fileStore
 	log   *slog.Logger
 	sem   chan struct{}
+	tags  *tagStore
+	met   *metrics
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -91,9 +105,6 @@ func New(cfg Config, sbx Sandboxes, tpls Templates) (*Service, error) {
 	}
 	if sbx == nil || tpls == nil {
 		return nil, errors.New("build: sandboxes and templates are required")
-	}
-	if cfg.Capturer == nil {
-		cfg.Capturer = TarCapture{}
 	}
 	if cfg.BuildTimeout <= 0 {
 		cfg.BuildTimeout = time.Hour
@@ -127,8 +138,16 @@ func New(cfg Config, sbx Sandboxes, tpls Templates) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	tags, err := openTagStore(tagsPath(cfg.DataDir))
+	if err != nil {
+		return nil, err
+	}
+	met, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
 	s := &Service{cfg: cfg, sbx: sbx, tpls: tpls, store: st, files: fs, log: cfg.Logger.With("component", "build"),
-		sem: make(chan struct{}, cfg.MaxConcurrent)}
+		sem: make(chan struct{}, cfg.MaxConcurrent), tags: tags, met: met}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	for _, r := range st.list(func(r *Record) bool { return r.Status == StatusBuilding }) {
 		st.log(r.ID, "error", "the node stopped during the build")
@@ -152,12 +171,18 @@ func (s *Service) Close() {
 type RequestOptions struct {
 	Name      string
 	Resources sandbox.Resources
+	// Tags the build gets when it is ready, with the tag of a "name:tag" Name
+	// (none at all: DefaultTag).
+	Tags []string
 }
 
 // Request registers a new build of the template called Name (E2B's Template.build,
 // step 1). A name that is already a template builds a new version of it.
 func (s *Service) Request(_ context.Context, o RequestOptions) (Record, error) {
-	name, _, _ := strings.Cut(o.Name, ":") // E2B's name:tag; tags are not kept apart here
+	name, tags, err := requestTags(o.Name, o.Tags)
+	if err != nil {
+		return Record{}, err
+	}
 	if !catalog.ValidName(name) {
 		return Record{}, fmt.Errorf("%w: template name %q (letters, digits, '.', '_', '-')", ErrInvalidSpec, o.Name)
 	}
@@ -183,7 +208,7 @@ func (s *Service) Request(_ context.Context, o RequestOptions) (Record, error) {
 		tplID = install.NewID()
 	}
 	rec := &Record{ID: newBuildID(), TemplateID: tplID, Name: name, Status: StatusWaiting, Resources: r,
-		CreatedAt: time.Now().UTC()}
+		Tags: tags, CreatedAt: time.Now().UTC()}
 	if err := s.store.put(rec); err != nil {
 		return Record{}, err
 	}
@@ -276,6 +301,11 @@ func newBuildID() string {
 // run executes one build and records its outcome.
 func (s *Service) run(rec Record) {
 	logf := func(level, msg string) { s.store.log(rec.ID, level, msg) }
+	ph := &phases{m: s.met}
+	ph.enter(PhaseQueue)
+	defer ph.end()
+	s.met.running.Inc()
+	defer s.met.running.Dec()
 	select {
 	case s.sem <- struct{}{}:
 		defer func() { <-s.sem }()
@@ -292,7 +322,7 @@ func (s *Service) run(rec Record) {
 			return
 		}
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.BuildTimeout)
+	ctx, cancel := context.WithTimeout(context.WithValue(s.ctx, phasesKey{}, ph), s.cfg.BuildTimeout)
 	defer cancel()
 	start := time.Now()
 	err := s.build(ctx, rec, logf)
@@ -317,7 +347,8 @@ func (s *Service) finish(id string, err error, logf func(level, msg string)) {
 		logf("error", err.Error())
 		s.log.Warn("template build failed", "build", id, "err", err)
 	}
-	if _, uerr := s.store.update(id, func(r *Record) error {
+	s.met.finished(err, stepOf(err))
+	rec, uerr := s.store.update(id, func(r *Record) error {
 		r.FinishedAt, r.SandboxID = time.Now().UTC(), ""
 		if err != nil {
 			r.Status, r.Reason = StatusError, &Reason{Message: err.Error(), Step: stepOf(err)}
@@ -325,18 +356,23 @@ func (s *Service) finish(id string, err error, logf func(level, msg string)) {
 			r.Status = StatusReady
 		}
 		return nil
-	}); uerr != nil {
+	})
+	if uerr != nil {
 		s.log.Error("save build result", "build", id, "err", uerr)
+	} else if err == nil {
+		s.tagBuild(rec)
 	}
 }
 
 // build does the work: base, sandbox, steps, start/ready, capture, register.
 func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg string)) error {
 	spec := *rec.Spec
+	enterPhase(ctx, PhaseBase)
 	base, err := s.base(ctx, spec, logf)
 	if err != nil {
 		return failStep("base", err)
 	}
+	enterPhase(ctx, PhaseSandbox)
 	logf("info", fmt.Sprintf("starting the build sandbox on %s", base.ID))
 	sb, err := s.sbx.Create(ctx, orchestrator.CreateRequest{TemplateID: base.ID, Timeout: s.cfg.BuildTimeout + time.Minute,
 		Secure: true, AllowInternet: true, Resources: rec.Resources,
@@ -363,46 +399,61 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 		port = s.cfg.EnvdPort
 	}
 	sess := NewSession(sb.ID, fmt.Sprintf("http://%s", joinHostPort(ep.Host, port)), sb.EnvdAccessToken, s.cfg.HTTP)
+	icfg := imageConfig(base)
 	x := &executor{s: sess, files: s.files, logf: logf, stepTimeout: s.cfg.StepTimeout, readyTimeout: s.cfg.ReadyTimeout,
-		st: state{user: base.DefaultUser, workdir: base.DefaultWorkdir, env: base.EnvVars}}
-	if x.st.user == "" {
-		x.st.user = "user"
-	}
+		st: state{user: startUser(base, icfg), workdir: base.DefaultWorkdir, env: base.EnvVars,
+			expose: icfg.ExposedPorts, labels: icfg.Labels}}
+	x.startUser = x.st.user
 	if x.st.workdir == "" {
 		x.st.workdir = "/home/user"
 	}
 	if err := x.ensureUser(ctx); err != nil {
 		return failStep("base", err)
 	}
+	enterPhase(ctx, PhaseSteps)
 	if err := x.steps(ctx, spec.Steps); err != nil {
 		return err
 	}
+	enterPhase(ctx, PhaseReady)
 	if err := x.startAndWait(ctx, spec.StartCmd, spec.ReadyCmd); err != nil {
 		return failStep("finalize", err)
 	}
+	enterPhase(ctx, PhaseCapture)
 	logf("info", "capturing the template")
 	dir := filepath.Join(s.cfg.DataDir, install.TemplatesDir, rec.TemplateID, "builds", rec.ID)
-	c, err := s.cfg.Capturer.Capture(ctx, sess, dir, logf)
+	c, err := s.capturer(sb).Capture(ctx, sess, dir, logf)
 	if err != nil {
 		return failStep("finalize", err)
 	}
+	icfg.ExposedPorts, icfg.Labels = x.st.expose, x.st.labels
 	t := catalog.Template{
-		ID: rec.TemplateID, Kind: catalog.KindTemplate, RootFSDir: c.RootFSDir, Resources: rec.Resources,
+		ID: rec.TemplateID, Kind: catalog.KindTemplate, Resources: rec.Resources,
 		EnvVars: x.st.env, StartCmd: spec.StartCmd, ReadyCmd: spec.ReadyCmd,
-		DefaultUser: x.st.user, DefaultWorkdir: x.st.workdir, Artifact: c.Artifact,
+		DefaultUser: x.st.user, DefaultWorkdir: x.st.workdir,
+		ExposedPorts: icfg.ExposedPorts, Labels: icfg.Labels, Entrypoint: icfg.Entrypoint, Cmd: icfg.Cmd,
+	}
+	if err := templateStorage(&t, c, rec, base.ID, icfg); err != nil {
+		s.dropCapture(ctx, c, dir)
+		return failStep("finalize", err)
 	}
 	if rec.Name != rec.TemplateID {
 		t.Aliases = []string{rec.Name}
 	}
-	if old, err := s.tpls.Get(rec.TemplateID); err == nil {
+	old, oldErr := s.tpls.Get(rec.TemplateID)
+	if oldErr == nil {
 		t.Aliases = append(t.Aliases, old.Aliases...)
 	}
+	enterPhase(ctx, PhaseRegister)
 	if err := s.tpls.Put(t); err != nil {
-		os.RemoveAll(dir)
+		s.dropCapture(ctx, c, dir)
 		return failStep("finalize", fmt.Errorf("register the template: %w", err))
 	}
 	s.publish(ctx, t, sb.EnvdVersion, logf)
-	// Earlier builds of the template are replaced; sandboxes still on them keep theirs.
+	// Earlier builds of the template are replaced; sandboxes still on them keep theirs
+	// (their layers stay until the last one is gone).
+	if oldErr == nil {
+		s.discardCapture(ctx, old)
+	}
 	s.pruneBuilds(context.WithoutCancel(ctx), rec.TemplateID, rec.ID)
 	logf("info", fmt.Sprintf("template %s (%s) is ready", rec.Name, rec.TemplateID))
 	return nil
@@ -424,48 +475,24 @@ func (s *Service) base(ctx context.Context, spec Spec, logf func(level, msg stri
 		if err != nil {
 			return catalog.Template{}, fmt.Errorf("base template %q: %w", spec.FromTemplate, err)
 		}
-		if t.RootFSDir == "" && t.Kind == catalog.KindTemplate {
+		if t.RootFSDir == "" && t.Kind == catalog.KindTemplate && !isLayered(t) {
 			return catalog.Template{}, fmt.Errorf("base template %q has no root filesystem on this node", spec.FromTemplate)
 		}
 		logf("info", fmt.Sprintf("base: template %s", t.ID))
 		return t, nil
 	}
+	opts, err := s.pullOptions(spec, logf)
+	if err != nil {
+		return catalog.Template{}, err
+	}
 	logf("info", "pulling "+spec.FromImage)
-	img, err := image.Pull(ctx, spec.FromImage, s.cfg.Pull)
+	img, err := image.Pull(ctx, spec.FromImage, opts)
 	if err != nil {
 		return catalog.Template{}, fmt.Errorf("pull %s: %w", spec.FromImage, err)
 	}
 	defer img.Close()
 	id := "img-" + strings.TrimPrefix(img.Digest, "sha256:")[:min(24, len(strings.TrimPrefix(img.Digest, "sha256:")))]
-	s.pullMu.Lock()
-	defer s.pullMu.Unlock()
-	if t, err := s.tpls.Get(id); err == nil {
-		if _, err := os.Stat(t.RootFSDir); err == nil {
-			logf("info", fmt.Sprintf("base: image %s already imported as %s", img.Digest, id))
-			return t, nil
-		}
-	}
-	dir := filepath.Join(s.cfg.DataDir, install.TemplatesDir, id)
-	// A directory without a catalog entry is a crashed import.
-	if err := os.RemoveAll(dir); err != nil {
-		return catalog.Template{}, err
-	}
-	store := &image.Store{Dir: filepath.Join(s.cfg.DataDir, install.ImagesDir)}
-	built, err := image.BuildTemplate(ctx, img, dir, image.BuildOptions{Store: store, Progress: func(p image.Progress) {
-		if p.Final {
-			logf("info", fmt.Sprintf("%s layer %d/%d %s (%d bytes)", p.Phase, p.Layer, p.Layers, p.Digest, p.Done))
-		}
-	}})
-	if err != nil {
-		return catalog.Template{}, fmt.Errorf("import %s: %w", spec.FromImage, err)
-	}
-	t, err := image.Register(s.tpls, built, image.RegisterOptions{ID: id})
-	if err != nil {
-		os.RemoveAll(dir)
-		return catalog.Template{}, fmt.Errorf("register %s: %w", spec.FromImage, err)
-	}
-	logf("info", fmt.Sprintf("base: image %s imported as %s", img.Digest, id))
-	return t, nil
+	return s.importImage(ctx, img, id, spec.FromImage, logf)
 }
 
 // Template is a catalog template with its builds, for the template endpoints.
@@ -501,6 +528,11 @@ func (s *Service) Delete(ctx context.Context, idOrAlias string) (catalog.Templat
 		return catalog.Template{}, err
 	}
 	s.unpublish(ctx, t.ID)
+	// Its layers go once no sandbox or snapshot uses them.
+	s.discardCapture(ctx, t)
+	if err := s.tags.forget(t.ID); err != nil {
+		s.log.Warn("remove template tags", "template", t.ID, "err", err)
+	}
 	if err := s.Forget(t.ID); err != nil {
 		s.log.Warn("remove build records", "template", t.ID, "err", err)
 	}

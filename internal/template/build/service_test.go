@@ -2,6 +2,7 @@ package build
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,7 +24,9 @@ import (
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/sandbox/oci"
+	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/template/base"
+	"github.com/aenv-dev/aenv/internal/template/layered"
 )
 
 // realNode is a node with the OCI backend (runc), the real envd and the base template.
@@ -40,7 +43,7 @@ var (
 	envdErr  error
 )
 
-func buildEnvd(t *testing.T) string {
+func buildEnvd(t testing.TB) string {
 	t.Helper()
 	envdOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
@@ -67,7 +70,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func newRealNode(t *testing.T, cfg Config) *realNode {
+func newRealNode(t testing.TB, cfg Config) *realNode {
+	t.Helper()
+	return newNode(t, cfg, false)
+}
+
+// newNode makes a real node; with layeredBase its base template is also a sealed layer
+// (as `aenv serve` makes it), so its sandboxes and builds run on layered roots.
+func newNode(t testing.TB, cfg Config, layeredBase bool) *realNode {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (runc, netns, overlayfs)")
@@ -92,8 +102,19 @@ func newRealNode(t *testing.T, cfg Config) *realNode {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cat.Close() })
+	var art json.RawMessage
+	if layeredBase {
+		if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+			t.Skip("needs mkfs.ext4 (e2fsprogs) for the layered base")
+		}
+		res, err := layered.Build(ctx, baseDir, filepath.Join(data, "templates", "base", "layered"), 512)
+		if err != nil {
+			t.Fatal(err)
+		}
+		art = res.Artifact
+	}
 	if err := cat.Templates().Put(catalog.Template{ID: "base", Kind: catalog.KindTemplate, RootFSDir: baseDir,
-		DefaultUser: "user", DefaultWorkdir: "/home/user"}); err != nil {
+		DefaultUser: "user", DefaultWorkdir: "/home/user", Artifact: art}); err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -114,7 +135,8 @@ func newRealNode(t *testing.T, cfg Config) *realNode {
 			os.Remove(d)
 		}
 	})
-	orch, err := orchestrator.New(orchestrator.Config{Registerer: prometheus.NewRegistry(), Logger: log}, be, cat)
+	orch, err := orchestrator.New(orchestrator.Config{Registerer: prometheus.NewRegistry(), Logger: log}, be, cat,
+		orchestrator.WithTemplateRootFS(rootfs.TemplateRootFS))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +161,7 @@ func newRealNode(t *testing.T, cfg Config) *realNode {
 }
 
 // build requests and starts a build and waits for it to finish.
-func (n *realNode) build(t *testing.T, name string, spec Spec) Record {
+func (n *realNode) build(t testing.TB, name string, spec Spec) Record {
 	t.Helper()
 	rec, err := n.svc.Request(context.Background(), RequestOptions{Name: name})
 	if err != nil {

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
+
+	"github.com/aenv-dev/aenv/internal/image"
 )
 
 // Step types, as the E2B SDKs send them in TemplateBuildStartV2.steps.
@@ -14,6 +17,14 @@ const (
 	StepWorkdir = "WORKDIR"
 	StepUser    = "USER"
 	StepCopy    = "COPY"
+	// aenv's own step types, for Dockerfile instructions the E2B SDKs have no step for.
+	StepExpose = "EXPOSE"
+	StepLabel  = "LABEL"
+	// StepDefaultUser switches back to the user the build started as: the image's USER,
+	// else the base template's default user, else `user`. A Dockerfile without USER
+	// ends with it, so its steps run as root (as in Docker) and its template keeps the
+	// image's user.
+	StepDefaultUser = "DEFAULT_USER"
 )
 
 // Step is one build instruction. Args by type (the E2B SDK's encoding):
@@ -23,6 +34,9 @@ const (
 //	WORKDIR [dir]
 //	USER    [user]
 //	COPY    [src, dest, owner?, mode?]  files come from the upload named by FilesHash
+//	EXPOSE  [port[/proto]...]           recorded in the template (catalog ExposedPorts)
+//	LABEL   [key, value, key, value...] recorded in the template (catalog Labels)
+//	DEFAULT_USER []                      see StepDefaultUser
 type Step struct {
 	Type      string   `json:"type"`
 	Args      []string `json:"args,omitempty"`
@@ -37,6 +51,15 @@ type Spec struct {
 	StartCmd     string `json:"startCmd,omitempty"`
 	ReadyCmd     string `json:"readyCmd,omitempty"`
 	Steps        []Step `json:"steps,omitempty"`
+	// Force is E2B's force / skipCache: run the whole build regardless of caches.
+	// Builds here keep no step cache (every step always runs) and always resolve
+	// fromImage's tag again; only the image import is reused, keyed by manifest
+	// digest, so it is the same content. Force is kept for the record and logged.
+	Force bool `json:"force,omitempty"`
+	// Registry holds credentials for FromImage's registry (E2B's fromImageRegistry
+	// of type "registry"). Never written to disk: a build that outlives its process
+	// fails anyway, so nothing needs them after it.
+	Registry *image.Credentials `json:"-"`
 }
 
 // ErrInvalidSpec is wrapped by every validation failure of a build request.
@@ -60,6 +83,12 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("%w: give fromImage or fromTemplate, not both", ErrInvalidSpec)
 	case s.FromImage == "" && s.FromTemplate == "":
 		return fmt.Errorf("%w: fromImage or fromTemplate is required", ErrInvalidSpec)
+	}
+	if s.Registry != nil && s.FromImage == "" {
+		return fmt.Errorf("%w: registry credentials need fromImage", ErrInvalidSpec)
+	}
+	if s.Registry != nil && (s.Registry.Username == "" || s.Registry.Password == "") {
+		return fmt.Errorf("%w: registry credentials need both a username and a password", ErrInvalidSpec)
 	}
 	for i, st := range s.Steps {
 		if err := st.validate(); err != nil {
@@ -109,8 +138,26 @@ func (st Step) validate() error {
 		if !ValidHash(st.FilesHash) {
 			return errors.New("filesHash is required (upload the files first)")
 		}
+	case StepExpose:
+		if len(a) == 0 {
+			return errors.New("want [port...]")
+		}
+		for _, p := range a {
+			num, _, _ := strings.Cut(p, "/")
+			if n, err := strconv.Atoi(num); err != nil || n < 1 || n > 65535 || strings.ContainsAny(p, " \t\x00") {
+				return fmt.Errorf("%q is not a port", p)
+			}
+		}
+	case StepLabel:
+		if len(a) == 0 || len(a)%2 != 0 {
+			return errors.New("want key/value pairs")
+		}
+	case StepDefaultUser:
+		if len(a) != 0 {
+			return errors.New("takes no arguments")
+		}
 	default:
-		return fmt.Errorf("unsupported step type %q (RUN, ENV, WORKDIR, USER, COPY)", st.Type)
+		return fmt.Errorf("unsupported step type %q (RUN, ENV, WORKDIR, USER, COPY, EXPOSE, LABEL, DEFAULT_USER)", st.Type)
 	}
 	return nil
 }

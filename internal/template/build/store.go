@@ -44,7 +44,9 @@ type Record struct {
 	Status     Status            `json:"status"`
 	Resources  sandbox.Resources `json:"resources"`
 	Spec       *Spec             `json:"spec,omitempty"`
-	Reason     *Reason           `json:"reason,omitempty"`
+	// Tags are given to the build when it becomes ready (E2B's name:tag and tags).
+	Tags   []string `json:"tags,omitempty"`
+	Reason *Reason  `json:"reason,omitempty"`
 	// SandboxID is the build sandbox while the build runs.
 	SandboxID  string    `json:"sandboxID,omitempty"`
 	CreatedAt  time.Time `json:"createdAt"`

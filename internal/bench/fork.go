@@ -1,0 +1,185 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"text/tabwriter"
+	"time"
+)
+
+// ForkOptions configures `aenv bench fork`: fork one running sandbox into Count children,
+// Runs times.
+type ForkOptions struct {
+	Template string
+	// Count is the children per fork; Runs how many forks are measured, after Warmup
+	// unmeasured ones.
+	Count  int
+	Runs   int
+	Warmup int
+	// Command is each child's first command. Default "true".
+	Command string
+	// SandboxTimeout is the TTL (seconds) of the source and of every child. Default 120.
+	SandboxTimeout int
+	// Progress, when set, is called after each measured fork.
+	Progress func(done, total int)
+}
+
+// ForkResult is what a fork run measured. Each run is timed from the fork request to
+// the moment every child has answered its first command (AllAnswered); Fork is the
+// request alone (the node's answer lists the children once envd in each is
+// initialised), Child each child's own request → command completed.
+type ForkResult struct {
+	Count       int      `json:"count"`
+	Runs        int      `json:"runs"`
+	Failures    int      `json:"failures"` // runs in which some child failed
+	Fork        Summary  `json:"fork"`
+	AllAnswered Summary  `json:"allAnswered"`
+	Child       Summary  `json:"child"`
+	Errors      []string `json:"errors,omitempty"`
+}
+
+// RunFork creates a source sandbox from Template, checks that it runs Command, then forks
+// it Warmup+Runs times; every child runs Command and is killed afterwards (not timed),
+// as is the source at the end.
+func RunFork(ctx context.Context, c *Client, o ForkOptions) (ForkResult, error) {
+	if o.Count < 1 || o.Runs < 1 || o.Warmup < 0 {
+		return ForkResult{}, fmt.Errorf("bench: count (%d) and runs (%d) must be positive, warmup (%d) not negative", o.Count, o.Runs, o.Warmup)
+	}
+	if o.Command == "" {
+		o.Command = "true"
+	}
+	if o.SandboxTimeout <= 0 {
+		o.SandboxTimeout = 120
+	}
+	src, err := c.Create(ctx, CreateRequest{TemplateID: o.Template, Timeout: o.SandboxTimeout, Secure: true})
+	if err != nil {
+		return ForkResult{}, fmt.Errorf("bench: source sandbox: %w", err)
+	}
+	defer func() {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		_ = c.Kill(kctx, src.ID)
+	}()
+	if _, err := c.Run(ctx, src, o.Command); err != nil {
+		return ForkResult{}, fmt.Errorf("bench: source sandbox: %w", err)
+	}
+	r := ForkResult{Count: o.Count, Runs: o.Runs}
+	var forks, all, children []time.Duration
+	seen := map[string]bool{}
+	for i := range o.Warmup + o.Runs {
+		s := forkOnce(ctx, c, src.ID, o)
+		if ctx.Err() != nil {
+			return ForkResult{}, fmt.Errorf("bench: %w", ctx.Err())
+		}
+		if i < o.Warmup {
+			continue
+		}
+		if s.err != nil {
+			r.Failures++
+			if msg := s.err.Error(); !seen[msg] && len(r.Errors) < maxErrors {
+				seen[msg] = true
+				r.Errors = append(r.Errors, msg)
+			}
+		} else {
+			forks, all = append(forks, s.fork), append(all, s.all)
+			children = append(children, s.children...)
+		}
+		if o.Progress != nil {
+			o.Progress(i-o.Warmup+1, o.Runs)
+		}
+	}
+	r.Fork, r.AllAnswered, r.Child = Summarize(forks), Summarize(all), Summarize(children)
+	return r, nil
+}
+
+type forkSample struct {
+	fork, all time.Duration
+	children  []time.Duration
+	err       error
+}
+
+// forkOnce forks src into o.Count children, runs o.Command in each as soon as the fork
+// answers, and kills them all.
+func forkOnce(ctx context.Context, c *Client, src string, o ForkOptions) forkSample {
+	t0 := time.Now()
+	res, err := c.Fork(ctx, src, o.Count, o.SandboxTimeout)
+	s := forkSample{fork: time.Since(t0), err: err}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var errs []error
+	for _, ch := range res {
+		if ch.Sandbox == nil {
+			msg := "no sandbox and no error"
+			if ch.Error != nil {
+				msg = ch.Error.Message
+			}
+			errs = append(errs, fmt.Errorf("fork child: %s", msg))
+			continue
+		}
+		wg.Add(1)
+		go func(sb Sandbox) {
+			defer wg.Done()
+			res, err := c.Run(ctx, sb, o.Command)
+			d := time.Since(t0)
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("%q in child %s exited with %d: %s", o.Command, sb.ID, res.ExitCode, res.Stderr)
+			}
+			mu.Lock()
+			s.children = append(s.children, d)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			mu.Unlock()
+		}(*ch.Sandbox)
+	}
+	wg.Wait()
+	s.all = time.Since(t0)
+	// Killed with a context of their own: an interrupted run must not leave children behind.
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	for _, ch := range res {
+		if ch.Sandbox == nil {
+			continue
+		}
+		wg.Add(1)
+		go func(id string) {
+			defer wg.Done()
+			if err := c.Kill(kctx, id); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}(ch.Sandbox.ID)
+	}
+	wg.Wait()
+	s.err = errors.Join(append([]error{s.err}, errs...)...)
+	return s
+}
+
+// Write prints the result as a table ("table") or JSON ("json").
+func (r ForkResult) Write(w io.Writer, format string) error {
+	if format == "json" {
+		return writeJSON(w, r)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "fork -n %d\tn\tp50\tp95\tmin\tmax\t\n", r.Count)
+	for _, row := range []struct {
+		name string
+		s    Summary
+	}{{"all answered", r.AllAnswered}, {"fork answered", r.Fork}, {"each child", r.Child}} {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", row.name, row.s.N, ms(row.s.P50), ms(row.s.P95), ms(row.s.Min), ms(row.s.Max))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if r.Failures > 0 {
+		fmt.Fprintf(w, "%d of %d runs had failures\n", r.Failures, r.Runs)
+	}
+	for _, e := range r.Errors {
+		fmt.Fprintf(w, "failure: %s\n", e)
+	}
+	return nil
+}

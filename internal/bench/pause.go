@@ -1,0 +1,145 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// PauseOptions configures `aenv bench pause`: pause one sandbox to disk and resume it, N
+// times.
+type PauseOptions struct {
+	Template string
+	// N is how many pause → resume cycles are measured, after Warmup unmeasured ones.
+	N      int
+	Warmup int
+	// SandboxTimeout is the sandbox's TTL in seconds. Default 120.
+	SandboxTimeout int
+	// Progress, when set, is called after each measured cycle.
+	Progress func(done, total int)
+}
+
+// PauseResult is what a pause run measured: Pause is POST pause {memory:false} until the
+// node answers (filesystem captured, sandbox stopped); Resume is the connect that
+// relaunches it until the node answers; Command the first command after it (which also
+// checks that the file written before the pause is still there).
+type PauseResult struct {
+	N        int      `json:"n"`
+	Failures int      `json:"failures"`
+	Pause    Summary  `json:"pause"`
+	Resume   Summary  `json:"resume"`
+	Command  Summary  `json:"command"`
+	Errors   []string `json:"errors,omitempty"`
+}
+
+// benchFile is where each cycle leaves its number, to be read back after the resume.
+const benchFile = "/tmp/aenv-bench-pause"
+
+// RunPause creates a sandbox from Template and cycles it through pause to disk and
+// resume; before each pause it writes the cycle's number to a file, after each resume it
+// reads it back (a mismatch is a failure). The sandbox is killed at the end.
+func RunPause(ctx context.Context, c *Client, o PauseOptions) (PauseResult, error) {
+	if o.N < 1 || o.Warmup < 0 {
+		return PauseResult{}, fmt.Errorf("bench: n (%d) must be positive, warmup (%d) not negative", o.N, o.Warmup)
+	}
+	if o.SandboxTimeout <= 0 {
+		o.SandboxTimeout = 120
+	}
+	sb, err := c.Create(ctx, CreateRequest{TemplateID: o.Template, Timeout: o.SandboxTimeout, Secure: true})
+	if err != nil {
+		return PauseResult{}, fmt.Errorf("bench: sandbox: %w", err)
+	}
+	defer func() {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		_ = c.Kill(kctx, sb.ID)
+	}()
+	r := PauseResult{N: o.N}
+	var pauses, resumes, commands []time.Duration
+	seen := map[string]bool{}
+	for i := range o.Warmup + o.N {
+		s := pauseOnce(ctx, c, sb, i, o.SandboxTimeout)
+		if ctx.Err() != nil {
+			return PauseResult{}, fmt.Errorf("bench: %w", ctx.Err())
+		}
+		if s.fatal {
+			return PauseResult{}, fmt.Errorf("bench: cycle %d: %w", i, s.err)
+		}
+		if i < o.Warmup {
+			continue
+		}
+		if s.err != nil {
+			r.Failures++
+			if msg := s.err.Error(); !seen[msg] && len(r.Errors) < maxErrors {
+				seen[msg] = true
+				r.Errors = append(r.Errors, msg)
+			}
+		} else {
+			pauses, resumes, commands = append(pauses, s.pause), append(resumes, s.resume), append(commands, s.command)
+		}
+		if o.Progress != nil {
+			o.Progress(i-o.Warmup+1, o.N)
+		}
+	}
+	r.Pause, r.Resume, r.Command = Summarize(pauses), Summarize(resumes), Summarize(commands)
+	return r, nil
+}
+
+type pauseSample struct {
+	pause, resume, command time.Duration
+	err                    error
+	// fatal: the sandbox is in no state to go on (not running after the cycle).
+	fatal bool
+}
+
+func pauseOnce(ctx context.Context, c *Client, sb Sandbox, cycle, timeout int) pauseSample {
+	want := strconv.Itoa(cycle)
+	if _, err := c.Run(ctx, sb, "printf %s "+want+" > "+benchFile); err != nil {
+		return pauseSample{err: err, fatal: true}
+	}
+	t0 := time.Now()
+	if err := c.PauseToDisk(ctx, sb.ID); err != nil {
+		return pauseSample{err: err, fatal: true}
+	}
+	t1 := time.Now()
+	if _, err := c.Connect(ctx, sb.ID, timeout); err != nil {
+		return pauseSample{err: err, fatal: true}
+	}
+	t2 := time.Now()
+	res, err := c.Run(ctx, sb, "cat "+benchFile)
+	t3 := time.Now()
+	s := pauseSample{pause: t1.Sub(t0), resume: t2.Sub(t1), command: t3.Sub(t2), err: err}
+	if err == nil && strings.TrimSpace(res.Stdout) != want {
+		s.err = fmt.Errorf("after resume %s holds %q, want %q (exit %d: %s)", benchFile, res.Stdout, want, res.ExitCode, res.Stderr)
+	}
+	return s
+}
+
+// Write prints the result as a table ("table") or JSON ("json").
+func (r PauseResult) Write(w io.Writer, format string) error {
+	if format == "json" {
+		return writeJSON(w, r)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "stage\tn\tp50\tp95\tmin\tmax\t")
+	for _, row := range []struct {
+		name string
+		s    Summary
+	}{{"pause to disk", r.Pause}, {"resume", r.Resume}, {"first command", r.Command}} {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", row.name, row.s.N, ms(row.s.P50), ms(row.s.P95), ms(row.s.Min), ms(row.s.Max))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if r.Failures > 0 {
+		fmt.Fprintf(w, "%d of %d cycles failed\n", r.Failures, r.N)
+	}
+	for _, e := range r.Errors {
+		fmt.Fprintf(w, "failure: %s\n", e)
+	}
+	return nil
+}

@@ -1,0 +1,229 @@
+package build
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/image"
+	"github.com/aenv-dev/aenv/internal/orchestrator"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// Layered templates.
+//
+// A build sandbox on a layered (block) root is captured the way a sandbox snapshot is:
+// its writable upper is sealed in place into a new layer on top of the base template's
+// sealed layers (SealAndRestack), with no tar and no copy. The template is that stack;
+// sandboxes created from it share every layer and get an upper of their own, so they
+// can snapshot, fork and pause to disk like any sandbox on a layered template.
+//
+// The sealed layer belongs to the backend's capture, which the template's artifact
+// keeps ("capture"). The capture is discarded when the template is deleted or rebuilt;
+// the backend then frees only layers that no live sandbox, snapshot or paused sandbox
+// still uses (a snapshot of a sandbox of the template names the template's layers as
+// its lowers, so it keeps them).
+
+// SandboxCapturer is what a snapshot capture needs from the orchestrator
+// (*orchestrator.Orchestrator): seal a running sandbox's root into layers without
+// registering a snapshot, and give such a capture back.
+type SandboxCapturer interface {
+	CaptureSandbox(ctx context.Context, id string) (json.RawMessage, error)
+	DiscardCapture(ctx context.Context, raw json.RawMessage) error
+}
+
+// LayersArtifactKind marks the artifact of a template captured from a layered build.
+const LayersArtifactKind = "build-layers"
+
+// LayersArtifact is a layered build template's catalog artifact. Its "overlaybd" member
+// has the shape of a converted image's (rootfs.TemplateRootFS reads it to launch
+// sandboxes on the stack); layer refs are the storage engine's {path, digest, size,
+// uuid}, which is what the repository publisher rewrites for another node.
+type LayersArtifact struct {
+	Kind string `json:"kind"`
+	// Base is the template the build started from, Build the build that made this.
+	Base  string `json:"base,omitempty"`
+	Build string `json:"build,omitempty"`
+	// Overlaybd is the stack: the base's sealed layers, then the build's, bottom first.
+	Overlaybd LayerStack `json:"overlaybd"`
+	// VirtualSize is the disk size in bytes; Resources those of the build sandbox.
+	VirtualSize uint64            `json:"virtualSize"`
+	Resources   sandbox.Resources `json:"resources"`
+	// Image is the image configuration the template carries (the catalog's copy of it
+	// is this node's; the artifact travels to other nodes).
+	Image ImageConfig `json:"image"`
+	// Capture is the backend's capture the layers came from, discarded with the template.
+	Capture json.RawMessage `json:"capture"`
+}
+
+// LayerStack is a stack of sealed layers at a disk size.
+type LayerStack struct {
+	SizeMB int               `json:"sizeMB"`
+	Layers []json.RawMessage `json:"layers"`
+}
+
+// ImageConfig is the part of an image's configuration a template keeps.
+type ImageConfig struct {
+	User         string            `json:"user,omitempty"`
+	ExposedPorts []string          `json:"exposedPorts,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	Entrypoint   []string          `json:"entrypoint,omitempty"`
+	Cmd          []string          `json:"cmd,omitempty"`
+}
+
+// captureOf is the part of a backend capture (oci.Captured) the artifact is made of.
+type captureOf struct {
+	Layers      []json.RawMessage `json:"layers"`
+	VirtualSize uint64            `json:"virtualSize"`
+	Resources   sandbox.Resources `json:"resources"`
+}
+
+// snapshotCapture is the Capturer for build sandboxes on layered roots.
+type snapshotCapture struct{ sbx SandboxCapturer }
+
+// Capture implements Capturer: dir is not used, the layers stay where the backend
+// sealed them.
+func (c snapshotCapture) Capture(ctx context.Context, s *Session, _ string, logf func(level, msg string)) (Captured, error) {
+	raw, err := c.sbx.CaptureSandbox(ctx, s.SandboxID)
+	if err != nil {
+		return Captured{}, fmt.Errorf("capture: snapshot the build sandbox: %w", err)
+	}
+	var co captureOf
+	if err := json.Unmarshal(raw, &co); err != nil || len(co.Layers) == 0 || co.VirtualSize == 0 {
+		if derr := c.sbx.DiscardCapture(context.WithoutCancel(ctx), raw); derr != nil {
+			logf("warn", "capture: discard an unusable capture: "+derr.Error())
+		}
+		return Captured{}, fmt.Errorf("capture: the backend's capture has no layers or size (%v)", err)
+	}
+	a := &LayersArtifact{Kind: LayersArtifactKind, VirtualSize: co.VirtualSize, Resources: co.Resources, Capture: raw,
+		Overlaybd: LayerStack{SizeMB: int((co.VirtualSize + 1<<20 - 1) >> 20), Layers: co.Layers}}
+	logf("info", fmt.Sprintf("captured %d sealed layers (%d MiB disk)", len(co.Layers), a.Overlaybd.SizeMB))
+	return Captured{Layers: a}, nil
+}
+
+// capturer picks how the build sandbox sb becomes the template: a snapshot where it
+// runs on a layered root and the orchestrator can capture, the configured Capturer
+// (TarCapture by default) otherwise.
+func (s *Service) capturer(sb *orchestrator.Sandbox) Capturer {
+	if s.cfg.Capturer != nil {
+		return s.cfg.Capturer
+	}
+	if c, ok := s.sbx.(SandboxCapturer); ok && len(sb.Launch.RootFS.Layers) > 0 {
+		return snapshotCapture{sbx: c}
+	}
+	return TarCapture{}
+}
+
+// layersArtifact decodes a template's artifact when it is a layered build's.
+func layersArtifact(t catalog.Template) (*LayersArtifact, bool) {
+	var a LayersArtifact
+	if len(t.Artifact) == 0 || json.Unmarshal(t.Artifact, &a) != nil || a.Kind != LayersArtifactKind {
+		return nil, false
+	}
+	return &a, true
+}
+
+// discardCapture gives the capture of a layered build template back to the backend,
+// which frees the layers nothing else uses. Templates of other kinds hold no capture.
+func (s *Service) discardCapture(ctx context.Context, t catalog.Template) {
+	a, ok := layersArtifact(t)
+	if !ok || len(a.Capture) == 0 {
+		return
+	}
+	c, ok := s.sbx.(SandboxCapturer)
+	if !ok {
+		return
+	}
+	if err := c.DiscardCapture(context.WithoutCancel(ctx), a.Capture); err != nil {
+		s.log.Warn("discard the template's capture; its layers stay until the backend reconciles",
+			"template", t.ID, "err", err)
+	}
+}
+
+// dropCapture removes what a capture made for a template that was not registered:
+// nothing else refers to it yet.
+func (s *Service) dropCapture(ctx context.Context, c Captured, dir string) {
+	if c.Layers == nil {
+		os.RemoveAll(dir)
+		return
+	}
+	if sc, ok := s.sbx.(SandboxCapturer); ok {
+		if err := sc.DiscardCapture(context.WithoutCancel(ctx), c.Layers.Capture); err != nil {
+			s.log.Warn("discard the capture of a failed build", "err", err)
+		}
+	}
+}
+
+// isLayered reports whether sandboxes of t run on a layered root (a converted image, the
+// layered base, a layered build).
+func isLayered(t catalog.Template) bool {
+	var a struct {
+		Overlaybd *struct {
+			Layers []json.RawMessage `json:"layers"`
+		} `json:"overlaybd"`
+	}
+	return len(t.Artifact) > 0 && json.Unmarshal(t.Artifact, &a) == nil && a.Overlaybd != nil && len(a.Overlaybd.Layers) > 0
+}
+
+// imageConfig is the image configuration a build inherits from its base: the catalog's
+// fields, else the base's artifact (an imported image's config, a layered build's).
+func imageConfig(t catalog.Template) ImageConfig {
+	c := ImageConfig{ExposedPorts: slices.Clone(t.ExposedPorts), Labels: maps.Clone(t.Labels),
+		Entrypoint: slices.Clone(t.Entrypoint), Cmd: slices.Clone(t.Cmd)}
+	var fromArt ImageConfig
+	if a, ok := layersArtifact(t); ok {
+		// A build's final user is its DefaultUser already; the image's is history.
+		fromArt = a.Image
+		fromArt.User = ""
+	} else {
+		var ia image.Artifact
+		if len(t.Artifact) > 0 && json.Unmarshal(t.Artifact, &ia) == nil && ia.Kind == image.ArtifactKind {
+			fromArt = ImageConfig{User: ia.Config.User, ExposedPorts: ia.Config.ExposedPorts, Labels: ia.Config.Labels,
+				Entrypoint: ia.Config.Entrypoint, Cmd: ia.Config.Cmd}
+		}
+	}
+	c.User = fromArt.User
+	if c.ExposedPorts == nil {
+		c.ExposedPorts = slices.Clone(fromArt.ExposedPorts)
+	}
+	if c.Labels == nil {
+		c.Labels = maps.Clone(fromArt.Labels)
+	}
+	if c.Entrypoint == nil && c.Cmd == nil {
+		c.Entrypoint, c.Cmd = slices.Clone(fromArt.Entrypoint), slices.Clone(fromArt.Cmd)
+	}
+	return c
+}
+
+// startUser is the user a build's steps start as and DEFAULT_USER returns to: the
+// image's USER (an image import's; later builds carry it as their default user), else
+// the base template's default user, else `user`.
+func startUser(base catalog.Template, cfg ImageConfig) string {
+	switch {
+	case cfg.User != "":
+		return cfg.User
+	case base.DefaultUser != "":
+		return base.DefaultUser
+	}
+	return "user"
+}
+
+// templateStorage fills in how t stores its root filesystem from a capture.
+func templateStorage(t *catalog.Template, c Captured, rec Record, base string, cfg ImageConfig) error {
+	if c.Layers == nil {
+		t.RootFSDir, t.Artifact = c.RootFSDir, c.Artifact
+		return nil
+	}
+	a := *c.Layers
+	a.Base, a.Build, a.Image = base, rec.ID, cfg
+	raw, err := json.Marshal(a)
+	if err != nil {
+		return fmt.Errorf("encode the template's artifact: %w", err)
+	}
+	t.RootFSDir, t.Artifact = "", raw
+	return nil
+}
