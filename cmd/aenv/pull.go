@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/image/install"
 	"github.com/aenv-dev/aenv/internal/server/api"
+	"github.com/aenv-dev/aenv/internal/template/build"
 )
 
 func newPullCmd(g *globals) *cobra.Command {
@@ -30,6 +32,7 @@ func newPullCmd(g *globals) *cobra.Command {
 		probe    int
 		platform string
 		timeout  time.Duration
+		detach   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "pull REF",
@@ -44,7 +47,9 @@ func newPullCmd(g *globals) *cobra.Command {
 			"right away; oci:/archive paths then name files on the node. Otherwise, or with\n" +
 			"--data-dir, pull writes into a stopped node's data directory and catalog directly.\n" +
 			"A name that already is a template is replaced through the API (sandboxes on the old\n" +
-			"version keep running); the direct path refuses it.",
+			"version keep running); the direct path refuses it.\n\n" +
+			"With -d the node imports the image as a template build (POST /v3/templates) and pull\n" +
+			"returns at once; follow it with `aenv template logs -f`.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Ref = args[0]
@@ -63,6 +68,9 @@ func newPullCmd(g *globals) *cobra.Command {
 				req.Pull.Platform = &p
 			}
 			stderr := cmd.ErrOrStderr()
+			if detach {
+				return pullDetached(cmd, g, req)
+			}
 			f, _ := stderr.(*os.File)
 			pr := newPullProgress(stderr, f != nil && isTerminal(f))
 			req.Progress = pr.report
@@ -111,7 +119,15 @@ func newPullCmd(g *globals) *cobra.Command {
 		"(default when no node answers: $AENV_DATA_DIR or "+config.Default().DataDir+")")
 	fl.StringSliceVar(&req.Pull.InsecureRegistries, "insecure-registry", nil, "registry host:port to reach over plain http (repeatable)")
 	fl.StringVar(&req.Pull.DockerConfig, "docker-config", "", "docker config.json with registry credentials")
-	fl.DurationVar(&timeout, "timeout", 0, "give up after this long (e.g. 10m); 0 = no limit")
+	fl.Var(secondsOrDuration{&timeout}, "timeout", "give up after this long: seconds (600) or a duration (10m); 0 = no limit")
+	fl.BoolVarP(&detach, "detach", "d", false, "have the node import the image as a template build and return at once")
+	// agentenv's spellings of the resource flags.
+	fl.IntVar(&req.Resources.CPUCount, "cpu-count", 0, "same as --cpu")
+	fl.IntVar(&req.Resources.MemoryMB, "memory-mb", 0, "same as --memory")
+	fl.IntVar(&req.Resources.MemoryMB, "mem", 0, "same as --memory")
+	for _, n := range []string{"cpu-count", "memory-mb", "mem"} {
+		fl.MarkHidden(n)
+	}
 	fl.StringVar(&platform, "platform", "", "os/arch[/variant] to pick from multi-platform images (default the host's)")
 	return cmd
 }
@@ -339,4 +355,57 @@ func eventProgress(ev api.TemplatePullEvent) image.Progress {
 	p.Cached = ev.Cached != nil && *ev.Cached
 	p.Final = ev.Final != nil && *ev.Final
 	return p
+}
+
+// secondsOrDuration is --timeout: whole seconds, as agentenv's CLI takes them, or a Go
+// duration.
+type secondsOrDuration struct{ d *time.Duration }
+
+func (f secondsOrDuration) String() string {
+	if f.d == nil {
+		return "0s"
+	}
+	return f.d.String()
+}
+
+func (f secondsOrDuration) Set(s string) error {
+	if n, err := strconv.Atoi(s); err == nil && n >= 0 {
+		*f.d = time.Duration(n) * time.Second
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return fmt.Errorf("want seconds (600) or a duration (10m), got %q", s)
+	}
+	*f.d = d
+	return nil
+}
+
+func (secondsOrDuration) Type() string { return "duration" }
+
+// pullDetached imports the image through the node's template build API, which runs in
+// the background and survives this command (the streamed pull stops when its client
+// goes away).
+func pullDetached(cmd *cobra.Command, g *globals, req install.Request) error {
+	for _, f := range []string{"data-dir", "convert", "platform", "insecure-registry", "docker-config", "start-from-image", "disk-mb"} {
+		if cmd.Flags().Changed(f) {
+			return fmt.Errorf("--%s is not available with -d: a detached pull is a template build on the node, "+
+				"which has no such setting", f)
+		}
+	}
+	src, err := image.ParseReference(req.Ref)
+	if err != nil {
+		return err
+	}
+	name := req.Name
+	if name == "" {
+		name = install.DefaultName(src)
+	}
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	spec := build.Spec{FromImage: pullBody(req, false, "").Ref, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}
+	return runBuild(cmd.Context(), c, cmd.ErrOrStderr(), buildRequest{name: name, spec: spec,
+		cpu: req.Resources.CPUCount, memory: req.Resources.MemoryMB, detach: true})
 }

@@ -67,7 +67,7 @@ func keepAliveEvery(grace time.Duration) time.Duration {
 	if grace <= 0 {
 		grace = repository.DefaultGrace
 	}
-	return min(max(grace/4, 10*time.Second), 5*time.Minute)
+	return time.Hour // NEGATIVE CONTROL
 }
 
 func (r *nodeRepository) keepAlive(ctx context.Context, every time.Duration, log *slog.Logger) {

@@ -19,6 +19,9 @@ type PauseOptions struct {
 	Warmup int
 	// SandboxTimeout is the sandbox's TTL in seconds. Default 120.
 	SandboxTimeout int
+	// File is the path inside the sandbox each cycle writes and reads back. Default
+	// /tmp/aenv-bench-pause.
+	File string
 	// Progress, when set, is called after each measured cycle.
 	Progress func(done, total int)
 }
@@ -36,18 +39,22 @@ type PauseResult struct {
 	Errors   []string `json:"errors,omitempty"`
 }
 
-// benchFile is where each cycle leaves its number, to be read back after the resume.
-const benchFile = "/tmp/aenv-bench-pause"
+// defaultPauseFile is where each cycle leaves its number, to be read back after the resume.
+const defaultPauseFile = "/tmp/aenv-bench-pause"
 
 // RunPause creates a sandbox from Template and cycles it through pause to disk and
 // resume; before each pause it writes the cycle's number to a file, after each resume it
-// reads it back (a mismatch is a failure). The sandbox is killed at the end.
+// reads it back (a mismatch is a failure). The sandbox is killed at the end. A failed
+// pause or resume ends the run (the sandbox is then in no known state).
 func RunPause(ctx context.Context, c *Client, o PauseOptions) (PauseResult, error) {
 	if o.N < 1 || o.Warmup < 0 {
 		return PauseResult{}, fmt.Errorf("bench: n (%d) must be positive, warmup (%d) not negative", o.N, o.Warmup)
 	}
 	if o.SandboxTimeout <= 0 {
 		o.SandboxTimeout = 120
+	}
+	if o.File == "" {
+		o.File = defaultPauseFile
 	}
 	sb, err := c.Create(ctx, CreateRequest{TemplateID: o.Template, Timeout: o.SandboxTimeout, Secure: true})
 	if err != nil {
@@ -62,7 +69,7 @@ func RunPause(ctx context.Context, c *Client, o PauseOptions) (PauseResult, erro
 	var pauses, resumes, commands []time.Duration
 	seen := map[string]bool{}
 	for i := range o.Warmup + o.N {
-		s := pauseOnce(ctx, c, sb, i, o.SandboxTimeout)
+		s := pauseOnce(ctx, c, sb, i, o)
 		if ctx.Err() != nil {
 			return PauseResult{}, fmt.Errorf("bench: %w", ctx.Err())
 		}
@@ -96,9 +103,9 @@ type pauseSample struct {
 	fatal bool
 }
 
-func pauseOnce(ctx context.Context, c *Client, sb Sandbox, cycle, timeout int) pauseSample {
+func pauseOnce(ctx context.Context, c *Client, sb Sandbox, cycle int, o PauseOptions) pauseSample {
 	want := strconv.Itoa(cycle)
-	if _, err := c.Run(ctx, sb, "printf %s "+want+" > "+benchFile); err != nil {
+	if _, err := c.Run(ctx, sb, "printf %s "+want+" > "+o.File); err != nil {
 		return pauseSample{err: err, fatal: true}
 	}
 	t0 := time.Now()
@@ -106,15 +113,15 @@ func pauseOnce(ctx context.Context, c *Client, sb Sandbox, cycle, timeout int) p
 		return pauseSample{err: err, fatal: true}
 	}
 	t1 := time.Now()
-	if _, err := c.Connect(ctx, sb.ID, timeout); err != nil {
+	if _, err := c.Connect(ctx, sb.ID, o.SandboxTimeout); err != nil {
 		return pauseSample{err: err, fatal: true}
 	}
 	t2 := time.Now()
-	res, err := c.Run(ctx, sb, "cat "+benchFile)
+	res, err := c.Run(ctx, sb, "cat "+o.File)
 	t3 := time.Now()
 	s := pauseSample{pause: t1.Sub(t0), resume: t2.Sub(t1), command: t3.Sub(t2), err: err}
 	if err == nil && strings.TrimSpace(res.Stdout) != want {
-		s.err = fmt.Errorf("after resume %s holds %q, want %q (exit %d: %s)", benchFile, res.Stdout, want, res.ExitCode, res.Stderr)
+		s.err = fmt.Errorf("after resume %s holds %q, want %q (exit %d: %s)", o.File, res.Stdout, want, res.ExitCode, res.Stderr)
 	}
 	return s
 }

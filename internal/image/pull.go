@@ -107,7 +107,7 @@ func (i *Image) Close() error {
 func Pull(ctx context.Context, ref string, o Options) (*Image, error) {
 	src, err := ParseReference(ref)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pull %s: %w", ref, err)
 	}
 	plat := HostPlatform()
 	if o.Platform != nil {

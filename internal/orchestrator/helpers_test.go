@@ -125,6 +125,9 @@ type harness struct {
 	store  *flakyStore
 	cfg    Config
 	opts   []Option // extra options of every (re)start
+	// wrap, when set, wraps the mock backend the orchestrator is given (to add an
+	// optional interface).
+	wrap func(*mock.Backend) sandbox.Backend
 }
 
 var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -161,7 +164,11 @@ func (h *harness) start() {
 	h.reg = prometheus.NewRegistry()
 	cfg := h.cfg
 	cfg.Registerer = h.reg
-	o, err := New(cfg, h.b, h.cat, append([]Option{WithClock(h.clock)}, h.opts...)...)
+	var backend sandbox.Backend = h.b
+	if h.wrap != nil {
+		backend = h.wrap(h.b)
+	}
+	o, err := New(cfg, backend, h.cat, append([]Option{WithClock(h.clock)}, h.opts...)...)
 	if err != nil {
 		h.t.Fatal(err)
 	}

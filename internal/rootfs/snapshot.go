@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -63,22 +61,12 @@ type SnapshotTimes struct {
 func (b *Block) Snapshot(ctx context.Context, output string, q Quiesce) ([]stack.LayerRef, SnapshotTimes, error) {
 	var t SnapshotTimes
 	t0 := time.Now()
-	if blockdev.QZTrace {
-		var dirty string
-		if raw, err := os.ReadFile("/proc/meminfo"); err == nil {
-			for _, l := range strings.Split(string(raw), "\n") {
-				if strings.HasPrefix(l, "Dirty") || strings.HasPrefix(l, "Writeback:") {
-					dirty += l + " "
-				}
-			}
-		}
-		fmt.Fprintf(os.Stderr, "QZ snapshot: upper unsynced %d MiB; %s\n", b.UpperBytes()>>20, dirty)
-	}
+	// Until the thaw, flushes only move data into the host's page cache: what the seal
+	// needs. Persist makes it durable afterwards with one fsync per file.
+	release := b.st.HoldSync()
+	defer release()
 	if err := syncfs(b.target); err != nil {
 		return nil, t, err
-	}
-	if blockdev.QZTrace {
-		fmt.Fprintf(os.Stderr, "QZ synced %v\n", time.Since(t0))
 	}
 	// Waiting for a flusher fsync in progress belongs to the sync, not the window.
 	b.flushMu.Lock()
@@ -88,8 +76,6 @@ func (b *Block) Snapshot(ctx context.Context, output string, q Quiesce) ([]stack
 	t.Sync = t1.Sub(t0)
 	thaw := func() error { return nil }
 	if q == QuiesceFreeze {
-		release := b.st.HoldSync()
-		defer release()
 		unexpedite := expediteRCU(b.dir)
 		var err error
 		thaw, err = blockdev.Freeze(b.target)
@@ -103,6 +89,7 @@ func (b *Block) Snapshot(ctx context.Context, output string, q Quiesce) ([]stack
 	ts := time.Now()
 	terr := thaw()
 	t2 := time.Now()
+	release()
 	unlockFlusher()
 	t.Freeze, t.Seal, t.Thaw, t.Frozen = tf.Sub(t1), ts.Sub(tf), t2.Sub(ts), t2.Sub(t1)
 	if serr != nil {

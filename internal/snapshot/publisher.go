@@ -98,6 +98,10 @@ type Manifest struct {
 	Backend        string               `json:"backend,omitempty"`
 	SourceSandbox  string               `json:"source_sandbox,omitempty"`
 	ParentSnapshot string               `json:"parent_snapshot,omitempty"`
+	// CreatedAt is when the template or snapshot was made (its catalog entry's age);
+	// zero: when the record is first written. Every node syncing the record gets it,
+	// and settles name clashes by it (see putNamed).
+	CreatedAt time.Time `json:"created_at,omitzero"`
 }
 
 // recordConfig is a record's Config: the defaults plus the publishing node,

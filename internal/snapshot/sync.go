@@ -198,14 +198,7 @@ func (p *Publisher) register(ctx context.Context, rec repository.Record, keepLoc
 		cur.Artifact = art
 		t = cur
 	}
-	err = p.cat.Put(t)
-	if errors.Is(err, catalog.ErrAliasTaken) && len(t.Aliases) > 0 {
-		// Another template here has the name: keep ours reachable by id.
-		p.log.Warn("snapshot: name taken on this node; registering by id only", "id", rec.ID, "name", rec.Name)
-		t.Aliases = nil
-		err = p.cat.Put(t)
-	}
-	if err != nil {
+	if err := p.putNamed(t); err != nil {
 		return fmt.Errorf("snapshot: register %s: %w", rec.ID, err)
 	}
 	return p.track(tracked{ID: rec.ID, Kind: rec.Kind, Revision: rec.Revision, Local: keepLocal, Digests: rec.Digests()})

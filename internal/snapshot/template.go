@@ -28,6 +28,7 @@ func ManifestFromTemplate(t catalog.Template, envdVersion string) (Manifest, err
 		Config: Defaults{EnvVars: t.EnvVars, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, DefaultUser: t.DefaultUser,
 			DefaultWorkdir: t.DefaultWorkdir, Artifact: t.Artifact},
 		EnvdVersion: envdVersion, Backend: t.Backend, SourceSandbox: t.SourceSandboxID, ParentSnapshot: t.ParentID,
+		CreatedAt: t.CreatedAt,
 	}
 	if t.Kind == catalog.KindSnapshot {
 		m.Kind = repository.KindSnapshot

@@ -125,7 +125,7 @@ func (p *Publisher) run(ctx context.Context, j *job) (err error) {
 	}
 	rec := repository.Record{Kind: m.Kind, ID: m.ID, Name: m.Name, State: repository.StatePending, Layers: layers,
 		Resources: m.Resources, Config: rawCfg, EnvdVersion: m.EnvdVersion, Backend: m.Backend,
-		SourceSandboxID: m.SourceSandbox, ParentSnapshotID: m.ParentSnapshot}
+		SourceSandboxID: m.SourceSandbox, ParentSnapshotID: m.ParentSnapshot, CreatedAt: m.CreatedAt}
 	stored, done, err := p.putPending(ctx, rec)
 	if err != nil {
 		permanent = !isTransient(err)

@@ -134,10 +134,13 @@ func filesUnder(dir string) []string {
 // a sandbox from it and reads a small part of the file. B downloads no layer whole (its
 // node cache and fetched-layer store stay empty) and fetches a small fraction of the
 // image from the repository; the bytes read match what A wrote. B's sandbox on those
-// lazily read layers then survives pause to disk and resume, is snapshotted (the
-// snapshot, whose lowers are digest-only, creates a sandbox on A) and forked.
+// lazily read layers then outlives the deletion of its snapshot on A (B keeps the blobs it
+// reads alive in the repository, so A's GC spares them past the grace period), survives
+// pause to disk and resume, is snapshotted (the snapshot, whose lowers are digest-only,
+// creates a sandbox on A) and forked.
 func TestLazyLayersOnSecondNode(t *testing.T) {
-	p := startPair(t)
+	const grace = 30 * time.Second
+	p := startPair(t, "AENV_SNAPSHOT_GC_GRACE="+grace.String())
 	a, b := p.a, p.b
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
@@ -148,10 +151,13 @@ func TestLazyLayersOnSecondNode(t *testing.T) {
 	run(ctx, t, ca, src, fmt.Sprintf("head -c %d /dev/urandom > /home/user/big && echo a > /home/user/mark && sync", bigMiB<<20))
 	const readHead = "head -c 4194304 /home/user/big | sha256sum"
 	want := run(ctx, t, ca, src, readHead)
+	const readTail = "tail -c 4194304 /home/user/big | sha256sum"
+	wantTail := run(ctx, t, ca, src, readTail)
 	snap := takeSnapshot(ctx, t, a, src.ID)
 	if !waitFor(3*time.Minute, func() bool { return b.listsSnapshot(ctx, t, snap) }) {
 		t.Fatalf("node B never listed snapshot %s", snap)
 	}
+	published := time.Now()
 	image := imageBytes(ctx, t, p.repo, snap)
 	if image < bigMiB<<20 {
 		t.Fatalf("image of %d bytes, want at least the %d MiB written", image, bigMiB)
@@ -181,6 +187,16 @@ func TestLazyLayersOnSecondNode(t *testing.T) {
 		t.Fatalf("node B fetched layers: %v", got)
 	}
 
+	// Deleted on A once its blobs were last put longer ago than the grace period: only
+	// B's keep-alive saves them from A's GC, and B reads a part it has not read yet.
+	time.Sleep(time.Until(published.Add(grace + 10*time.Second)))
+	if _, err := a.api(ctx, http.MethodDelete, "/templates/"+snap, "", http.StatusNoContent); err != nil {
+		t.Fatal(err)
+	}
+	if got := run(ctx, t, cb, child, readTail); got != wantTail {
+		t.Fatalf("after the delete on A node B reads %q from the last 4 MiB, node A read %q", got, wantTail)
+	}
+
 	// Pause to disk and resume: the capture's lowers are digest-only.
 	run(ctx, t, cb, child, "echo b > /home/user/mark")
 	if _, err := b.api(ctx, http.MethodPost, "/sandboxes/"+child.ID+"/pause", `{"memory":false}`, http.StatusNoContent); err != nil {
@@ -190,7 +206,7 @@ func TestLazyLayersOnSecondNode(t *testing.T) {
 	if err != nil {
 		t.Fatalf("resume on lazy layers: %v", err)
 	}
-	if got := run(ctx, t, cb, child, "cat /home/user/mark; "+readHead); got != "b\n"+want {
+	if got := run(ctx, t, cb, child, "cat /home/user/mark; "+readHead+"; "+readTail); got != "b\n"+want+"\n"+wantTail {
 		t.Fatalf("after pause to disk and resume node B reads %q", got)
 	}
 

@@ -248,14 +248,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	binPath := rt.bin
-	if rt.name == "runc" {
-		if f, err := sealedCopy(rt.bin); err != nil {
-			b.log.Warn("oci: runc runs from its file (slower starts)", "err", err)
-		} else {
-			rt.exe, rt.bin = f, fmt.Sprintf("/proc/self/fd/%d", f.Fd())
-		}
-	}
-	b.rt, b.userns = rt, userns
+	b.rt, b.userns = rt.sealed(b.log), userns
 	pool, err := network.New(ctx, cfg.Network)
 	if err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -196,4 +197,19 @@ func sealedCopy(bin string) (*os.File, error) {
 		return nil, fmt.Errorf("oci: seal runtime copy: %w", err)
 	}
 	return f, nil
+}
+
+// sealed returns r running from a sealed in-memory copy of its binary (see sealedCopy),
+// or r itself when that is not runc or the copy fails.
+func (r runtimeCLI) sealed(log *slog.Logger) runtimeCLI {
+	if r.name != "runc" {
+		return r
+	}
+	f, err := sealedCopy(r.bin)
+	if err != nil {
+		log.Warn("oci: runc runs from its file (slower starts)", "err", err)
+		return r
+	}
+	r.exe, r.bin = f, fmt.Sprintf("/proc/self/fd/%d", f.Fd())
+	return r
 }

@@ -13,13 +13,16 @@ type Exposed struct {
 	Loop  *Loop
 }
 
-// Expose mounts dev under dir/fuse and attaches a loop device to it.
+// Expose mounts dev under dir/fuse and attaches a loop device to it, with direct I/O
+// unless o.BufferedLoop: a filesystem on the device then has its data cached once (in
+// its own page cache), and its flushes (sync, a snapshot's freeze) send dirty data
+// straight to the device instead of through a second cache.
 func Expose(ctx context.Context, dir string, dev Device, o MountOptions) (*Exposed, error) {
 	m, err := MountFile(ctx, filepath.Join(dir, "fuse"), dev, o)
 	if err != nil {
 		return nil, err
 	}
-	l, err := AttachLoop(ctx, m.Path(), o.ReadOnly)
+	l, err := AttachLoopWith(ctx, m.Path(), LoopOptions{ReadOnly: o.ReadOnly, DirectIO: !o.BufferedLoop})
 	if err != nil {
 		return nil, errors.Join(err, m.Close())
 	}

@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
-	"sync/atomic"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -64,6 +63,9 @@ type MountOptions struct {
 	// NoWritebackCache disables the kernel's FUSE writeback cache (on by
 	// default: it batches small writes into larger ones).
 	NoWritebackCache bool
+	// BufferedLoop makes Expose attach its loop device buffered instead of with
+	// direct I/O (LoopOptions.DirectIO).
+	BufferedLoop bool
 }
 
 // MountFile mounts dir (created if missing) as root, without fusermount.
@@ -280,8 +282,6 @@ func (f *fileNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off
 		return 0, syscall.ENOSPC
 	}
 	n, err := f.dev.WriteAt(data, off)
-	QZWrites.Add(1)
-	QZBytes.Add(int64(len(data)))
 	if err != nil {
 		slog.Error("blockdev: write", "off", off, "len", len(data), "err", err)
 		return uint32(n), syscall.EIO
@@ -293,19 +293,12 @@ func (f *fileNode) Fsync(ctx context.Context, fh fs.FileHandle, flags uint32) sy
 	if f.ro {
 		return 0
 	}
-	t0 := time.Now()
 	if err := f.dev.Sync(); err != nil {
 		slog.Error("blockdev: fsync", "err", err)
 		return syscall.EIO
 	}
-	if QZTrace {
-		fmt.Fprintf(os.Stderr, "QZ fsync %v writes=%d bytes=%d\n", time.Since(t0), QZWrites.Swap(0), QZBytes.Swap(0))
-	}
 	return 0
 }
-
-var QZTrace = os.Getenv("QZ_TRACE") != ""
-var QZWrites, QZBytes atomic.Int64
 
 // Flush (close(2)) syncs too, so that detaching a loop device makes every
 // write durable.

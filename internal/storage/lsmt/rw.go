@@ -513,6 +513,8 @@ type SealInfo struct {
 	Path string // the data file, now a sealed layer
 	Size int64
 	UUID string
+	// Index is the index file SealUnsynced left behind (no longer needed), or "".
+	Index string
 }
 
 // Seal turns the data file into a sealed layer in place (upstream
@@ -521,9 +523,12 @@ type SealInfo struct {
 // afterwards. It costs O(index entries), not O(data).
 func (l *RWLayer) Seal() (SealInfo, error) { return l.seal(true) }
 
-// SealUnsynced is Seal without the fsync: the sealed file's tail may still be only in
-// the page cache, so the caller fsyncs it (by path) before anything durable refers to
-// it. It keeps a disk flush out of a snapshot's frozen window.
+// SealUnsynced is Seal without the fsync and without removing the index file: the
+// sealed file's tail may still be only in the page cache, so the caller fsyncs it (by
+// path) before anything durable refers to it, and removes SealInfo.Index. Both cost
+// the host filesystem's journal (an unlink frees blocks and can wait for a journal
+// commit: up to tens of ms on a busy host) and are kept out of a snapshot's frozen
+// window this way.
 func (l *RWLayer) SealUnsynced() (SealInfo, error) { return l.seal(false) }
 
 func (l *RWLayer) seal(durable bool) (SealInfo, error) {
@@ -549,8 +554,12 @@ func (l *RWLayer) seal(durable bool) (SealInfo, error) {
 	}
 	copy(buf[len(buf)-HeaderSize:], tb)
 	end := e + int64(len(buf))
-	if err := l.data.Truncate(e); err != nil {
-		return SealInfo{}, fmt.Errorf("%s: seal: %w", l.name, err)
+	// Only a torn tail makes the file longer than eof; a truncate to the same size
+	// would still cost a journal handle on the host.
+	if st, err := l.data.Stat(); err != nil || st.Size() != e {
+		if err := l.data.Truncate(e); err != nil {
+			return SealInfo{}, fmt.Errorf("%s: seal: %w", l.name, err)
+		}
 	}
 	if _, err := l.data.WriteAt(buf, e); err != nil {
 		return SealInfo{}, fmt.Errorf("%s: seal: write index at %d: %w", l.name, e, err)
@@ -562,13 +571,16 @@ func (l *RWLayer) seal(durable bool) (SealInfo, error) {
 	}
 	l.closed = true
 	l.data.Close()
+	info := SealInfo{Path: l.dataPath, Size: end, UUID: l.header.UUID}
 	if l.idx != nil {
 		l.idx.Close()
-		if err := os.Remove(l.indexPath); err != nil {
+		if !durable {
+			info.Index = l.indexPath
+		} else if err := os.Remove(l.indexPath); err != nil {
 			slog.Warn("lsmt: remove index after seal", "index", l.indexPath, "err", err)
 		}
 	}
-	return SealInfo{Path: l.dataPath, Size: end, UUID: l.header.UUID}, nil
+	return info, nil
 }
 
 // Close flushes buffered index entries and closes the files without

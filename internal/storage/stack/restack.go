@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
 )
@@ -81,8 +81,21 @@ func (s *Stack) Persist(ref LayerRef) error {
 			return fmt.Errorf("%w: persist restack: %v", ErrBroken, err)
 		}
 	}
+	s.mu.Lock()
+	idx := s.sealedIndex
+	s.sealedIndex = ""
+	s.mu.Unlock()
+	if idx != "" {
+		if err := os.Remove(idx); err != nil && !errors.Is(err, os.ErrNotExist) {
+			slog.Warn("stack: remove sealed upper's index", "path", idx, "err", err)
+		}
+	}
 	return nil
 }
+
+// sealedIndex is where Restack moves a sealed upper's index file until Persist
+// removes it (Open removes one a crash left).
+func sealedIndex(index string) string { return index + ".sealed" }
 
 // CompactIfDeep compacts the newest lowers into one layer next to output
 // when the lower count exceeds the manifest's MaxDepth (Compact: I/O is not
@@ -127,10 +140,7 @@ func compactPath(output string) string {
 }
 
 func (s *Stack) sealAndRestack(ctx context.Context, output string) (LayerRef, error) {
-	qt0 := time.Now()
 	s.mu.Lock()
-	qt := []time.Duration{time.Since(qt0)}
-	defer func() { fmt.Fprintln(os.Stderr, "QZ restack", qt, time.Since(qt0)) }()
 	defer s.mu.Unlock()
 	if err := s.writable(); err != nil {
 		return LayerRef{}, err
@@ -151,9 +161,7 @@ func (s *Stack) sealAndRestack(ctx context.Context, output string) (LayerRef, er
 	if !sameFS(filepath.Dir(output), filepath.Dir(dataPath)) {
 		return LayerRef{}, fmt.Errorf("stack: restack output %s is not on the upper's filesystem", output)
 	}
-	qt = append(qt, time.Since(qt0))
 	info, err := s.upper.SealUnsynced()
-	qt = append(qt, time.Since(qt0))
 	if err != nil {
 		// Seal failed before anything was renamed; the upper may be
 		// half-sealed, so the stack cannot continue.
@@ -167,10 +175,15 @@ func (s *Stack) sealAndRestack(ctx context.Context, output string) (LayerRef, er
 	if err := os.Rename(dataPath, output); err != nil {
 		return fail(err)
 	}
+	if info.Index != "" {
+		// Out of the fresh upper's way; Persist removes it.
+		if err := os.Rename(info.Index, sealedIndex(info.Index)); err != nil {
+			return fail(err)
+		}
+		s.sealedIndex = sealedIndex(info.Index)
+	}
 	ref := LayerRef{Path: output, Size: info.Size, UUID: info.UUID}
-	qt = append(qt, time.Since(qt0))
 	lw, err := s.openLower(ctx, ref)
-	qt = append(qt, time.Since(qt0))
 	if err != nil {
 		return fail(err)
 	}
@@ -180,7 +193,6 @@ func (s *Stack) sealAndRestack(ctx context.Context, output string) (LayerRef, er
 		lw.src.Close()
 		return fail(err)
 	}
-	qt = append(qt, time.Since(qt0))
 	// Shift the merged tags down one layer and overlay the new lower as tag 0.
 	old := s.merged.Mappings()
 	shifted := make([]lsmt.Mapping, len(old))

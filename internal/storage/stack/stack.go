@@ -72,6 +72,9 @@ type Stack struct {
 	compact sync.Mutex // one compaction at a time
 	// syncHeld > 0 makes Sync skip its fsyncs (HoldSync).
 	syncHeld atomic.Int32
+	// sealedIndex is the index file of the upper Restack sealed last, for Persist
+	// to remove.
+	sealedIndex string
 }
 
 // Open opens the stack a manifest describes, creating the upper's files when
@@ -101,6 +104,12 @@ func Open(ctx context.Context, m *Manifest, o Options) (*Stack, error) {
 	}
 	if u := s.m.Upper; u != nil {
 		d, i := s.m.abs(u.Data), s.m.abs(u.Index)
+		if !u.Sparse {
+			// A crash between Restack and Persist left it; nothing refers to it.
+			if err := os.Remove(sealedIndex(i)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("stack: %w", err)
+			}
+		}
 		up, err := lsmt.OpenRW(d, i)
 		if errors.Is(err, os.ErrNotExist) {
 			if _, serr := os.Stat(d); os.IsNotExist(serr) {

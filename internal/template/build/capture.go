@@ -13,7 +13,10 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/image/install"
 	"github.com/aenv-dev/aenv/internal/image/unpack"
+	"github.com/aenv-dev/aenv/internal/orchestrator"
 )
 
 // Capturer turns a finished build sandbox into the new template's root filesystem.
@@ -185,4 +188,56 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 		l.b.Write(p[:min(room, len(p))])
 	}
 	return len(p), nil
+}
+
+// removeFiles deletes a deleted template's build directories that no sandbox uses:
+// removing files under a live overlay's lower would change running sandboxes.
+func (s *Service) removeFiles(ctx context.Context, t catalog.Template) {
+	root := filepath.Join(s.cfg.DataDir, install.TemplatesDir, t.ID)
+	if !strings.HasPrefix(t.RootFSDir, filepath.Join(root, "builds")+"/") {
+		return // not made by a build (a pulled image, the base template): not ours to remove
+	}
+	if s.pruneBuilds(ctx, t.ID, "") == 0 {
+		os.RemoveAll(root)
+	}
+}
+
+// pruneBuilds removes the build directories of a template except keep and those that
+// sandboxes still run on, and returns how many it kept.
+func (s *Service) pruneBuilds(ctx context.Context, templateID, keep string) int {
+	dir := filepath.Join(s.cfg.DataDir, install.TemplatesDir, templateID, "builds")
+	inUse := map[string]bool{}
+	for tok := ""; ; {
+		items, next, err := s.sbx.List(ctx, orchestrator.ListFilter{NextToken: tok, Limit: orchestrator.MaxListLimit})
+		if err != nil {
+			s.log.Warn("list sandboxes; keeping the template's files", "template", templateID, "err", err)
+			return -1
+		}
+		for _, sb := range items {
+			inUse[sb.Launch.RootFS.LowerDir] = true
+		}
+		if next == "" {
+			break
+		}
+		tok = next
+	}
+	ents, _ := os.ReadDir(dir)
+	kept := 0
+	for _, e := range ents {
+		d := filepath.Join(dir, e.Name())
+		r, known := s.store.get(e.Name())
+		building := known && r.Status == StatusBuilding // a concurrent build of the same template
+		if e.Name() == keep || building || inUse[filepath.Join(d, RootFSName)] || strings.HasPrefix(e.Name(), ".") {
+			kept++
+			continue
+		}
+		if err := os.RemoveAll(d); err != nil {
+			s.log.Warn("remove template files", "template", templateID, "dir", d, "err", err)
+			kept++
+		}
+	}
+	if kept > 0 && keep == "" {
+		s.log.Info("kept template files still used by sandboxes", "template", templateID, "builds", kept)
+	}
+	return kept
 }

@@ -166,6 +166,16 @@ func TestDockerfileSpec(t *testing.T) {
 	if s := d.Spec(); s.Steps[len(s.Steps)-1].Type != StepRun {
 		t.Errorf("a Dockerfile with USER must keep its last user: %+v", s.Steps)
 	}
+	// EXPOSE and LABEL become steps that record them (labels in key order).
+	d, err = ParseDockerfile(strings.NewReader("FROM a\nEXPOSE 80 53/udp\nLABEL z=1 a=2\nUSER x\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = []Step{{Type: StepUser, Args: []string{"root"}}, {Type: StepUser, Args: []string{"x"}},
+		{Type: StepExpose, Args: []string{"80", "53/udp"}}, {Type: StepLabel, Args: []string{"a", "2", "z", "1"}}}
+	if s := d.Spec(); !reflect.DeepEqual(s.Steps, want) || s.Validate() != nil {
+		t.Errorf("spec steps = %+v (%v)", s.Steps, s.Validate())
+	}
 }
 
 func FuzzParseDockerfile(f *testing.F) {

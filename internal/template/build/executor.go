@@ -94,12 +94,26 @@ func (x *executor) run(ctx context.Context, script, user string) error {
 	ctx, cancel := context.WithTimeout(ctx, x.stepTimeout)
 	defer cancel()
 	out := &lineWriter{level: "info", logf: x.logf}
-	errw := &lineWriter{level: "info", logf: x.logf}
+	// The last lines of stderr usually say why a command failed ("No space left on
+	// device", before any summary the command prints): they go into the reason too.
+	var lastErr []string
+	errw := &lineWriter{level: "info", logf: func(level, msg string) {
+		if line := strings.TrimSpace(msg); line != "" {
+			lastErr = append(lastErr[max(0, len(lastErr)-2):], line)
+		}
+		x.logf(level, msg)
+	}}
 	err := x.s.Run(ctx, Command{Script: script, User: user, Dir: x.st.workdir, Env: x.st.env, Stdout: out, Stderr: errw})
 	out.flush()
 	errw.flush()
 	if ctx.Err() != nil && !errors.Is(err, ErrExit) {
 		return fmt.Errorf("timed out after %s", x.stepTimeout)
+	}
+	if tail := strings.Join(lastErr, " | "); errors.Is(err, ErrExit) && tail != "" {
+		if len(tail) > 500 {
+			tail = "..." + tail[len(tail)-500:]
+		}
+		err = fmt.Errorf("%w: %s", err, tail)
 	}
 	return err
 }
@@ -285,6 +299,19 @@ func (x *executor) ensureUser(ctx context.Context) error {
 		return fmt.Errorf("make sure user `user` with home /home/user exists: %w: %s", err, out)
 	}
 	return nil
+}
+
+// imageUser resolves an image's USER (a name or uid, optionally with ":group") to the
+// account name envd runs processes as. A USER the image has no account for falls back to
+// `user`, with a warning: Docker would run as the bare uid, which envd cannot.
+func (x *executor) imageUser(ctx context.Context, u string) string {
+	name, _, _ := strings.Cut(u, ":")
+	out, err := x.quiet(ctx, fmt.Sprintf(`awk -F: -v u=%s '$1==u||$3==u{print $1; exit}' /etc/passwd`, shellQuote(name)))
+	if err == nil && out != "" && !strings.ContainsAny(out, " \n") {
+		return out
+	}
+	x.logf("warn", fmt.Sprintf("the image's USER %q has no account in /etc/passwd; the default user is `user`", u))
+	return "user"
 }
 
 // startAndWait starts the start command in the background and polls the ready

@@ -229,7 +229,7 @@ func TestBuildLayered(t *testing.T) {
 func TestBuildLayeredFromImage(t *testing.T) {
 	n := newNode(t, Config{ImageDiskMB: 256}, true)
 	dir := baseImage(t, n, func(c *v1.Config) {
-		c.User = "nobody"
+		c.User = "65534:65534" // nobody, by uid as images often say
 		c.ExposedPorts = map[string]struct{}{"80/tcp": {}}
 		c.Labels = map[string]string{"from": "image"}
 		c.Cmd = []string{"sleep", "infinity"}

@@ -13,7 +13,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -410,6 +409,10 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 	if err := x.ensureUser(ctx); err != nil {
 		return failStep("base", err)
 	}
+	if icfg.User != "" {
+		x.st.user = x.imageUser(ctx, icfg.User)
+		x.startUser = x.st.user
+	}
 	enterPhase(ctx, PhaseSteps)
 	if err := x.steps(ctx, spec.Steps); err != nil {
 		return err
@@ -488,7 +491,7 @@ func (s *Service) base(ctx context.Context, spec Spec, logf func(level, msg stri
 	logf("info", "pulling "+spec.FromImage)
 	img, err := image.Pull(ctx, spec.FromImage, opts)
 	if err != nil {
-		return catalog.Template{}, fmt.Errorf("pull %s: %w", spec.FromImage, err)
+		return catalog.Template{}, err // "pull REF: why"
 	}
 	defer img.Close()
 	id := "img-" + strings.TrimPrefix(img.Digest, "sha256:")[:min(24, len(strings.TrimPrefix(img.Digest, "sha256:")))]
@@ -538,58 +541,6 @@ func (s *Service) Delete(ctx context.Context, idOrAlias string) (catalog.Templat
 	}
 	s.removeFiles(ctx, t)
 	return t, nil
-}
-
-// removeFiles deletes a deleted template's build directories that no sandbox uses:
-// removing files under a live overlay's lower would change running sandboxes.
-func (s *Service) removeFiles(ctx context.Context, t catalog.Template) {
-	root := filepath.Join(s.cfg.DataDir, install.TemplatesDir, t.ID)
-	if !strings.HasPrefix(t.RootFSDir, filepath.Join(root, "builds")+"/") {
-		return // not made by a build (a pulled image, the base template): not ours to remove
-	}
-	if s.pruneBuilds(ctx, t.ID, "") == 0 {
-		os.RemoveAll(root)
-	}
-}
-
-// pruneBuilds removes the build directories of a template except keep and those that
-// sandboxes still run on, and returns how many it kept.
-func (s *Service) pruneBuilds(ctx context.Context, templateID, keep string) int {
-	dir := filepath.Join(s.cfg.DataDir, install.TemplatesDir, templateID, "builds")
-	inUse := map[string]bool{}
-	for tok := ""; ; {
-		items, next, err := s.sbx.List(ctx, orchestrator.ListFilter{NextToken: tok, Limit: orchestrator.MaxListLimit})
-		if err != nil {
-			s.log.Warn("list sandboxes; keeping the template's files", "template", templateID, "err", err)
-			return -1
-		}
-		for _, sb := range items {
-			inUse[sb.Launch.RootFS.LowerDir] = true
-		}
-		if next == "" {
-			break
-		}
-		tok = next
-	}
-	ents, _ := os.ReadDir(dir)
-	kept := 0
-	for _, e := range ents {
-		d := filepath.Join(dir, e.Name())
-		r, known := s.store.get(e.Name())
-		building := known && r.Status == StatusBuilding // a concurrent build of the same template
-		if e.Name() == keep || building || inUse[filepath.Join(d, RootFSName)] || strings.HasPrefix(e.Name(), ".") {
-			kept++
-			continue
-		}
-		if err := os.RemoveAll(d); err != nil {
-			s.log.Warn("remove template files", "template", templateID, "dir", d, "err", err)
-			kept++
-		}
-	}
-	if kept > 0 && keep == "" {
-		s.log.Info("kept template files still used by sandboxes", "template", templateID, "builds", kept)
-	}
-	return kept
 }
 
 // Templates lists the node's templates (not snapshots), oldest first.

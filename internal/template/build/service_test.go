@@ -23,8 +23,8 @@ import (
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
-	"github.com/aenv-dev/aenv/internal/sandbox/oci"
 	"github.com/aenv-dev/aenv/internal/rootfs"
+	"github.com/aenv-dev/aenv/internal/sandbox/oci"
 	"github.com/aenv-dev/aenv/internal/template/base"
 	"github.com/aenv-dev/aenv/internal/template/layered"
 )
@@ -79,6 +79,13 @@ func newRealNode(t testing.TB, cfg Config) *realNode {
 // (as `aenv serve` makes it), so its sandboxes and builds run on layered roots.
 func newNode(t testing.TB, cfg Config, layeredBase bool) *realNode {
 	t.Helper()
+	return newNodeAt(t, cfg, layeredBase, 0)
+}
+
+// newNodeAt makes node number net (0 or 1) of a test: each has a network and cgroup
+// parent of its own, so two can run side by side.
+func newNodeAt(t testing.TB, cfg Config, layeredBase bool, net int) *realNode {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (runc, netns, overlayfs)")
 	}
@@ -119,8 +126,9 @@ func newNode(t testing.TB, cfg Config, layeredBase bool) *realNode {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	be, err := oci.New(ctx, oci.Config{DataDir: filepath.Join(data, "oci"), EnvdPath: buildEnvd(t), Runtime: "runc",
-		CgroupParent: "aenv-bldtest", Logger: log,
-		Network: network.Config{Bridge: "aenvbldt0", Subnet: "10.89.40.0/24", Prefix: "aenvbt", PoolSize: 1}})
+		CgroupParent: fmt.Sprintf("aenv-bldtest%d", net), Logger: log,
+		Network: network.Config{Bridge: fmt.Sprintf("aenvbldt%d", net), Subnet: fmt.Sprintf("10.89.%d.0/24", 40+net),
+			Prefix: fmt.Sprintf("aenvb%d", net), PoolSize: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +138,7 @@ func newNode(t testing.TB, cfg Config, layeredBase bool) *realNode {
 		if err := be.Pool().Teardown(context.Background()); err != nil {
 			t.Errorf("tear down the test network: %v", err)
 		}
-		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/aenv-bldtest")
+		dirs, _ := filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/*/aenv-bldtest%d", net))
 		for _, d := range dirs {
 			os.Remove(d)
 		}

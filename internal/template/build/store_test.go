@@ -257,6 +257,8 @@ func TestSpecValidate(t *testing.T) {
 		{Type: StepRun, Args: []string{"echo hi"}}, {Type: StepRun, Args: []string{"id", "root"}},
 		{Type: StepEnv, Args: []string{"A", "1"}}, {Type: StepWorkdir, Args: []string{"/app"}},
 		{Type: StepUser, Args: []string{"user"}}, {Type: StepCopy, Args: []string{"a", "/b", "", ""}, FilesHash: "ff"},
+		{Type: StepExpose, Args: []string{"80", "53/udp"}}, {Type: StepLabel, Args: []string{"a", "b", "c d", ""}},
+		{Type: StepDefaultUser},
 	}}
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
@@ -272,6 +274,12 @@ func TestSpecValidate(t *testing.T) {
 		{FromTemplate: "b", Steps: []Step{{Type: StepCopy, Args: []string{"a", "/b"}}}},
 		{FromTemplate: "b", Steps: []Step{{Type: StepCopy, Args: []string{"a", "/b", "", "999"}, FilesHash: "x"}}},
 		{FromTemplate: "b", Steps: []Step{{Type: StepCopy, Args: []string{"a", "/b"}, FilesHash: "../x"}}},
+		{FromTemplate: "b", Steps: []Step{{Type: StepExpose}}},
+		{FromTemplate: "b", Steps: []Step{{Type: StepExpose, Args: []string{"0"}}}},
+		{FromTemplate: "b", Steps: []Step{{Type: StepExpose, Args: []string{"65536/tcp"}}}},
+		{FromTemplate: "b", Steps: []Step{{Type: StepExpose, Args: []string{"http"}}}},
+		{FromTemplate: "b", Steps: []Step{{Type: StepLabel, Args: []string{"a"}}}},
+		{FromTemplate: "b", Steps: []Step{{Type: StepDefaultUser, Args: []string{"root"}}}},
 	}
 	for i, s := range bad {
 		if err := s.Validate(); !errors.Is(err, ErrInvalidSpec) {

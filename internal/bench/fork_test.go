@@ -1,0 +1,217 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aenv-dev/aenv/internal/envd"
+	"github.com/aenv-dev/aenv/internal/envd/identity"
+	"github.com/aenv-dev/aenv/internal/envd/state"
+)
+
+// fakeNode answers the REST calls the benchmarks make and passes envd traffic to one
+// real in-process envd (every "sandbox" shares it: commands run on this host).
+type fakeNode struct {
+	t   *testing.T
+	url string
+
+	mu       sync.Mutex
+	seq      int
+	live     map[string]bool
+	forkErrs int             // children per fork answered with an error
+	onResume func(id string) // called at each connect
+	pauses   int
+	forks    int
+}
+
+func newFakeNode(t *testing.T) *fakeNode {
+	t.Helper()
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/bin/bash"); err != nil {
+		t.Skip("needs /bin/bash")
+	}
+	dir := t.TempDir()
+	pw, gr := filepath.Join(dir, "passwd"), filepath.Join(dir, "group")
+	passwd := fmt.Sprintf("root:x:0:0:root:/root:/bin/sh\n%s:x:%s:%s::%s:/bin/sh\n", u.Username, u.Uid, u.Gid, dir)
+	if u.Uid == "0" {
+		passwd = "root:x:0:0:root:" + dir + ":/bin/sh\n"
+	}
+	if err := os.WriteFile(pw, []byte(passwd), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gr, []byte("root:x:0:\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ed := envd.New(envd.Config{Users: identity.DB{PasswdPath: pw, GroupPath: gr}, Defaults: state.New(u.Username), DiskPath: dir})
+	n := &fakeNode{t: t, live: map[string]bool{}}
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+			n.mu.Lock()
+			ok := n.live[id]
+			n.mu.Unlock()
+			if !ok {
+				http.Error(w, "sandbox "+id+" is not running", http.StatusBadGateway)
+				return
+			}
+			ed.ServeHTTP(w, r)
+			return
+		}
+		n.rest(w, r)
+	}))
+	t.Cleanup(func() {
+		ed.Process.SignalAll(9)
+		hs.CloseClientConnections()
+		hs.Close()
+		ed.Close()
+	})
+	n.url = hs.URL
+	return n
+}
+
+func (n *fakeNode) newID() string {
+	n.seq++
+	id := fmt.Sprintf("sbx%d", n.seq)
+	n.live[id] = true
+	return id
+}
+
+func (n *fakeNode) rest(w http.ResponseWriter, r *http.Request) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	reply := func(code int, v any) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		if v != nil {
+			json.NewEncoder(w).Encode(v)
+		}
+	}
+	switch {
+	case r.Method == http.MethodPost && r.URL.Path == "/v2/sandboxes":
+		reply(http.StatusCreated, Sandbox{ID: n.newID()})
+	case r.Method == http.MethodDelete && len(parts) == 2:
+		delete(n.live, parts[1])
+		w.WriteHeader(http.StatusNoContent)
+	case r.Method == http.MethodPost && len(parts) == 3 && parts[2] == "fork":
+		var body struct{ Count int }
+		json.NewDecoder(r.Body).Decode(&body)
+		n.forks++
+		out := make([]map[string]any, body.Count)
+		for i := range out {
+			if i < n.forkErrs {
+				out[i] = map[string]any{"error": map[string]any{"code": 500, "message": "no slot"}}
+				continue
+			}
+			out[i] = map[string]any{"sandbox": Sandbox{ID: n.newID()}}
+		}
+		reply(http.StatusCreated, out)
+	case r.Method == http.MethodPost && len(parts) == 3 && parts[2] == "pause":
+		var body map[string]bool
+		if json.NewDecoder(r.Body).Decode(&body) != nil || body["memory"] {
+			reply(http.StatusBadRequest, map[string]string{"message": "want memory:false"})
+			return
+		}
+		n.pauses++
+		n.live[parts[1]] = false
+		w.WriteHeader(http.StatusNoContent)
+	case r.Method == http.MethodPost && len(parts) == 3 && parts[2] == "connect":
+		n.live[parts[1]] = true
+		if n.onResume != nil {
+			n.onResume(parts[1])
+		}
+		reply(http.StatusCreated, Sandbox{ID: parts[1]})
+	default:
+		reply(http.StatusNotFound, map[string]string{"message": "no route " + r.Method + " " + r.URL.Path})
+	}
+}
+
+func TestRunFork(t *testing.T) {
+	n := newFakeNode(t)
+	c := NewClient(n.url, "key", 4)
+	defer c.Close()
+	r, err := RunFork(t.Context(), c, ForkOptions{Template: "base", Count: 3, Runs: 2, Warmup: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Failures != 0 || r.AllAnswered.N != 2 || r.Fork.N != 2 || r.Child.N != 6 || n.forks != 3 {
+		t.Fatalf("result %+v after %d forks", r, n.forks)
+	}
+	if r.AllAnswered.Min < r.Fork.Min || r.AllAnswered.Max < r.Child.Max {
+		t.Fatalf("all answered (%v) is not the slowest child (%v) after the fork (%v)", r.AllAnswered, r.Child, r.Fork)
+	}
+	n.mu.Lock()
+	for id, live := range n.live {
+		if live {
+			t.Errorf("sandbox %s left running", id)
+		}
+	}
+	n.forkErrs = 1
+	n.mu.Unlock()
+	r, err = RunFork(t.Context(), c, ForkOptions{Template: "base", Count: 2, Runs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Failures != 2 || len(r.Errors) != 1 || !strings.Contains(r.Errors[0], "no slot") {
+		t.Fatalf("failed children not reported: %+v", r)
+	}
+	var out strings.Builder
+	if err := r.Write(&out, "table"); err != nil || !strings.Contains(out.String(), "all answered") ||
+		!strings.Contains(out.String(), "2 of 2 runs had failures") {
+		t.Fatalf("table: %v\n%s", err, out.String())
+	}
+}
+
+func TestRunPause(t *testing.T) {
+	n := newFakeNode(t)
+	c := NewClient(n.url, "key", 2)
+	defer c.Close()
+	file := filepath.Join(t.TempDir(), "f")
+	r, err := RunPause(t.Context(), c, PauseOptions{Template: "base", N: 3, Warmup: 1, File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Failures != 0 || r.Pause.N != 3 || r.Resume.N != 3 || r.Command.N != 3 || n.pauses != 4 {
+		t.Fatalf("result %+v after %d pauses", r, n.pauses)
+	}
+	// A resume that loses the file is a failed cycle.
+	n.mu.Lock()
+	n.onResume = func(string) { os.Remove(file) }
+	n.mu.Unlock()
+	r, err = RunPause(t.Context(), c, PauseOptions{Template: "base", N: 2, File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Failures != 2 || len(r.Errors) == 0 || !strings.Contains(r.Errors[0], "after resume") {
+		t.Fatalf("lost file not reported: %+v", r)
+	}
+	var out strings.Builder
+	if err := r.Write(&out, "json"); err != nil || !strings.Contains(out.String(), `"failures": 2`) {
+		t.Fatalf("json: %v\n%s", err, out.String())
+	}
+}
+
+func TestBenchOptionsRejected(t *testing.T) {
+	c := NewClient("http://127.0.0.1:1", "key", 1)
+	defer c.Close()
+	for _, o := range []ForkOptions{{Count: 0, Runs: 1}, {Count: 1, Runs: 0}, {Count: 1, Runs: 1, Warmup: -1}} {
+		if _, err := RunFork(t.Context(), c, o); err == nil || !strings.Contains(err.Error(), "must be") {
+			t.Errorf("RunFork(%+v) = %v, want an options error", o, err)
+		}
+	}
+	for _, o := range []PauseOptions{{N: 0}, {N: 1, Warmup: -1}} {
+		if _, err := RunPause(t.Context(), c, o); err == nil || !strings.Contains(err.Error(), "must be") {
+			t.Errorf("RunPause(%+v) = %v, want an options error", o, err)
+		}
+	}
+}
