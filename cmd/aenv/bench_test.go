@@ -20,6 +20,13 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"bench", "create", "--concurrency", "x"}, `invalid argument "x"`},
 		{[]string{"bench", "density", "-o", "xml"}, `-o "xml": want table or json`},
 		{[]string{"bench", "density", "--count", "0", "-o", "json"}, "count must be positive"},
+		{[]string{"bench", "fork", "-o", "yaml"}, `-o "yaml": want table or json`},
+		{[]string{"bench", "fork", "-n", "0", "-o", "json"}, "count (0) and runs (5) must be positive"},
+		{[]string{"bench", "fork", "--runs", "0", "-o", "json"}, "count (16) and runs (0) must be positive"},
+		{[]string{"bench", "fork", "--warmup", "-1", "-o", "json"}, "warmup (-1) not negative"},
+		{[]string{"bench", "pause", "-o", "csv"}, `-o "csv": want table or json`},
+		{[]string{"bench", "pause", "-n", "0", "-o", "json"}, "n (0) must be positive"},
+		{[]string{"bench", "pause", "-n", "x"}, `invalid argument "x"`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

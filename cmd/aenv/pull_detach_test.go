@@ -1,6 +1,8 @@
 package main
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -58,5 +60,32 @@ func TestSecondsOrDuration(t *testing.T) {
 		if err := (secondsOrDuration{&d}).Set(in); err != nil || d != want {
 			t.Errorf("Set(%q) = %v, %v; want %v", in, d, err, want)
 		}
+	}
+}
+
+// TestPullTimeout: --timeout bounds a pull from a registry that never answers, and the
+// abandoned pull registers nothing.
+func TestPullTimeout(t *testing.T) {
+	url, cat := pullNode(t)
+	hang := make(chan struct{})
+	reg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+	}))
+	defer reg.Close()
+	defer close(hang)
+	before, _ := cat.Templates().List("")
+	start := time.Now()
+	_, _, err := aenv(t, url, "pull", strings.TrimPrefix(reg.URL, "http://")+"/slow:1", "--name", "slow", "--timeout", "1")
+	if err == nil || !strings.Contains(err.Error(), "deadline") {
+		t.Fatalf("pull from a hanging registry: %v", err)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("--timeout 1 returned after %s", d)
+	}
+	if after, _ := cat.Templates().List(""); len(after) != len(before) {
+		t.Errorf("the timed-out pull registered a template")
 	}
 }

@@ -67,7 +67,7 @@ func keepAliveEvery(grace time.Duration) time.Duration {
 	if grace <= 0 {
 		grace = repository.DefaultGrace
 	}
-	return time.Hour // NEGATIVE CONTROL
+	return min(max(grace/4, 10*time.Second), 5*time.Minute)
 }
 
 func (r *nodeRepository) keepAlive(ctx context.Context, every time.Duration, log *slog.Logger) {
@@ -86,10 +86,11 @@ func (r *nodeRepository) keepAlive(ctx context.Context, every time.Duration, log
 	}
 }
 
-// Close stops the keep-alive and waits for the block cache's prefetches.
+// Close stops the keep-alive and waits for it and for the block cache's prefetches.
 func (r *nodeRepository) Close() error {
 	r.stop()
 	r.wg.Wait()
+	r.layers.Wait()
 	return r.blocks.Close()
 }
 

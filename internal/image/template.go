@@ -31,7 +31,14 @@ type BuildOptions struct {
 	// User is the account made sure to exist (default DefaultUser, whose
 	// home is /home/<User>).
 	User string
+	// MinFree is the disk space unpacking keeps free on dir's filesystem (default
+	// DefaultMinFree; negative: no check): an image too big for the node's disk fails
+	// instead of filling the disk the node's catalog and sandboxes live on.
+	MinFree int64
 }
+
+// DefaultMinFree is BuildOptions.MinFree's default.
+const DefaultMinFree = 512 << 20
 
 // Built is an image unpacked into a template directory.
 type Built struct {
@@ -56,6 +63,9 @@ func BuildTemplate(ctx context.Context, img *Image, dir string, o BuildOptions) 
 	}
 	if o.User == "" {
 		o.User = DefaultUser
+	}
+	if o.MinFree == 0 {
+		o.MinFree = DefaultMinFree
 	}
 	progress := o.Progress
 	if progress == nil {
@@ -90,7 +100,7 @@ func BuildTemplate(ctx context.Context, img *Image, dir string, o BuildOptions) 
 	b := &Built{Image: *img, User: o.User}
 	b.Image.img, b.Image.cleanups = nil, nil
 	for n, l := range img.Layers {
-		applied, err := ApplyLayer(ctx, o.Store, l, rootfs)
+		applied, err := applyLayer(ctx, o.Store, l, rootfs, unpack.Options{MinFree: max(o.MinFree, 0)})
 		if err != nil {
 			return nil, fmt.Errorf("layer %d (%s): %w", n+1, l.Digest, err)
 		}
@@ -123,11 +133,15 @@ func BuildTemplate(ctx context.Context, img *Image, dir string, o BuildOptions) 
 // rootfs, or a mounted filesystem being converted) and verifies its diff id.
 // It returns the uncompressed bytes read.
 func ApplyLayer(ctx context.Context, s *Store, l Layer, root string) (int64, error) {
+	return applyLayer(ctx, s, l, root, unpack.Options{})
+}
+
+func applyLayer(ctx context.Context, s *Store, l Layer, root string, o unpack.Options) (int64, error) {
 	rc, err := s.OpenLayer(l)
 	if err != nil {
 		return 0, err
 	}
-	_, aerr := unpack.Apply(ctx, root, rc, unpack.Options{})
+	_, aerr := unpack.Apply(ctx, root, rc, o)
 	verr := rc.Close()
 	n := rc.(*verifiedReader).Size()
 	if verr != nil {

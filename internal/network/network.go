@@ -7,7 +7,9 @@
 package network
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -199,6 +201,18 @@ func (p *Pool) ensureBridge() error {
 	if l.Type() != "bridge" {
 		return fmt.Errorf("network: %s exists and is a %s, not a bridge", p.cfg.Bridge, l.Type())
 	}
+	// Pin the bridge's MAC. Unpinned, a Linux bridge takes the lowest MAC of its ports, so
+	// it changes as sandboxes' veths come and go; every change flushes the bridge's
+	// neighbour table (the permanent entries of every sandbox included) and leaves the
+	// sandboxes' ARP caches pointing the gateway at a MAC nobody answers to: their replies
+	// to the host are flooded and dropped until ARP recovers, seconds of stall (the
+	// multi-second p99 of concurrent creates). Setting the address, even to its current
+	// value, makes the kernel keep it.
+	if mac := bridgeMAC(l.Attrs().HardwareAddr, p.cfg.Bridge); !bytes.Equal(mac, l.Attrs().HardwareAddr) || !macPinned(p.cfg.Bridge) {
+		if err := netlink.LinkSetHardwareAddr(l, mac); err != nil {
+			return fmt.Errorf("network: pin the MAC of %s to %s: %w", p.cfg.Bridge, mac, err)
+		}
+	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: p.gateway.AsSlice(), Mask: net.CIDRMask(p.subnet.Bits(), 32)}}
 	if err := netlink.AddrReplace(l, addr); err != nil {
 		return fmt.Errorf("network: address on %s: %w", p.cfg.Bridge, err)
@@ -207,6 +221,26 @@ func (p *Pool) ensureBridge() error {
 		return fmt.Errorf("network: bring up %s: %w", p.cfg.Bridge, err)
 	}
 	return nil
+}
+
+// bridgeMAC is the MAC to pin the bridge to: its current one when that is a unicast
+// address (a bridge without ports has none: all zeros), else a locally administered one
+// derived from its name, the same at every start.
+func bridgeMAC(cur net.HardwareAddr, name string) net.HardwareAddr {
+	if len(cur) == 6 && cur[0]&1 == 0 && !bytes.Equal(cur, make([]byte, 6)) {
+		return cur
+	}
+	sum := sha256.Sum256([]byte("aenv bridge " + name))
+	mac := net.HardwareAddr(sum[:6])
+	mac[0] = mac[0]&^1 | 2 // unicast, locally administered
+	return mac
+}
+
+// macPinned reports whether the kernel keeps the bridge's MAC (it was set, not taken
+// from a port: addr_assign_type NET_ADDR_SET).
+func macPinned(name string) bool {
+	raw, err := os.ReadFile("/sys/class/net/" + name + "/addr_assign_type")
+	return err == nil && strings.TrimSpace(string(raw)) == "3"
 }
 
 // existingIndexes finds slots of this prefix left by an earlier run (netns or host veth).

@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"os"
+	"slices"
 	"syscall"
 )
 
@@ -43,4 +44,20 @@ func (o *Orchestrator) crashPoint(operation, stage string) {
 	o.log.Warn("crash point reached: killing the node", "point", o.crashAt)
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // SIGKILL cannot be caught; nothing after this runs
+}
+
+// armCrashPoint says loudly that a crash point is set, and when it names none that
+// exists (a typo would otherwise make a crash test pass without crashing).
+func (o *Orchestrator) armCrashPoint() {
+	if o.crashAt == "" {
+		return
+	}
+	known := []string{CrashSnapshotCaptured, CrashSnapshotRegistered, CrashSnapshotPublishing,
+		CrashForkCaptured, CrashForkLaunched, CrashPauseCaptured, CrashPausePersisted}
+	if !slices.Contains(known, o.crashAt) {
+		o.log.Error("unknown debug crash point; ignored", "env", CrashPointEnv, "point", o.crashAt, "known", known)
+		o.crashAt = ""
+		return
+	}
+	o.log.Warn("debug crash point armed: the node kills itself there", "env", CrashPointEnv, "point", o.crashAt)
 }

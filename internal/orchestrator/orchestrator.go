@@ -219,6 +219,7 @@ func New(cfg Config, backend sandbox.Backend, cat *catalog.Catalog, opts ...Opti
 	for _, opt := range opts {
 		opt(o)
 	}
+	o.armCrashPoint()
 	if o.m, err = newMetrics(cfg.Registerer, o); err != nil {
 		return nil, err
 	}

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,6 +114,9 @@ func TestSnapshotAndFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("snapshot: %+v", times)
+	if _, err := os.Stat(filepath.Join(dir, "a", expeditedMarker)); !os.IsNotExist(err) {
+		t.Fatalf("expedited-RCU marker left after the snapshot: %v", err)
+	}
 	if len(lowers) != 2 || lowers[1].Path != filepath.Join(dir, "layers", "snap1.commit") {
 		t.Fatalf("lowers %+v", lowers)
 	}
@@ -167,6 +172,10 @@ func TestGrow(t *testing.T) {
 	if v, _ := os.ReadFile(filepath.Join(bdi, "strict_limit")); strings.TrimSpace(string(v)) != "1" {
 		t.Fatalf("strict_limit %q while mounted", v)
 	}
+	// The loop device reads and writes the FUSE file directly (one page cache, not two).
+	if v, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(b.Device()), "loop", "dio")); err != nil || strings.TrimSpace(string(v)) != "1" {
+		t.Fatalf("loop direct I/O %q (%v), want 1", v, err)
+	}
 	// Undo it while the device is still ours (once detached, a parallel test may take it).
 	if err := b.undirty(); err != nil {
 		t.Fatal(err)
@@ -204,9 +213,12 @@ func TestSweep(t *testing.T) {
 	}
 }
 
-// TestSnapshotUnderWrites snapshots while a writer creates files, in both quiesce modes:
-// every file finished before the snapshot began is complete in a root opened from the
-// snapshot, and the filesystem checks clean (after the journal replay the mount does).
+// TestSnapshotUnderWrites snapshots during a heavy write loop, in both quiesce modes:
+// one writer creates small files, another streams 1 MiB writes into a large file. Every
+// file finished before the snapshot began is complete in a root opened from the
+// snapshot, and so is every byte of the stream written before it began; the filesystem
+// checks clean: a freeze's image as it was sealed (no journal to replay), a sync's after
+// the mount replayed its journal.
 func TestSnapshotUnderWrites(t *testing.T) {
 	for _, q := range []struct {
 		name string
@@ -216,75 +228,117 @@ func TestSnapshotUnderWrites(t *testing.T) {
 	}
 }
 
+// streamChunk is the stream writer's n-th 1 MiB block.
+func streamChunk(n int) []byte {
+	b := bytes.Repeat([]byte{byte(n), byte(n >> 8), 0x5a, 0xa5}, 1<<18)
+	return b
+}
+
 func testSnapshotUnderWrites(t *testing.T, q Quiesce) {
 	needBlock(t)
 	ctx := context.Background()
 	dir := t.TempDir()
-	base := baseLayer(t, dir, 128, map[string]string{"f": "x"})
+	base := baseLayer(t, dir, 64, map[string]string{"f": "x"})
 	mnt := filepath.Join(dir, "a", "root")
-	a := open(t, Spec{Dir: filepath.Join(dir, "a"), Lowers: []stack.LayerRef{base}, Target: mnt})
+	a := open(t, Spec{Dir: filepath.Join(dir, "a"), Lowers: []stack.LayerRef{base}, VirtualSize: 512 << 20, Target: mnt})
 	body := func(n int) []byte { return bytes.Repeat([]byte(strconv.Itoa(n)+"\n"), 2000+n) }
 	stop := make(chan struct{})
-	done := make(chan int)
-	var mu sync.Mutex
-	written := 0 // files fully written (write + close returned)
+	var wg sync.WaitGroup
+	var files, chunks atomic.Int64 // files and stream chunks fully written (the call returned)
+	wg.Add(2)
 	go func() {
-		n := 0
-		for {
+		defer wg.Done()
+		for n := 0; ; n++ {
 			select {
 			case <-stop:
-				done <- n
 				return
 			default:
 			}
 			if err := os.WriteFile(filepath.Join(mnt, "w"+strconv.Itoa(n)), body(n), 0o644); err != nil {
 				t.Error(err)
-				done <- n
 				return
 			}
-			n++
-			mu.Lock()
-			written = n
-			mu.Unlock()
+			files.Store(int64(n + 1))
 		}
 	}()
-	for {
-		mu.Lock()
-		w := written
-		mu.Unlock()
-		if w >= 200 {
-			break
+	go func() {
+		defer wg.Done()
+		f, err := os.Create(filepath.Join(mnt, "stream"))
+		if err != nil {
+			t.Error(err)
+			return
 		}
+		defer f.Close()
+		// Up to 256 MiB: far more than the root may hold dirty (MaxDirty).
+		for n := 0; n < 256; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := f.Write(streamChunk(n)); err != nil {
+				t.Error(err)
+				return
+			}
+			chunks.Store(int64(n + 1))
+		}
+	}()
+	for files.Load() < 200 || chunks.Load() < 64 {
 		time.Sleep(time.Millisecond)
 	}
-	mu.Lock()
-	before := written
-	mu.Unlock()
+	beforeFiles, beforeChunks := int(files.Load()), int(chunks.Load())
 	lowers, times, err := a.Snapshot(ctx, filepath.Join(dir, "layers", "s.commit"), q)
 	close(stop)
-	total := <-done
+	wg.Wait()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d files before the snapshot, %d in all; %+v", before, total, times)
+	t.Logf("%d files and %d MiB before the snapshot, %d and %d in all; %+v", beforeFiles, beforeChunks, files.Load(), chunks.Load(), times)
+
+	if q == QuiesceFreeze {
+		// The sealed image itself, read-only, before anything mounted it.
+		fsck(t, ctx, filepath.Join(dir, "sealed"), lowers, false)
+	}
 	kdir := filepath.Join(dir, "k")
 	k := open(t, Spec{Dir: kdir, Lowers: lowers, Target: filepath.Join(kdir, "root")})
-	for n := 0; n < before; n++ {
+	for n := 0; n < beforeFiles; n++ {
 		got, err := os.ReadFile(filepath.Join(kdir, "root", "w"+strconv.Itoa(n)))
 		if err != nil || !bytes.Equal(got, body(n)) {
-			t.Fatalf("file %d of %d written before the snapshot: %d bytes, %v", n, before, len(got), err)
+			t.Fatalf("file %d of %d written before the snapshot: %d bytes, %v", n, beforeFiles, len(got), err)
 		}
 	}
+	sf, err := os.Open(filepath.Join(kdir, "root", "stream"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 1<<20)
+	for n := 0; n < beforeChunks; n++ {
+		if _, err := io.ReadFull(sf, got); err != nil || !bytes.Equal(got, streamChunk(n)) {
+			sf.Close()
+			t.Fatalf("stream MiB %d of %d written before the snapshot: %v", n, beforeChunks, err)
+		}
+	}
+	sf.Close()
 	if err := k.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// fsck the child's device (lowers + the upper it wrote during its mount).
-	st, err := stack.Open(ctx, &stack.Manifest{Dir: kdir, Lowers: lowers, Upper: &stack.Upper{Data: upperData, Index: upperIndex}}, stack.Options{})
+	// The child's device (lowers + the upper it wrote during its mount).
+	fsck(t, ctx, kdir, lowers, true)
+}
+
+// fsck checks the ext4 filesystem on lowers (plus dir's upper when withUpper), read-only.
+func fsck(t *testing.T, ctx context.Context, dir string, lowers []stack.LayerRef, withUpper bool) {
+	t.Helper()
+	m := &stack.Manifest{Dir: dir, Lowers: lowers}
+	if withUpper {
+		m.Upper = &stack.Upper{Data: upperData, Index: upperIndex}
+	}
+	st, err := stack.Open(ctx, m, stack.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	ex, err := blockdev.Expose(ctx, filepath.Join(kdir, "fsck"), st, blockdev.MountOptions{ReadOnly: true})
+	ex, err := blockdev.Expose(ctx, filepath.Join(dir, "fsck"), st, blockdev.MountOptions{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -199,5 +199,8 @@ func TestTemplateTagsRoute(t *testing.T) {
 		t.Errorf("tags of t1: %d %s", rec.Code, rec.Body)
 	}
 	wantError(t, e.do("GET", "/templates/t1/other", ""), 404, "route not found")
+	// Template.exists("name:tag") is true only for a tag the template has.
+	wantError(t, e.do("GET", "/templates/aliases/tags:v1", ""), 404, `tag "v1"`)
+	wantError(t, e.do("GET", "/templates/aliases/nope:v1", ""), 404, "not found")
 	wantError(t, e.doWith("GET", "/templates/t1/tags", "", nil), 401, "API key")
 }

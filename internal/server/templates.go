@@ -36,6 +36,7 @@ type TemplateBuilder interface {
 	AssignTags(target string, tags []string) (buildID string, assigned []string, err error)
 	RemoveTags(name string, tags []string) error
 	Tags(idOrAlias string) ([]build.Tag, error)
+	ResolveTag(nameTag string) (catalog.Template, error)
 }
 
 // uploadURLTTL is how long an upload URL from GET /templates/{id}/files/{hash} is valid.
@@ -379,6 +380,9 @@ func (h *handlers) GetTemplate(w http.ResponseWriter, r *http.Request, templateI
 	for _, rec := range recs {
 		tb := api.TemplateBuild{BuildID: rec.ID, Status: api.TemplateBuildStatus(rec.Status), CreatedAt: rec.CreatedAt,
 			UpdatedAt: rec.UpdatedAt, CpuCount: int32(rec.Resources.CPUCount), MemoryMB: int32(rec.Resources.MemoryMB)}
+		if d := int32(rec.Resources.DiskSizeMB); d > 0 {
+			tb.DiskSizeMB = &d
+		}
 		if !rec.FinishedAt.IsZero() {
 			f := rec.FinishedAt
 			tb.FinishedAt = &f
@@ -393,7 +397,8 @@ func (h *handlers) GetTemplateAlias(w http.ResponseWriter, r *http.Request, alia
 	if !ok {
 		return
 	}
-	t, err := b.Resolve(alias)
+	// Template.exists("name:tag") asks for a tagged build.
+	t, err := b.ResolveTag(alias)
 	if err != nil {
 		writeBuildError(w, r, err)
 		return

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
@@ -18,6 +19,7 @@ var (
 )
 
 func TestArtifactLayers(t *testing.T) {
+	hexA := strings.Repeat("a", 64)
 	for _, tc := range []struct {
 		name, art string
 		want      []LayerFile
@@ -29,6 +31,9 @@ func TestArtifactLayers(t *testing.T) {
 		{"nested and repeated", `{"overlaybd":{"lowers":[{"path":"/t/x.zfile","uuid":"X"}]},"again":[{"path":"/t/x.zfile","uuid":"X"}]}`,
 			[]LayerFile{{Path: "/t/x.zfile", UUID: "X"}}, false},
 		{"relative and uuid-less paths are not layers", `{"rootfs":{"path":"rel/a","uuid":"U"},"dir":{"path":"/rootfs"}}`, nil, false},
+		{"digest-only (read lazily) between files", `{"layers":[{"digest":"sha256:` + hexA + `","uuid":"L","size":512},{"path":"/l/c.commit","uuid":"C"},{"digest":"sha256:` + hexA + `","uuid":"L"}]}`,
+			[]LayerFile{{Digest: repository.Digest("sha256:" + hexA), UUID: "L", Size: 512}, {Path: "/l/c.commit", UUID: "C"}}, false},
+		{"bad digest, or a digest without a uuid, is not a layer", `{"layers":[{"digest":"sha256:zz","uuid":"L"},{"digest":"sha256:` + hexA + `"}]}`, nil, false},
 		{"not json", `{"layers":`, nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -58,7 +58,7 @@ func TestKill9MidSnapshotForkPause(t *testing.T) {
 			c := n.client()
 			src := n.create(ctx, c)
 			// Big enough that the publication is still uploading when the node dies.
-			run(ctx, t, c, src, "echo v1 > /home/user/marker && head -c 64000000 /dev/urandom > /home/user/big && sync")
+			run(ctx, t, c, src, "echo v1 > /home/user/marker && head -c 64000000 /dev/urandom > /home/user/big")
 
 			err := tc.act(ctx, n, src.ID)
 			var se *bench.APIError
@@ -255,7 +255,7 @@ func requireRepositoryConsistent(ctx context.Context, t *testing.T, n *node) {
 func requireNoStateLeftovers(t *testing.T, n *node) {
 	t.Helper()
 	var left []string
-	for _, dir := range []string{"oci/captures", "oci/layers", "snapshot/publishing"} {
+	for _, dir := range []string{"oci/captures", "oci/layers", "snapshot/publishing", "repository/tmp", "repository-cache/tmp"} {
 		ents, _ := os.ReadDir(filepath.Join(n.dataDir, dir))
 		for _, e := range ents {
 			left = append(left, filepath.Join(dir, e.Name()))

@@ -2,8 +2,14 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
 	"testing"
+	"time"
 
+	"github.com/aenv-dev/aenv/internal/bench"
+	"github.com/aenv-dev/aenv/internal/repository"
 	"github.com/aenv-dev/aenv/internal/repository/s3"
 	"github.com/aenv-dev/aenv/internal/repository/s3/s3test"
 )
@@ -33,4 +39,68 @@ func TestSharedS3Repository(t *testing.T) {
 		"AENV_REPOSITORY_S3_ADDRESSING=path",
 		"AENV_REPOSITORY_S3_ACCESS_KEY="+s3test.AccessKey,
 		"AENV_REPOSITORY_S3_SECRET_KEY="+s3test.SecretKey)
+}
+
+// TestS3UnreachableMidPublish: the S3 server dies while a node publishes a snapshot. The
+// snapshot is answered and usable on the node all the same, its record is never complete
+// while the server is down (no other node would use it), and once the server is back the
+// node completes the publication by itself, every blob in place.
+func TestS3UnreachableMidPublish(t *testing.T) {
+	needNode(t)
+	srv := s3test.Start(t)
+	bucket := srv.Bucket(t)
+	repo, err := s3.Open(context.Background(), s3.Config{Endpoint: srv.Endpoint, Bucket: bucket,
+		Addressing: s3.AddressPath, AccessKey: s3test.AccessKey, SecretKey: s3test.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION=stop", "AENV_SNAPSHOT_SYNC_INTERVAL=1s",
+		"AENV_SNAPSHOT_REPOSITORY_BACKEND=s3", "AENV_REPOSITORY_S3_ENDPOINT="+srv.Endpoint,
+		"AENV_REPOSITORY_S3_BUCKET="+bucket, "AENV_REPOSITORY_S3_ADDRESSING=path",
+		"AENV_REPOSITORY_S3_ACCESS_KEY="+s3test.AccessKey, "AENV_REPOSITORY_S3_SECRET_KEY="+s3test.SecretKey)
+	n.start()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c := n.client()
+	src := n.create(ctx, c)
+	run(ctx, t, c, src, "echo v1 > /home/user/marker && head -c 32000000 /dev/urandom > /home/user/big")
+
+	srv.Kill()
+	out, err := n.api(ctx, http.MethodPost, "/sandboxes/"+src.ID+"/snapshots", `{}`, http.StatusCreated)
+	if se := (*bench.APIError)(nil); errors.As(err, &se) && se.Status == http.StatusNotImplemented {
+		t.Skipf("the base template is not layered on this host: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("snapshot with the repository down: %v", err)
+	}
+	var info struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil || info.SnapshotID == "" {
+		t.Fatalf("snapshot answer %s: %v", out, err)
+	}
+	child, err := c.Create(ctx, bench.CreateRequest{TemplateID: info.SnapshotID, Timeout: 300, Secure: true})
+	if err != nil {
+		t.Fatalf("create from a snapshot whose publication is stuck: %v", err)
+	}
+	n.observe()
+	if got := run(ctx, t, c, child, "cat /home/user/marker"); got != "v1" {
+		t.Fatalf("sandbox from the snapshot reads %q", got)
+	}
+	time.Sleep(3 * time.Second) // uploads fail and retry meanwhile
+	srv.Restart(t)
+	if rec, err := repo.GetRecord(ctx, repository.KindSnapshot, info.SnapshotID); err == nil && rec.State == repository.StateComplete {
+		t.Fatal("the record was complete although the repository was down")
+	}
+	if !waitFor(2*time.Minute, func() bool {
+		rec, err := repo.GetRecord(ctx, repository.KindSnapshot, info.SnapshotID)
+		return err == nil && rec.State == repository.StateComplete
+	}) {
+		t.Fatalf("the publication did not complete after the repository came back:\n%s", n.output())
+	}
+	requireCompleteRecord(ctx, t, repo, info.SnapshotID)
+
+	killAll(ctx, t, c)
+	n.stop()
+	requireNoLeftovers(t, n, nil)
 }

@@ -96,7 +96,7 @@ func TestCopySparse(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			n, err := copySparse(f, bytes.NewReader(in), make([]byte, sparseChunk))
+			n, err := copySparse(f, bytes.NewReader(in), make([]byte, sparseChunk), nil)
 			if err != nil || n != int64(len(in)) {
 				t.Fatalf("copySparse = %d, %v; want %d", n, err, len(in))
 			}
@@ -109,7 +109,7 @@ func TestCopySparse(t *testing.T) {
 	// A truncated entry is an error, not a short file.
 	f, _ := os.Create(filepath.Join(t.TempDir(), "f"))
 	defer f.Close()
-	if _, err := copySparse(f, io.MultiReader(bytes.NewReader(ones(10)), errReader{io.ErrUnexpectedEOF}), make([]byte, sparseChunk)); !errors.Is(err, io.ErrUnexpectedEOF) {
+	if _, err := copySparse(f, io.MultiReader(bytes.NewReader(ones(10)), errReader{io.ErrUnexpectedEOF}), make([]byte, sparseChunk), nil); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("truncated: err = %v", err)
 	}
 }
@@ -117,3 +117,49 @@ func TestCopySparse(t *testing.T) {
 type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// TestApplyMinFree applies layers onto a 96 MiB tmpfs that must keep 16 MiB free: a
+// layer of dense data that would eat into that fails with ErrNoSpace, while a small one
+// and a huge file of zeros (holes) go through.
+func TestApplyMinFree(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	root := t.TempDir()
+	if err := syscall.Mount("tmpfs", root, "tmpfs", 0, "size=96m"); err != nil {
+		t.Skipf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(root, syscall.MNT_DETACH) })
+	dense := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(i*7 + 1)
+		}
+		return b
+	}
+	layer := func(name string, body []byte) io.Reader {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})
+		tw.Write(body)
+		tw.Close()
+		return &buf
+	}
+	o := Options{MinFree: 16 << 20}
+	ctx := context.Background()
+	if _, err := Apply(ctx, root, layer("small", dense(4<<20)), o); err != nil {
+		t.Fatalf("small layer: %v", err)
+	}
+	if _, err := Apply(ctx, root, layer("zeros", make([]byte, 256<<20)), o); err != nil {
+		t.Fatalf("a file of zeros larger than the disk: %v", err)
+	}
+	_, err := Apply(ctx, root, layer("big", dense(80<<20)), o)
+	if !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("dense layer: err = %v, want ErrNoSpace", err)
+	}
+	var st syscall.Statfs_t
+	syscall.Statfs(root, &st)
+	if free := int64(st.Bavail) * st.Bsize; free < 16<<20 {
+		t.Errorf("only %d MiB left free", free>>20)
+	}
+}

@@ -42,6 +42,10 @@ type Options struct {
 	NoChown bool
 	// Log receives debug lines about skipped attributes; nil means slog.Default.
 	Log *slog.Logger
+	// MinFree keeps this many bytes free on root's filesystem: Apply fails with
+	// ErrNoSpace rather than fill a disk the node itself needs (its catalog, other
+	// sandboxes). 0: no check.
+	MinFree int64
 }
 
 // Stats counts what Apply did.
@@ -80,6 +84,7 @@ type applier struct {
 	// a whiteout) drops the whole cache.
 	dirs map[string]openDir
 	buf  []byte // copySparse's scratch space
+	free freeSpace
 }
 
 type openDir struct {
@@ -140,6 +145,7 @@ func Apply(ctx context.Context, root string, r io.Reader, o Options) (Stats, err
 	defer rt.Close()
 	a := &applier{
 		root: rt, log: o.Log,
+		free:     freeSpace{path: root, min: o.MinFree},
 		chown:    !o.NoChown && os.Geteuid() == 0,
 		devices:  os.Geteuid() == 0,
 		seen:     map[string]bool{},
@@ -224,7 +230,7 @@ func (a *applier) entry(h *tar.Header, r io.Reader) error {
 		if a.buf == nil {
 			a.buf = make([]byte, sparseChunk)
 		}
-		n, err := copySparse(f, r, a.buf)
+		n, err := copySparse(f, r, a.buf, a.free.reserve)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}

@@ -39,7 +39,8 @@ type Resolver struct {
 	// has none); KeepAlive refreshes blobs there. Nil disables KeepAlive.
 	Remote repository.Repository
 
-	fetched atomic.Int64 // bytes read from remote blobs
+	fetched atomic.Int64   // bytes read from remote blobs
+	leases  sync.WaitGroup // keep-alives started by OpenLayer
 	mu      sync.Mutex
 	open    map[repository.Digest]int // remote blobs open now
 }
@@ -86,19 +87,22 @@ func (r *Resolver) OpenLayer(ctx context.Context, ref stack.LayerRef) (stack.Sou
 	if first && r.Remote != nil {
 		// Until the next KeepAlive, only the record keeps the blob; a delete
 		// of the record elsewhere must not take it from under this reader.
-		go func() {
+		r.leases.Go(func() {
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			defer cancel()
 			if _, err := r.Remote.PutBlob(lctx, d, -1, eofReader{}); err != nil {
 				slog.Warn("layers: keep a lazily read layer alive", "digest", d, "err", err)
 			}
-		}()
+		})
 	}
 	if r.Cache == nil {
 		return &direct{rb}, nil
 	}
 	return &cached{File: r.Cache.File(string(d), rb), blob: rb}, nil
 }
+
+// Wait waits for the keep-alives OpenLayer started in the background.
+func (r *Resolver) Wait() { r.leases.Wait() }
 
 // FetchedBytes is how many bytes were read from blobs not held on this node
 // (through the block cache, only its misses and prefetches).
@@ -164,10 +168,39 @@ type remoteBlob struct {
 	closed atomic.Bool
 }
 
+// readTries bounds the attempts of one remote read; a read that still fails
+// reaches the sandbox as an I/O error, so a passing network fault must not.
+const readTries = 3
+
 func (b *remoteBlob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	n, err := b.BlobReader.ReadAt(ctx, p, off)
-	b.r.fetched.Add(int64(n))
-	return n, err
+	wait := 50 * time.Millisecond
+	for try := 1; ; try++ {
+		n, err := b.BlobReader.ReadAt(ctx, p, off)
+		b.r.fetched.Add(int64(n))
+		if err == nil || errors.Is(err, io.EOF) || !transient(err) || try == readTries {
+			return n, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return n, err
+		case <-t.C:
+		}
+		wait *= 2
+	}
+}
+
+// transient reports read errors worth another try: not a missing or corrupt
+// blob, bad arguments or cancellation.
+func transient(err error) bool {
+	for _, e := range []error{repository.ErrNotFound, repository.ErrInvalid, repository.ErrDigestMismatch,
+		context.Canceled, context.DeadlineExceeded} {
+		if errors.Is(err, e) {
+			return false
+		}
+	}
+	return true
 }
 
 func (b *remoteBlob) Close() error {

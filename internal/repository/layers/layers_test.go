@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,6 +106,7 @@ func TestKeepAlive(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	r.Wait()
 	if got := r.Open(); !slices.Equal(got, []repository.Digest{d}) {
 		t.Fatalf("open blobs %v", got)
 	}
@@ -150,5 +152,85 @@ func TestKeepAlive(t *testing.T) {
 	res, err = repository.GC(ctx, repo, repository.GCOptions{Grace: time.Hour})
 	if err != nil || len(res.Deleted) != 1 {
 		t.Fatalf("GC of an aged, closed, unreferenced blob: %+v %v", res, err)
+	}
+}
+
+// flaky is a real repository whose blob reads fail while fails > 0 (one
+// failure per call), with err.
+type flaky struct {
+	repository.Repository
+	fails atomic.Int64
+	calls atomic.Int64
+	err   error
+}
+
+func (f *flaky) OpenBlob(ctx context.Context, d repository.Digest) (repository.BlobReader, error) {
+	br, err := f.Repository.OpenBlob(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	return &flakyReader{BlobReader: br, f: f}, nil
+}
+
+type flakyReader struct {
+	repository.BlobReader
+	f *flaky
+}
+
+func (r *flakyReader) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	r.f.calls.Add(1)
+	if r.f.fails.Add(-1) >= 0 {
+		return 0, r.f.err
+	}
+	return r.BlobReader.ReadAt(ctx, p, off)
+}
+
+// A remote read that fails transiently is retried (a sandbox would see an I/O error);
+// one that keeps failing, or fails for good (the blob is gone), is reported.
+func TestRemoteReadRetries(t *testing.T) {
+	repo, err := posixfs.Open(t.TempDir(), posixfs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	data, d := repositorytest.Blob(5, 64<<10)
+	if _, err := repo.PutBlob(ctx, d, int64(len(data)), bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	netErr := errors.New("connection reset by peer")
+	for _, tc := range []struct {
+		name      string
+		fails     int64
+		err       error
+		ok        bool
+		wantCalls int64
+	}{
+		{"healthy", 0, netErr, true, 1},
+		{"one transient failure", 1, netErr, true, 2},
+		{"two transient failures", 2, netErr, true, 3},
+		{"persistent failure", 100, netErr, false, readTries},
+		{"blob gone", 100, repository.ErrNotFound, false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &flaky{Repository: repo, err: tc.err}
+			r := &Resolver{Repo: f}
+			src, err := r.OpenLayer(ctx, stack.LayerRef{Digest: string(d)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			f.fails.Store(tc.fails)
+			p := make([]byte, 100)
+			_, err = src.ReadAt(p, 10)
+			if tc.ok != (err == nil) || (err == nil && !bytes.Equal(p, data[10:110])) {
+				t.Fatalf("read: %v", err)
+			}
+			if err != nil && !errors.Is(err, tc.err) {
+				t.Fatalf("error %v does not wrap %v", err, tc.err)
+			}
+			if got := f.calls.Load(); got != tc.wantCalls {
+				t.Fatalf("%d reads, want %d", got, tc.wantCalls)
+			}
+		})
 	}
 }

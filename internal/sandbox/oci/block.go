@@ -220,7 +220,8 @@ func (i *Instance) snapshot(ctx context.Context) (*Captured, error) {
 		return nil, err
 	}
 	b.log.Debug("oci: snapshot", "id", i.id, "capture", id, "layers", len(lowers),
-		"sync", times.Sync, "frozen", times.Frozen, "total", times.Total)
+		"sync", times.Sync, "frozen", times.Frozen, "freeze", times.Freeze, "seal", times.Seal,
+		"durable", times.Durable, "total", times.Total)
 	return c, nil
 }
 

@@ -63,10 +63,10 @@ func benchLaunchRoot(b *testing.B, kind string, warm int) {
 
 // BenchmarkSnapshot measures Instance.Snapshot of a running sandbox right after it wrote
 // a given amount of data (not fsynced: the snapshot flushes it): the whole capture and the
-// frozen window (freeze, seal and restack, thaw).
+// frozen window (freeze, seal and restack, thaw), the 0, 100 MiB and 1 GiB.
 func BenchmarkSnapshot(b *testing.B) {
 	for _, q := range []string{QuiesceFreeze, QuiesceSync} {
-		for _, mb := range []int{0, 10, 1024} {
+		for _, mb := range []int{0, 100, 1024} {
 			b.Run(fmt.Sprintf("quiesce=%s/written=%dMiB", q, mb), func(b *testing.B) { benchSnapshot(b, q, mb) })
 		}
 	}

@@ -127,6 +127,71 @@ func TestRWWriteReopenSealCommit(t *testing.T) {
 	}
 }
 
+// TestSealUnsynced seals without the fsync: the layer is complete and readable, the
+// index file is left for the caller (SealInfo.Index), and the layer is closed.
+func TestSealUnsynced(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	l, _, i := newRW(t)
+	model := make(modelDisk, testVSize)
+	randomOps(t, r, l, model, 200)
+	want := l.Mappings()
+	si, err := l.SealUnsynced()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if si.Index != i {
+		t.Fatalf("index left %q, want %q", si.Index, i)
+	}
+	if _, err := os.Stat(i); err != nil {
+		t.Fatalf("index file: %v", err)
+	}
+	if st, err := os.Stat(si.Path); err != nil || st.Size() != si.Size {
+		t.Fatalf("sealed file %v, size %d", err, si.Size)
+	}
+	sl := openFile(t, si.Path)
+	checkAll(t, sl, model)
+	if st := sl.Trailer(); st.Flags != FlagData|FlagSealed || st.IndexSize != uint64(len(want)) {
+		t.Fatalf("seal trailer %+v", st)
+	}
+	if _, err := l.WriteAt(make([]byte, SectorSize), 0); !errors.Is(err, ErrClosed) {
+		t.Fatalf("write after seal: %v", err)
+	}
+	if err := l.Flush(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("flush after seal: %v", err)
+	}
+}
+
+// TestCreateNoSync creates a layer without syncing it; Sync makes it durable later.
+func TestCreateNoSync(t *testing.T) {
+	dir := t.TempDir()
+	d, i := filepath.Join(dir, "d"), filepath.Join(dir, "i")
+	l, err := CreateRW(d, i, CreateOptions{VirtualSize: testVSize, NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.WriteAt(bytes.Repeat([]byte{3}, SectorSize), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StartWriteback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := OpenRW(d, i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	got := make([]byte, SectorSize)
+	if _, err := l2.ReadAt(got, 0); err != nil || got[0] != 3 {
+		t.Fatalf("reopened: %v %d", err, got[0])
+	}
+}
+
 func openFile(t *testing.T, p string) *Layer {
 	t.Helper()
 	f, err := os.Open(p)

@@ -3,6 +3,7 @@ package build
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -82,13 +83,21 @@ type captureOf struct {
 	Resources   sandbox.Resources `json:"resources"`
 }
 
-// snapshotCapture is the Capturer for build sandboxes on layered roots.
-type snapshotCapture struct{ sbx SandboxCapturer }
+// snapshotCapture is the Capturer for build sandboxes on layered roots. A sandbox the
+// backend cannot capture (a directory root) is captured by fallback instead.
+type snapshotCapture struct {
+	sbx      SandboxCapturer
+	fallback Capturer
+}
 
 // Capture implements Capturer: dir is not used, the layers stay where the backend
 // sealed them.
-func (c snapshotCapture) Capture(ctx context.Context, s *Session, _ string, logf func(level, msg string)) (Captured, error) {
+func (c snapshotCapture) Capture(ctx context.Context, s *Session, dir string, logf func(level, msg string)) (Captured, error) {
 	raw, err := c.sbx.CaptureSandbox(ctx, s.SandboxID)
+	if errors.Is(err, orchestrator.ErrUnsupported) {
+		logf("info", "capture: the build sandbox runs on a directory root; copying it out with tar")
+		return c.fallback.Capture(ctx, s, dir, logf)
+	}
 	if err != nil {
 		return Captured{}, fmt.Errorf("capture: snapshot the build sandbox: %w", err)
 	}
@@ -97,7 +106,10 @@ func (c snapshotCapture) Capture(ctx context.Context, s *Session, _ string, logf
 		if derr := c.sbx.DiscardCapture(context.WithoutCancel(ctx), raw); derr != nil {
 			logf("warn", "capture: discard an unusable capture: "+derr.Error())
 		}
-		return Captured{}, fmt.Errorf("capture: the backend's capture has no layers or size (%v)", err)
+		if err == nil {
+			err = errors.New("it names no layers or no disk size")
+		}
+		return Captured{}, fmt.Errorf("capture: unusable capture from the backend: %w", err)
 	}
 	a := &LayersArtifact{Kind: LayersArtifactKind, VirtualSize: co.VirtualSize, Resources: co.Resources, Capture: raw,
 		Overlaybd: LayerStack{SizeMB: int((co.VirtualSize + 1<<20 - 1) >> 20), Layers: co.Layers}}
@@ -105,15 +117,15 @@ func (c snapshotCapture) Capture(ctx context.Context, s *Session, _ string, logf
 	return Captured{Layers: a}, nil
 }
 
-// capturer picks how the build sandbox sb becomes the template: a snapshot where it
-// runs on a layered root and the orchestrator can capture, the configured Capturer
-// (TarCapture by default) otherwise.
-func (s *Service) capturer(sb *orchestrator.Sandbox) Capturer {
+// capturer picks how a build sandbox becomes the template: the configured Capturer,
+// else a snapshot where the orchestrator can capture it (a layered root: a layered
+// template's or a snapshot's), else TarCapture.
+func (s *Service) capturer() Capturer {
 	if s.cfg.Capturer != nil {
 		return s.cfg.Capturer
 	}
-	if c, ok := s.sbx.(SandboxCapturer); ok && len(sb.Launch.RootFS.Layers) > 0 {
-		return snapshotCapture{sbx: c}
+	if c, ok := s.sbx.(SandboxCapturer); ok {
+		return snapshotCapture{sbx: c, fallback: TarCapture{}}
 	}
 	return TarCapture{}
 }
@@ -156,6 +168,44 @@ func (s *Service) dropCapture(ctx context.Context, c Captured, dir string) {
 			s.log.Warn("discard the capture of a failed build", "err", err)
 		}
 	}
+}
+
+// journalCapture records a layered capture in the build's record before the template
+// that will own it is registered (see reclaimCapture).
+func (s *Service) journalCapture(buildID string, c Captured) error {
+	if c.Layers == nil {
+		return nil
+	}
+	_, err := s.store.update(buildID, func(r *Record) error { r.Capture = c.Layers.Capture; return nil })
+	return err
+}
+
+// reclaimCapture gives back the capture of a build the node stopped during, unless its
+// template was registered with it before the node stopped.
+func (s *Service) reclaimCapture(r Record) {
+	sc, ok := s.sbx.(SandboxCapturer)
+	if len(r.Capture) == 0 || !ok {
+		return
+	}
+	if t, err := s.tpls.Get(r.TemplateID); err == nil {
+		if a, ok := layersArtifact(t); ok && captureID(a.Capture) == captureID(r.Capture) {
+			return
+		}
+	}
+	if err := sc.DiscardCapture(context.Background(), r.Capture); err != nil {
+		s.log.Warn("give back the capture of an interrupted build", "build", r.ID, "err", err)
+	}
+}
+
+// captureID is the id a backend capture names itself by ("" when it has none).
+func captureID(raw json.RawMessage) string {
+	var c struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(raw, &c) != nil {
+		return ""
+	}
+	return c.ID
 }
 
 // isLayered reports whether sandboxes of t run on a layered root (a converted image, the

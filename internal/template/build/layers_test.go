@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -178,6 +179,26 @@ func TestBuildLayered(t *testing.T) {
 		}
 	}
 
+	// A build can start from the snapshot: it is layered on the snapshot's stack.
+	fromSnap := n.build(t, "from-snap", Spec{FromTemplate: snap.SnapshotID,
+		Steps: []Step{{Type: StepRun, Args: []string{"cat /app/mine.txt > /app/copied.txt"}}}})
+	if fromSnap.Status != StatusReady {
+		t.Fatalf("build from a snapshot: %s %+v\n%s", fromSnap.Status, fromSnap.Reason, n.logText(fromSnap.ID))
+	}
+	snapTpl, _ := n.cat.Templates().Get(snap.SnapshotID)
+	fsTpl, _ := n.cat.Templates().Resolve("from-snap")
+	if _, ok := layersArtifact(fsTpl); !ok || len(layerPaths(t, fsTpl)) != len(layerPaths(t, snapTpl))+1 {
+		t.Errorf("build from a snapshot is not layered on it: %s", fsTpl.Artifact)
+	}
+	fsb := n.create(t, "from-snap")
+	if got := n.run(t, fsb, "cat /app/copied.txt"); got != "mine" {
+		t.Errorf("sandbox of the build from a snapshot: %q", got)
+	}
+	n.orch.Kill(context.Background(), fsb.ID)
+	if _, err := n.svc.Delete(context.Background(), "from-snap"); err != nil {
+		t.Fatal(err)
+	}
+
 	// A rebuild replaces the template; its old layer stays while sandboxes and the
 	// snapshot use it, and goes with the last of them.
 	old := layers[len(layers)-1]
@@ -290,5 +311,118 @@ func TestBuildLayeredFromImage(t *testing.T) {
 	sb := n.create(t, "img-sdk")
 	if got := n.run(t, sb, "stat -c %U /home/user"); got != "user" {
 		t.Errorf("/home/user is owned by %q", got)
+	}
+}
+
+// TestBuildCaptureReclaimed: a node that stopped between capturing a layered build and
+// registering its template gives the capture back at its next start, and keeps one
+// whose template was registered.
+func TestBuildCaptureReclaimed(t *testing.T) {
+	ctx := context.Background()
+	n := newNode(t, Config{}, true)
+	capture := func() (json.RawMessage, string) {
+		sb := n.create(t, "base")
+		n.run(t, sb, "echo x > /home/user/x")
+		raw, err := n.orch.CaptureSandbox(ctx, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.orch.Kill(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		var c captureOf
+		if err := json.Unmarshal(raw, &c); err != nil {
+			t.Fatal(err)
+		}
+		var top struct {
+			Path string `json:"path"`
+		}
+		json.Unmarshal(c.Layers[len(c.Layers)-1], &top)
+		return raw, top.Path
+	}
+	orphan, orphanLayer := capture()
+	kept, keptLayer := capture()
+	art, _ := json.Marshal(LayersArtifact{Kind: LayersArtifactKind, Capture: kept})
+	if err := n.cat.Templates().Put(catalog.Template{ID: "registered", Kind: catalog.KindTemplate, Artifact: art}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*Record{
+		{ID: "b-orphan", TemplateID: "unregistered", Name: "unregistered", Status: StatusBuilding, Capture: orphan},
+		{ID: "b-kept", TemplateID: "registered", Name: "registered", Status: StatusBuilding, Capture: kept},
+	} {
+		if err := n.svc.store.put(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{orphanLayer, keptLayer} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("captured layer missing before the restart: %v", err)
+		}
+	}
+	svc, err := New(Config{DataDir: n.data, Logger: n.svc.cfg.Logger}, n.orch, n.cat.Templates())
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Close()
+	if _, err := os.Stat(orphanLayer); !os.IsNotExist(err) {
+		t.Errorf("the interrupted build's layer remains: %v", err)
+	}
+	if _, err := os.Stat(keptLayer); err != nil {
+		t.Errorf("the registered template's layer went: %v", err)
+	}
+	if r, _ := svc.store.get("b-orphan"); r.Status != StatusError {
+		t.Errorf("interrupted build is %s", r.Status)
+	}
+}
+
+// fakeCapturer answers CaptureSandbox with raw or err and records discards.
+type fakeCapturer struct {
+	raw       json.RawMessage
+	err       error
+	discarded []json.RawMessage
+}
+
+func (f *fakeCapturer) CaptureSandbox(context.Context, string) (json.RawMessage, error) {
+	return f.raw, f.err
+}
+func (f *fakeCapturer) DiscardCapture(_ context.Context, raw json.RawMessage) error {
+	f.discarded = append(f.discarded, raw)
+	return nil
+}
+
+// fallbackCapturer stands in for TarCapture.
+type fallbackCapturer struct{ called bool }
+
+func (f *fallbackCapturer) Capture(context.Context, *Session, string, func(string, string)) (Captured, error) {
+	f.called = true
+	return Captured{RootFSDir: "/fallback"}, nil
+}
+
+func TestSnapshotCapture(t *testing.T) {
+	good := json.RawMessage(`{"id":"cap-1","layers":[{"path":"/l/base","uuid":"u1"},{"path":"/l/top","uuid":"u2"}],"virtualSize":1073741825,"resources":{"cpuCount":2}}`)
+	for _, tc := range []struct {
+		name               string
+		raw                json.RawMessage
+		err                error
+		wantErr, fallback  bool
+		discards, wantSize int
+	}{
+		{name: "layered", raw: good, wantSize: 1025},
+		{name: "directory root falls back", err: fmt.Errorf("x: %w", orchestrator.ErrUnsupported), fallback: true},
+		{name: "capture fails", err: errors.New("boom"), wantErr: true},
+		{name: "no layers", raw: json.RawMessage(`{"id":"cap-2","layers":[],"virtualSize":1}`), wantErr: true, discards: 1},
+		{name: "not JSON", raw: json.RawMessage(`{`), wantErr: true, discards: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fc, fb := &fakeCapturer{raw: tc.raw, err: tc.err}, &fallbackCapturer{}
+			c, err := snapshotCapture{sbx: fc, fallback: fb}.Capture(context.Background(), &Session{SandboxID: "sb"}, "/dir", func(string, string) {})
+			if (err != nil) != tc.wantErr || fb.called != tc.fallback || len(fc.discarded) != tc.discards {
+				t.Fatalf("err %v, fallback %v, discards %d", err, fb.called, len(fc.discarded))
+			}
+			if tc.wantSize > 0 && (c.Layers == nil || c.Layers.Overlaybd.SizeMB != tc.wantSize || len(c.Layers.Overlaybd.Layers) != 2 ||
+				c.Layers.Resources.CPUCount != 2 || captureID(c.Layers.Capture) != "cap-1") {
+				t.Errorf("captured %+v", c.Layers)
+			}
+		})
 	}
 }

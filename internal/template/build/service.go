@@ -149,6 +149,7 @@ func New(cfg Config, sbx Sandboxes, tpls Templates) (*Service, error) {
 		sem: make(chan struct{}, cfg.MaxConcurrent), tags: tags, met: met}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	for _, r := range st.list(func(r *Record) bool { return r.Status == StatusBuilding }) {
+		s.reclaimCapture(r)
 		st.log(r.ID, "error", "the node stopped during the build")
 		if _, err := st.update(r.ID, func(r *Record) error {
 			r.Status, r.Reason, r.FinishedAt = StatusError, &Reason{Message: "the node stopped during the build"}, time.Now().UTC()
@@ -424,8 +425,12 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 	enterPhase(ctx, PhaseCapture)
 	logf("info", "capturing the template")
 	dir := filepath.Join(s.cfg.DataDir, install.TemplatesDir, rec.TemplateID, "builds", rec.ID)
-	c, err := s.capturer(sb).Capture(ctx, sess, dir, logf)
+	c, err := s.capturer().Capture(ctx, sess, dir, logf)
 	if err != nil {
+		return failStep("finalize", err)
+	}
+	if err := s.journalCapture(rec.ID, c); err != nil {
+		s.dropCapture(ctx, c, dir)
 		return failStep("finalize", err)
 	}
 	icfg.ExposedPorts, icfg.Labels = x.st.expose, x.st.labels

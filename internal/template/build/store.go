@@ -48,10 +48,13 @@ type Record struct {
 	Tags   []string `json:"tags,omitempty"`
 	Reason *Reason  `json:"reason,omitempty"`
 	// SandboxID is the build sandbox while the build runs.
-	SandboxID  string    `json:"sandboxID,omitempty"`
-	CreatedAt  time.Time `json:"createdAt"`
-	UpdatedAt  time.Time `json:"updatedAt"`
-	FinishedAt time.Time `json:"finishedAt,omitzero"`
+	SandboxID string `json:"sandboxID,omitempty"`
+	// Capture is the backend capture a layered build made, recorded before its template
+	// is registered: a node that stops in between gives it back at its next start.
+	Capture    json.RawMessage `json:"capture,omitempty"`
+	CreatedAt  time.Time       `json:"createdAt"`
+	UpdatedAt  time.Time       `json:"updatedAt"`
+	FinishedAt time.Time       `json:"finishedAt,omitzero"`
 }
 
 // LogEntry is one build log line.

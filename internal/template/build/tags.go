@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/catalog"
 )
 
 // DefaultTag is the tag a build gets when its request names none (E2B's default).
@@ -212,6 +214,20 @@ func (s *Service) Tags(idOrAlias string) ([]Tag, error) {
 		return nil, err
 	}
 	return s.tags.list(t.ID), nil
+}
+
+// ResolveTag resolves "name:tag" to the template when it has that tag, and a name
+// without a tag as Resolve does. Unknown names and tags are ErrNotFound.
+func (s *Service) ResolveTag(nameTag string) (catalog.Template, error) {
+	name, tag, hasTag := strings.Cut(nameTag, ":")
+	t, err := s.Resolve(name)
+	if err != nil || !hasTag {
+		return t, err
+	}
+	if _, ok := s.tags.get(t.ID, tag); !ok {
+		return catalog.Template{}, fmt.Errorf("tag %q of template %s: %w", tag, name, ErrNotFound)
+	}
+	return t, nil
 }
 
 // tagsPath is where a data directory keeps template tags (not *.json: the build
