@@ -18,11 +18,12 @@ import (
 // digest only (LayerFile.Digest), and their publication references the blobs
 // already in the repository instead of uploading them.
 
-// lazyPaths maps the digests of rec's layers that this node holds as files
-// to those files; the rest are read lazily.
+// lazyPaths maps each digest of rec's layers to the file this node holds
+// with its bytes, or to "" when it holds none (the layer is read lazily).
 func (p *Publisher) lazyPaths(rec repository.Record) map[repository.Digest]string {
 	out := map[repository.Digest]string{}
 	for _, l := range rec.Layers {
+		out[l.Digest] = ""
 		if path := p.layerPath(l.Digest); fileExists(path) {
 			out[l.Digest] = path
 		}
@@ -35,18 +36,19 @@ func fileExists(path string) bool {
 	return err == nil && st.Mode().IsRegular()
 }
 
-// withLazyPaths points refs whose digest is in local at that file and makes
-// every other ref with a digest digest-only: a path another node wrote is
-// meaningless here.
+// withLazyPaths points the refs of the layers in local at this node's file,
+// or makes them digest-only where local has "": a path another node wrote
+// is meaningless here. Objects with other digests (an image's manifest or
+// source layers) are left alone.
 func withLazyPaths(raw json.RawMessage, local map[repository.Digest]string) (json.RawMessage, error) {
 	return rewriteArtifact(raw, func(o map[string]any) {
-		d, ok := o["digest"].(string)
-		if !ok {
-			return
-		}
-		if path, ok := local[repository.Digest(d)]; ok {
+		d, _ := o["digest"].(string)
+		path, ok := local[repository.Digest(d)]
+		switch {
+		case !ok:
+		case path != "":
 			o["path"] = path
-		} else {
+		default:
 			delete(o, "path")
 		}
 	})

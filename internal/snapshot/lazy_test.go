@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
@@ -192,5 +193,40 @@ func TestLazyPublishMissingLayer(t *testing.T) {
 	bad := Manifest{ID: "snap-bad", Kind: repository.KindSnapshot, Layers: []LayerFile{{Digest: "sha256:xyz"}}}
 	if _, err := n.pub.Publish(ctx, bad); err == nil {
 		t.Fatal("accepted a malformed digest")
+	}
+}
+
+// withLazyPaths rewrites only the refs of the record's layers: to this node's file
+// where it has one, else digest-only; other objects with a digest stay as they are.
+func TestWithLazyPaths(t *testing.T) {
+	dA, dB, other := "sha256:"+strings.Repeat("a", 64), "sha256:"+strings.Repeat("b", 64), "sha256:"+strings.Repeat("c", 64)
+	in := `{"overlaybd":{"layers":[{"path":"/nodeA/a.zfile","digest":"` + dA + `","uuid":"A"},{"path":"/nodeA/b.commit","digest":"` + dB + `","uuid":"B","size":7}]},` +
+		`"image":{"digest":"` + other + `","path":"/src/layout"}}`
+	local := map[repository.Digest]string{repository.Digest(dA): "/here/a.layer", repository.Digest(dB): ""}
+	out, err := withLazyPaths(json.RawMessage(in), local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Overlaybd struct {
+			Layers []map[string]any `json:"layers"`
+		} `json:"overlaybd"`
+		Image map[string]any `json:"image"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	ls := got.Overlaybd.Layers
+	if len(ls) != 2 || ls[0]["path"] != "/here/a.layer" || ls[0]["digest"] != dA {
+		t.Fatalf("layer with a local file: %v", ls)
+	}
+	if _, has := ls[1]["path"]; has || ls[1]["digest"] != dB || ls[1]["uuid"] != "B" || ls[1]["size"] != 7.0 {
+		t.Fatalf("lazy layer: %v", ls[1])
+	}
+	if got.Image["path"] != "/src/layout" || got.Image["digest"] != other {
+		t.Fatalf("non-layer object changed: %v", got.Image)
+	}
+	if _, err := withLazyPaths(json.RawMessage(`{"layers":`), local); err == nil {
+		t.Fatal("accepted an artifact that is not JSON")
 	}
 }

@@ -110,8 +110,19 @@ test('snapshot, create from it, fork, pause to disk, delete', { timeout: 300_000
     await assert.rejects(sbx.files.read('/home/user/mine.txt'))
     assert.equal((await sbx.getInfo()).state, 'running')
 
+    // Bad requests answer a 4xx and change nothing: a count of 0 or 1000, a name taken.
+    for (const count of [0, 1000]) {
+      await assert.rejects(sbx.fork({ count }), (err) => /\b400\b|count/i.test(err.message), `fork count ${count}`)
+    }
+    await assert.rejects(sbx.createSnapshot({ name }), (err) => err instanceof SandboxError && /409/.test(err.message))
+    assert.deepEqual((await sbx.listSnapshots().nextItems()).map((s) => s.snapshotId), [snap.snapshotId])
+
     // pause with keepMemory:false, then connect: same id and token, the files are back.
     await Sandbox.pause(sbx.sandboxId, { keepMemory: false })
+    assert.equal((await sbx.getInfo()).state, 'paused')
+    // A paused sandbox cannot be snapshotted or forked (409) and stays paused.
+    await assert.rejects(sbx.createSnapshot(), (err) => err instanceof SandboxError && /409/.test(err.message))
+    await assert.rejects(sbx.fork({ count: 2 }), (err) => err instanceof SandboxError && /409/.test(err.message))
     assert.equal((await sbx.getInfo()).state, 'paused')
     const again = await Sandbox.connect(sbx.sandboxId)
     assert.equal(again.sandboxId, sbx.sandboxId)

@@ -4,8 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
+
+// teardownNice is the nice value of a background teardown's thread.
+const teardownNice = 10
 
 // StopAfterCapture stops a sandbox whose state is already captured (a pause to disk): its
 // processes are killed before it returns, and the rest of Stop (runtime state, cgroups,
@@ -37,6 +43,11 @@ func (i *Instance) StopAfterCapture(ctx context.Context) error {
 	b.mu.Unlock()
 	go func() {
 		defer b.teardowns.Done()
+		// The teardown's own syscalls (unmounts, loop and network deletion) yield to the
+		// launches it usually overlaps with (the resume of this very sandbox): the thread
+		// runs niced, and ends with this goroutine (Go discards a thread left locked).
+		runtime.LockOSThread()
+		_ = unix.Setpriority(unix.PRIO_PROCESS, 0, teardownNice)
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 		defer cancel()
