@@ -105,6 +105,8 @@ type Slot struct {
 	PrefixLen int
 	// AllowInternet is whether outbound NAT is allowed for this slot.
 	AllowInternet bool
+	// egress is what the slot has in the egress sets (egress.go).
+	egress egressState
 }
 
 // Pool hands out slots. It is safe for concurrent use.
@@ -382,6 +384,7 @@ func (p *Pool) Release(ctx context.Context, s *Slot) error {
 	if !s.AllowInternet {
 		errs = append(errs, p.setInternet(ctx, s, true))
 	}
+	errs = append(errs, p.clearEgress(ctx, s))
 	errs = append(errs, p.destroy(s))
 	p.mu.Lock()
 	delete(p.used, s.Index)

@@ -111,6 +111,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		AutoPause:          req.AutoPause,
 		AutoResume:         req.AutoResume,
 		AllowInternet:      req.AllowInternet,
+		Egress:             req.Egress,
 		Private:            req.Private,
 		Backend:            o.backend.Name(),
 		Launch: LaunchInfo{
@@ -245,6 +246,11 @@ func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbo
 	if err != nil {
 		return nil, "", fmt.Errorf("launch sandbox %s: %w", plan.SandboxID, err)
 	}
+	// Before envd runs anything (the start command included) under the old policy.
+	if err := o.applyEgress(ctx, inst, rec); err != nil {
+		o.stopQuietly(ctx, inst)
+		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
+	}
 	ep := inst.Endpoint()
 	if err := o.m.timeStage(operation, stageEnvdWait, func() error { return o.waitEnvd(ctx, ep) }); err != nil {
 		o.stopQuietly(ctx, inst)
@@ -259,6 +265,7 @@ func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbo
 		o.stopQuietly(ctx, inst)
 		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
 	}
+	o.logEvent(rec.ID, LevelInfo, "sandbox started", map[string]string{"operation": operation})
 	if runsFreshProcesses(plan, o.backend.Capabilities()) {
 		// A start command that cannot be started is the template's fault, not the
 		// sandbox's: the sandbox is still usable, so it is reported, not fatal.

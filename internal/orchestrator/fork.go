@@ -104,6 +104,7 @@ func (o *Orchestrator) forkChild(ctx context.Context, src *Sandbox, c sandbox.Ca
 		AutoPauseDisk:      src.AutoPauseDisk,
 		AutoResume:         src.AutoResume,
 		AllowInternet:      src.AllowInternet,
+		Egress:             src.Egress,
 		Private:            src.Private,
 		Backend:            o.backend.Name(),
 		Launch:             src.Launch,

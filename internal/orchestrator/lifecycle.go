@@ -98,6 +98,7 @@ func (o *Orchestrator) doPause(ctx context.Context, e *entry, p *op, opts sandbo
 		o.mu.Unlock()
 		return o.unpause(ctx, e, p, err)
 	}
+	o.logEvent(e.rec.ID, LevelInfo, "sandbox paused", nil)
 	o.finish(e, p, StatePaused, nil)
 	return nil
 }

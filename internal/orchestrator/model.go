@@ -81,6 +81,8 @@ type CreateRequest struct {
 	Resources sandbox.Resources // zero fields take the template's values
 	// AutoPauseDisk makes the timeout pause a pause to disk (E2B's autoPauseMemory:false).
 	AutoPauseDisk bool
+	// Egress is network.allowOut/denyOut, validated by ParseEgress.
+	Egress Egress
 }
 
 // ConnectOptions is a v1/v2 connect or resume.
@@ -121,7 +123,9 @@ type Sandbox struct {
 	AutoResume         bool              `json:"autoResume"`
 	AllowInternet      bool              `json:"allowInternet"`
 	// Private sandboxes require TrafficAccessToken on user ports.
-	Private bool   `json:"private,omitempty"`
+	Private bool `json:"private,omitempty"`
+	// Egress is the destination part of the outbound policy (network.go).
+	Egress  Egress `json:"egress,omitzero"`
 	Backend string `json:"backend"`
 	// AutoPauseDisk makes the timeout pause to disk instead of keeping memory.
 	AutoPauseDisk bool `json:"autoPauseDisk,omitempty"`

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -154,6 +155,7 @@ type Orchestrator struct {
 	pub     Publisher      // nil: nothing is published or pinned
 	pins    PinLister      // nil: Start keeps every pin
 	crashAt string         // CrashPointEnv, read once at New (debug only)
+	logs    *logStore      // sandbox logs (logs.go)
 
 	// regMu orders a snapshot's registration and publication (read side) before a
 	// delete of the same entry (write side), so a delete that overtakes a snapshot
@@ -215,6 +217,7 @@ func New(cfg Config, backend sandbox.Backend, cat *catalog.Catalog, opts ...Opti
 		seed:    seed,
 		entries: map[string]*entry{},
 		crashAt: os.Getenv(CrashPointEnv),
+		logs:    newLogStore(filepath.Join(filepath.Dir(cat.Path()), "sandbox-logs")),
 	}
 	for _, opt := range opts {
 		opt(o)
@@ -400,6 +403,9 @@ func (o *Orchestrator) remove(e *entry, p *op, err error) {
 	// Before the operation completes, so a caller that saw the kill finish sees the
 	// layers released too.
 	o.unpin(id)
+	if lerr := o.logs.drop(id); lerr != nil {
+		o.log.Warn("delete sandbox logs", "sandbox", id, "err", lerr)
+	}
 	o.mu.Lock()
 	if o.entries[id] == e {
 		delete(o.entries, id)

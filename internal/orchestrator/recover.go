@@ -111,6 +111,7 @@ func (o *Orchestrator) Start(ctx context.Context) error {
 			}
 			e.rec.State = StateRunning
 		}
+		o.reapplyEgress(ctx, e)
 		o.mu.Lock()
 		o.entries[id] = e
 		o.armLocked(e)
@@ -118,6 +119,7 @@ func (o *Orchestrator) Start(ctx context.Context) error {
 		kept++
 	}
 	o.reconcilePins()
+	o.sweepLogs()
 	o.reconcileCaptures(ctx)
 	o.publishMissed(ctx)
 	o.log.Info("orchestrator started", "sandboxes", kept, "dropped", dropped)

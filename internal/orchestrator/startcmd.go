@@ -35,21 +35,27 @@ func (o *Orchestrator) startTemplateCommand(ctx context.Context, ep sandbox.Endp
 	if cmd == "" {
 		return nil
 	}
-	client := envdclient.New(o.envd, o.envdURL(ep), envdclient.WithAccessToken(rec.EnvdAccessToken))
-	// The process outlives this stream: envd keeps it running when the client goes away.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	p, err := client.Start(ctx, envdclient.Command{
+	// The stream outlives the operation: it carries the output into the sandbox's logs
+	// (logs.go) until the process ends or the sandbox goes. Only starting is bounded by ctx.
+	client := envdclient.New(o.streamClient(), o.envdURL(ep), envdclient.WithAccessToken(rec.EnvdAccessToken))
+	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	p, err := client.Start(fctx, envdclient.Command{
 		Cmd:  "/bin/bash",
 		Args: []string{"-l", "-c", cmd},
 		Cwd:  cmp.Or(rec.Launch.DefaultWorkdir, defaultWorkdir),
 		User: cmp.Or(rec.Launch.DefaultUser, defaultUser),
 		Tag:  startCmdTag,
 	})
-	if err != nil {
+	if !stop() || err != nil {
+		cancel()
+		if err == nil {
+			p.Close()
+			err = ctx.Err()
+		}
 		// ErrNoStart's text keeps the message this returned before envdclient existed.
 		return fmt.Errorf("start command: %w", err)
 	}
-	p.Close()
+	o.followStartCommand(rec.ID, p, cancel)
 	return nil
 }

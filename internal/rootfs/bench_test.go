@@ -58,7 +58,7 @@ func BenchmarkSnapshotStall(b *testing.B) {
 					}
 				}
 			}()
-			var stalls, totals, frozen, idle []time.Duration
+			var stalls, totals, frozen, freeze, idle []time.Duration
 			b.ResetTimer()
 			for n := 0; n < b.N; n++ {
 				b.StopTimer()
@@ -77,6 +77,7 @@ func BenchmarkSnapshotStall(b *testing.B) {
 				stalls = append(stalls, time.Duration(worst.Load()))
 				totals = append(totals, t.Total)
 				frozen = append(frozen, t.Frozen)
+				freeze = append(freeze, t.Freeze)
 			}
 			b.StopTimer()
 			close(stop)
@@ -84,7 +85,7 @@ func BenchmarkSnapshotStall(b *testing.B) {
 			for _, s := range []struct {
 				unit string
 				d    []time.Duration
-			}{{"stall-ms", stalls}, {"baseline-stall-ms", idle}, {"frozen-ms", frozen}, {"total-ms", totals}} {
+			}{{"stall-ms", stalls}, {"baseline-stall-ms", idle}, {"frozen-ms", frozen}, {"freeze-ms", freeze}, {"total-ms", totals}} {
 				sort.Slice(s.d, func(i, j int) bool { return s.d[i] < s.d[j] })
 				b.ReportMetric(float64(s.d[len(s.d)/2].Microseconds())/1000, "median-"+s.unit)
 				b.ReportMetric(float64(s.d[len(s.d)*9/10].Microseconds())/1000, "p90-"+s.unit)

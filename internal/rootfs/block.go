@@ -66,9 +66,7 @@ type Block struct {
 	ex       *blockdev.Exposed
 	target   string
 	log      *slog.Logger
-	undirty  func() error       // restores the loop device's dirty limits
-	setDirty func(uint64) error // changes its dirty limit; nil without one
-	maxDirty uint64
+	undirty  func() error // restores the loop device's dirty limits
 	stopSync chan struct{}
 	synced   chan struct{}
 	// flushMu keeps the flusher's fsyncs out of a snapshot's frozen window: the seal
@@ -115,8 +113,7 @@ func Open(ctx context.Context, spec Spec) (b *Block, err error) {
 	if spec.MaxDirty == 0 {
 		spec.MaxDirty = DefaultMaxDirty
 	}
-	b.maxDirty = spec.MaxDirty
-	if b.undirty, b.setDirty, err = limitDirty(b.ex.Device(), spec.MaxDirty); err != nil {
+	if b.undirty, err = limitDirty(b.ex.Device(), spec.MaxDirty); err != nil {
 		// Only snapshot latency suffers (it then grows with unflushed data).
 		b.log.Warn("rootfs: no dirty page limit", "dev", b.ex.Device(), "err", err)
 		err = nil

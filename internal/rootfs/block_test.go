@@ -31,7 +31,7 @@ func needBlock(t testing.TB) {
 			t.Skipf("needs %s", p)
 		}
 	}
-	for _, tool := range []string{"mkfs.ext4", "resize2fs", "fsck.ext4"} {
+	for _, tool := range []string{"mkfs.ext4", "resize2fs", "fsck.ext4", "dumpe2fs"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s (e2fsprogs)", tool)
 		}
@@ -343,10 +343,18 @@ func fsck(t *testing.T, ctx context.Context, dir string, lowers []stack.LayerRef
 		t.Fatal(err)
 	}
 	out, ferr := exec.Command("fsck.ext4", "-n", "-f", ex.Device()).CombinedOutput()
+	// A frozen image has its journal flushed: nothing for a mount to replay.
+	sb, derr := exec.Command("dumpe2fs", "-h", ex.Device()).CombinedOutput()
 	if err := ex.Close(); err != nil {
 		t.Error(err)
 	}
 	if ferr != nil {
 		t.Fatalf("fsck: %v\n%s", ferr, out)
+	}
+	if derr != nil {
+		t.Fatalf("dumpe2fs: %v\n%s", derr, sb)
+	}
+	if !withUpper && bytes.Contains(sb, []byte("needs_recovery")) {
+		t.Fatalf("sealed image needs journal recovery:\n%s", sb)
 	}
 }

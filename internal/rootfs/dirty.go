@@ -20,11 +20,11 @@ const DefaultMaxDirty = 32 << 20
 // stack's upper. A snapshot then only has to flush at most max bytes, whatever the root
 // wrote before: its time does not grow with the data written. The returned func puts the
 // kernel's defaults back (loop devices are reused; ResetDirty does the same for a device
-// a crash left limited); set changes the cap while it applies.
-func limitDirty(dev string, max uint64) (restore func() error, set func(uint64) error, err error) {
+// a crash left limited).
+func limitDirty(dev string, max uint64) (restore func() error, err error) {
 	var st unix.Stat_t
 	if err := unix.Stat(dev, &st); err != nil {
-		return nil, nil, fmt.Errorf("rootfs: stat %s: %w", dev, err)
+		return nil, fmt.Errorf("rootfs: stat %s: %w", dev, err)
 	}
 	dir := filepath.Join("/sys/class/bdi", fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev)))
 	read := func(name string) (string, error) {
@@ -35,45 +35,16 @@ func limitDirty(dev string, max uint64) (restore func() error, set func(uint64) 
 		return os.WriteFile(filepath.Join(dir, name), []byte(v), 0o644)
 	}
 	if _, err := read("strict_limit"); err != nil {
-		return nil, nil, fmt.Errorf("rootfs: dirty limit of %s: %w", dev, err)
+		return nil, fmt.Errorf("rootfs: dirty limit of %s: %w", dev, err)
 	}
 	restore = func() error { return resetDirty(dir) }
-	set = func(n uint64) error {
-		if err := write("max_bytes", strconv.FormatUint(n, 10)); err != nil {
-			return fmt.Errorf("rootfs: dirty limit of %s: %w", dev, err)
-		}
-		return nil
-	}
-	if err := set(max); err != nil {
-		return nil, nil, err
+	if err := write("max_bytes", strconv.FormatUint(max, 10)); err != nil {
+		return nil, fmt.Errorf("rootfs: dirty limit of %s: %w", dev, err)
 	}
 	if err := write("strict_limit", "1"); err != nil {
-		return nil, nil, errors.Join(fmt.Errorf("rootfs: dirty limit of %s: %w", dev, err), restore())
+		return nil, errors.Join(fmt.Errorf("rootfs: dirty limit of %s: %w", dev, err), restore())
 	}
-	return restore, set, nil
-}
-
-// snapshotDirtyDivisor is how much tighter the dirty limit is while a snapshot flushes:
-// writers racing the snapshot are throttled to what the device takes, so the freeze
-// after the flush finds at most MaxDirty/snapshotDirtyDivisor dirty (and the throttled
-// writers, which the freeze waits for, pause only briefly).
-const snapshotDirtyDivisor = 8
-
-// tightenDirty lowers the root's dirty limit for a snapshot; the returned func puts
-// MaxDirty back. Without a limit (no sysfs) it does nothing.
-func (b *Block) tightenDirty() (restore func()) {
-	if b.setDirty == nil {
-		return func() {}
-	}
-	if err := b.setDirty(max(b.maxDirty/snapshotDirtyDivisor, 1<<20)); err != nil {
-		b.log.Warn("rootfs: tighten dirty limit for a snapshot", "err", err)
-		return func() {}
-	}
-	return func() {
-		if err := b.setDirty(b.maxDirty); err != nil {
-			b.log.Warn("rootfs: restore dirty limit after a snapshot", "err", err)
-		}
-	}
+	return restore, nil
 }
 
 // flushEvery is how often the flusher looks at the upper's growth.

@@ -65,8 +65,6 @@ func (b *Block) Snapshot(ctx context.Context, output string, q Quiesce) ([]stack
 	// needs. Persist makes it durable afterwards with one fsync per file.
 	release := b.st.HoldSync()
 	defer release()
-	loosen := sync.OnceFunc(b.tightenDirty())
-	defer loosen()
 	if err := syncfs(b.target); err != nil {
 		return nil, t, err
 	}
@@ -92,7 +90,6 @@ func (b *Block) Snapshot(ctx context.Context, output string, q Quiesce) ([]stack
 	terr := thaw()
 	t2 := time.Now()
 	release()
-	loosen()
 	unlockFlusher()
 	t.Freeze, t.Seal, t.Thaw, t.Frozen = tf.Sub(t1), ts.Sub(tf), t2.Sub(ts), t2.Sub(t1)
 	if serr != nil {

@@ -90,6 +90,9 @@ func (s *Server) createRequest(p createParams, defTimeout time.Duration) (orches
 		Secure:        p.secure,
 		Private:       p.network != nil && p.network.AllowPublicTraffic != nil && !*p.network.AllowPublicTraffic,
 	}
+	if req.Egress, err = createEgress(p.network); err != nil {
+		return req, err
+	}
 	if p.metadata != nil {
 		if err := checkStringMap("metadata", *p.metadata); err != nil {
 			return req, err
@@ -332,6 +335,7 @@ func (s *Server) detailBody(sb *orchestrator.Sandbox) api.SandboxDetail {
 		DiskSizeMB: l.DiskSizeMB, EnvdVersion: l.EnvdVersion, State: l.State, Metadata: l.Metadata,
 		Domain:              s.domain(),
 		AllowInternetAccess: &allow,
+		Network:             networkBody(sb),
 		Lifecycle:           &api.SandboxLifecycle{AutoResume: sb.AutoResume, OnTimeout: onTimeout},
 	}
 	if sb.EnvdAccessToken != "" {

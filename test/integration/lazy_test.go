@@ -20,8 +20,9 @@ import (
 	"github.com/aenv-dev/aenv/internal/repository/posixfs"
 )
 
-// lazyPair is two nodes sharing one posix_fs repository directory; B reads A's
-// templates and snapshots lazily (snapshot.lazy_layers, the default).
+// lazyPair is two nodes sharing one posix_fs repository directory; each reads the
+// other's templates and snapshots lazily (snapshot.lazy_layers, set whatever the
+// environment says).
 type lazyPair struct {
 	repo string
 	a, b *node
@@ -49,7 +50,7 @@ func startPair(t testing.TB, env ...string) *lazyPair {
 		os.RemoveAll(repo)
 	})
 	common := append([]string{"AENV_REPOSITORY_POSIX_FS_PATH=" + repo, "AENV_SNAPSHOT_SYNC_INTERVAL=1s",
-		"AENV_SANDBOX_SHUTDOWN_ACTION=stop"}, env...)
+		"AENV_SANDBOX_SHUTDOWN_ACTION=stop", "AENV_SNAPSHOT_LAZY_LAYERS=true"}, env...)
 	p.a = na.newNode(t, common...)
 	p.b = nb.newNode(t, common...)
 	p.a.start()

@@ -192,7 +192,7 @@ type NewSandbox struct {
 	MemoryMB *int32           `json:"memoryMB,omitempty"`
 	Metadata *SandboxMetadata `json:"metadata,omitempty"`
 
-	// Network Accepted for compatibility. allowPublicTraffic=false (private sandboxes) is refused with 400 for now; the other fields are not acted on yet.
+	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted and reported but not acted on; egressProxy and rules are refused with 400.
 	Network *SandboxNetworkConfig `json:"network,omitempty"`
 
 	// Secure Issue an envd access token.
@@ -223,7 +223,7 @@ type NewSandboxV2 struct {
 	MemoryMB *int32           `json:"memoryMB,omitempty"`
 	Metadata *SandboxMetadata `json:"metadata,omitempty"`
 
-	// Network Accepted for compatibility. allowPublicTraffic=false (private sandboxes) is refused with 400 for now; the other fields are not acted on yet.
+	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted and reported but not acted on; egressProxy and rules are refused with 400.
 	Network    *SandboxNetworkConfig `json:"network,omitempty"`
 	TemplateID string                `json:"templateID"`
 
@@ -299,7 +299,7 @@ type SandboxDetail struct {
 	MemoryMB        int32             `json:"memoryMB"`
 	Metadata        *SandboxMetadata  `json:"metadata,omitempty"`
 
-	// Network Accepted for compatibility. allowPublicTraffic=false (private sandboxes) is refused with 400 for now; the other fields are not acted on yet.
+	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted and reported but not acted on; egressProxy and rules are refused with 400.
 	Network    *SandboxNetworkConfig `json:"network,omitempty"`
 	SandboxID  string                `json:"sandboxID"`
 	StartedAt  time.Time             `json:"startedAt"`
@@ -331,6 +331,31 @@ type SandboxLifecycle struct {
 // SandboxLifecycleOnTimeout defines model for SandboxLifecycle.OnTimeout.
 type SandboxLifecycleOnTimeout string
 
+// SandboxLog defines model for SandboxLog.
+type SandboxLog struct {
+	Line      string    `json:"line"`
+	Timestamp time.Time `json:"timestamp"`
+}
+
+// SandboxLogEntry defines model for SandboxLogEntry.
+type SandboxLogEntry struct {
+	Fields    map[string]string `json:"fields"`
+	Level     LogLevel          `json:"level"`
+	Message   string            `json:"message"`
+	Timestamp time.Time         `json:"timestamp"`
+}
+
+// SandboxLogs defines model for SandboxLogs.
+type SandboxLogs struct {
+	LogEntries []SandboxLogEntry `json:"logEntries"`
+	Logs       []SandboxLog      `json:"logs"`
+}
+
+// SandboxLogsV2Response defines model for SandboxLogsV2Response.
+type SandboxLogsV2Response struct {
+	Logs []SandboxLogEntry `json:"logs"`
+}
+
 // SandboxMetadata defines model for SandboxMetadata.
 type SandboxMetadata map[string]string
 
@@ -349,12 +374,26 @@ type SandboxMetric struct {
 	TimestampUnix int64     `json:"timestampUnix"`
 }
 
-// SandboxNetworkConfig Accepted for compatibility. allowPublicTraffic=false (private sandboxes) is refused with 400 for now; the other fields are not acted on yet.
+// SandboxNetworkConfig allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted and reported but not acted on; egressProxy and rules are refused with 400.
 type SandboxNetworkConfig struct {
-	AllowOut           *[]string `json:"allowOut,omitempty"`
-	AllowPublicTraffic *bool     `json:"allowPublicTraffic,omitempty"`
-	DenyOut            *[]string `json:"denyOut,omitempty"`
-	MaskRequestHost    *string   `json:"maskRequestHost,omitempty"`
+	AllowOut           *[]string               `json:"allowOut,omitempty"`
+	AllowPublicTraffic *bool                   `json:"allowPublicTraffic,omitempty"`
+	DenyOut            *[]string               `json:"denyOut,omitempty"`
+	EgressProxy        *map[string]interface{} `json:"egressProxy"`
+	HttpsPorts         *[]int32                `json:"httpsPorts,omitempty"`
+	MaskRequestHost    *string                 `json:"maskRequestHost,omitempty"`
+	Rules              *map[string]interface{} `json:"rules,omitempty"`
+}
+
+// SandboxNetworkUpdateConfig The whole outbound policy; omitted fields are cleared.
+type SandboxNetworkUpdateConfig struct {
+	AllowOut *[]string `json:"allowOut,omitempty"`
+
+	// AllowInternetAccess false blocks all outbound traffic except allowOut (like denyOut 0.0.0.0/0). Default true.
+	AllowInternetAccess *bool                   `json:"allow_internet_access,omitempty"`
+	DenyOut             *[]string               `json:"denyOut,omitempty"`
+	EgressProxy         *map[string]interface{} `json:"egressProxy"`
+	Rules               *map[string]interface{} `json:"rules,omitempty"`
 }
 
 // SandboxPauseRequest defines model for SandboxPauseRequest.
@@ -659,6 +698,15 @@ type GetSandboxesMetricsParams struct {
 	SandboxIds []string `form:"sandbox_ids" json:"sandbox_ids"`
 }
 
+// GetSandboxLogsParams defines parameters for GetSandboxLogs.
+type GetSandboxLogsParams struct {
+	// Start Timestamp in milliseconds: only entries at or after it.
+	Start *int64 `form:"start,omitempty" json:"start,omitempty"`
+
+	// Limit At most this many entries (default and maximum 1000).
+	Limit *int32 `form:"limit,omitempty" json:"limit,omitempty"`
+}
+
 // GetSandboxMetricsParams defines parameters for GetSandboxMetrics.
 type GetSandboxMetricsParams struct {
 	// Start Unix seconds; only samples at or after it.
@@ -751,6 +799,24 @@ type ListSandboxesV2Params struct {
 	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
 }
 
+// GetSandboxLogsV2Params defines parameters for GetSandboxLogsV2.
+type GetSandboxLogsV2Params struct {
+	// Cursor Timestamp in milliseconds: entries at or after it (forward) or at or before it (backward, default now).
+	Cursor *int64 `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Limit At most this many entries (default and maximum 1000).
+	Limit *int32 `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Direction forward (oldest first, the default) or backward (newest first); others are refused with 400.
+	Direction *string `form:"direction,omitempty" json:"direction,omitempty"`
+
+	// Level Only entries at this level or above.
+	Level *LogLevel `form:"level,omitempty" json:"level,omitempty"`
+
+	// Search Case-sensitive substring of the message.
+	Search *string `form:"search,omitempty" json:"search,omitempty"`
+}
+
 // ListTemplatesV2Params defines parameters for ListTemplatesV2.
 type ListTemplatesV2Params struct {
 	TeamID *string `form:"teamID,omitempty" json:"teamID,omitempty"`
@@ -774,6 +840,9 @@ type ConnectSandboxV1JSONRequestBody = ConnectSandbox
 
 // ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
 type ForkSandboxJSONRequestBody = SandboxForkRequest
+
+// UpdateSandboxNetworkJSONRequestBody defines body for UpdateSandboxNetwork for application/json ContentType.
+type UpdateSandboxNetworkJSONRequestBody = SandboxNetworkUpdateConfig
 
 // PauseSandboxJSONRequestBody defines body for PauseSandbox for application/json ContentType.
 type PauseSandboxJSONRequestBody = SandboxPauseRequest
@@ -936,8 +1005,16 @@ type ClientInterface interface {
 
 	ForkSandbox(ctx context.Context, sandboxID SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetSandboxLogs request
+	GetSandboxLogs(ctx context.Context, sandboxID SandboxID, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetSandboxMetrics request
 	GetSandboxMetrics(ctx context.Context, sandboxID SandboxID, params *GetSandboxMetricsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateSandboxNetworkWithBody request with any body
+	UpdateSandboxNetworkWithBody(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	UpdateSandboxNetwork(ctx context.Context, sandboxID SandboxID, body UpdateSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// PauseSandboxWithBody request with any body
 	PauseSandboxWithBody(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1013,6 +1090,9 @@ type ClientInterface interface {
 	ConnectSandboxV2WithBody(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	ConnectSandboxV2(ctx context.Context, sandboxID SandboxID, body ConnectSandboxV2JSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetSandboxLogsV2 request
+	GetSandboxLogsV2(ctx context.Context, sandboxID SandboxID, params *GetSandboxLogsV2Params, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListTemplatesV2 request
 	ListTemplatesV2(ctx context.Context, params *ListTemplatesV2Params, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1268,8 +1348,44 @@ func (c *Client) ForkSandbox(ctx context.Context, sandboxID SandboxID, body Fork
 	return c.Client.Do(req)
 }
 
+func (c *Client) GetSandboxLogs(ctx context.Context, sandboxID SandboxID, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetSandboxLogsRequest(c.Server, sandboxID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 func (c *Client) GetSandboxMetrics(ctx context.Context, sandboxID SandboxID, params *GetSandboxMetricsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetSandboxMetricsRequest(c.Server, sandboxID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) UpdateSandboxNetworkWithBody(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateSandboxNetworkRequestWithBody(c.Server, sandboxID, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) UpdateSandboxNetwork(ctx context.Context, sandboxID SandboxID, body UpdateSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateSandboxNetworkRequest(c.Server, sandboxID, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1606,6 +1722,18 @@ func (c *Client) ConnectSandboxV2WithBody(ctx context.Context, sandboxID Sandbox
 
 func (c *Client) ConnectSandboxV2(ctx context.Context, sandboxID SandboxID, body ConnectSandboxV2JSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewConnectSandboxV2Request(c.Server, sandboxID, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) GetSandboxLogsV2(ctx context.Context, sandboxID SandboxID, params *GetSandboxLogsV2Params, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetSandboxLogsV2Request(c.Server, sandboxID, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2260,6 +2388,78 @@ func NewForkSandboxRequestWithBody(server string, sandboxID SandboxID, contentTy
 	return req, nil
 }
 
+// NewGetSandboxLogsRequest generates requests for GetSandboxLogs
+func NewGetSandboxLogsRequest(server string, sandboxID SandboxID, params *GetSandboxLogsParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "sandboxID", runtime.ParamLocationPath, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/logs", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if params.Start != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "start", runtime.ParamLocationQuery, *params.Start); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "limit", runtime.ParamLocationQuery, *params.Limit); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewGetSandboxMetricsRequest generates requests for GetSandboxMetrics
 func NewGetSandboxMetricsRequest(server string, sandboxID SandboxID, params *GetSandboxMetricsParams) (*http.Request, error) {
 	var err error
@@ -2328,6 +2528,53 @@ func NewGetSandboxMetricsRequest(server string, sandboxID SandboxID, params *Get
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewUpdateSandboxNetworkRequest calls the generic UpdateSandboxNetwork builder with application/json body
+func NewUpdateSandboxNetworkRequest(server string, sandboxID SandboxID, body UpdateSandboxNetworkJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpdateSandboxNetworkRequestWithBody(server, sandboxID, "application/json", bodyReader)
+}
+
+// NewUpdateSandboxNetworkRequestWithBody generates requests for UpdateSandboxNetwork with any type of body
+func NewUpdateSandboxNetworkRequestWithBody(server string, sandboxID SandboxID, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "sandboxID", runtime.ParamLocationPath, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/sandboxes/%s/network", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("PUT", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -3462,6 +3709,126 @@ func NewConnectSandboxV2RequestWithBody(server string, sandboxID SandboxID, cont
 	return req, nil
 }
 
+// NewGetSandboxLogsV2Request generates requests for GetSandboxLogsV2
+func NewGetSandboxLogsV2Request(server string, sandboxID SandboxID, params *GetSandboxLogsV2Params) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "sandboxID", runtime.ParamLocationPath, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v2/sandboxes/%s/logs", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "cursor", runtime.ParamLocationQuery, *params.Cursor); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "limit", runtime.ParamLocationQuery, *params.Limit); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Direction != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "direction", runtime.ParamLocationQuery, *params.Direction); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Level != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "level", runtime.ParamLocationQuery, *params.Level); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Search != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "search", runtime.ParamLocationQuery, *params.Search); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewListTemplatesV2Request generates requests for ListTemplatesV2
 func NewListTemplatesV2Request(server string, params *ListTemplatesV2Params) (*http.Request, error) {
 	var err error
@@ -3735,8 +4102,16 @@ type ClientWithResponsesInterface interface {
 
 	ForkSandboxWithResponse(ctx context.Context, sandboxID SandboxID, body ForkSandboxJSONRequestBody, reqEditors ...RequestEditorFn) (*ForkSandboxResponse, error)
 
+	// GetSandboxLogsWithResponse request
+	GetSandboxLogsWithResponse(ctx context.Context, sandboxID SandboxID, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*GetSandboxLogsResponse, error)
+
 	// GetSandboxMetricsWithResponse request
 	GetSandboxMetricsWithResponse(ctx context.Context, sandboxID SandboxID, params *GetSandboxMetricsParams, reqEditors ...RequestEditorFn) (*GetSandboxMetricsResponse, error)
+
+	// UpdateSandboxNetworkWithBodyWithResponse request with any body
+	UpdateSandboxNetworkWithBodyWithResponse(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateSandboxNetworkResponse, error)
+
+	UpdateSandboxNetworkWithResponse(ctx context.Context, sandboxID SandboxID, body UpdateSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateSandboxNetworkResponse, error)
 
 	// PauseSandboxWithBodyWithResponse request with any body
 	PauseSandboxWithBodyWithResponse(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PauseSandboxResponse, error)
@@ -3812,6 +4187,9 @@ type ClientWithResponsesInterface interface {
 	ConnectSandboxV2WithBodyWithResponse(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ConnectSandboxV2Response, error)
 
 	ConnectSandboxV2WithResponse(ctx context.Context, sandboxID SandboxID, body ConnectSandboxV2JSONRequestBody, reqEditors ...RequestEditorFn) (*ConnectSandboxV2Response, error)
+
+	// GetSandboxLogsV2WithResponse request
+	GetSandboxLogsV2WithResponse(ctx context.Context, sandboxID SandboxID, params *GetSandboxLogsV2Params, reqEditors ...RequestEditorFn) (*GetSandboxLogsV2Response, error)
 
 	// ListTemplatesV2WithResponse request
 	ListTemplatesV2WithResponse(ctx context.Context, params *ListTemplatesV2Params, reqEditors ...RequestEditorFn) (*ListTemplatesV2Response, error)
@@ -4199,6 +4577,32 @@ func (r ForkSandboxResponse) StatusCode() int {
 	return 0
 }
 
+type GetSandboxLogsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *SandboxLogs
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r GetSandboxLogsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetSandboxLogsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
 type GetSandboxMetricsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4219,6 +4623,32 @@ func (r GetSandboxMetricsResponse) Status() string {
 
 // StatusCode returns HTTPResponse.StatusCode
 func (r GetSandboxMetricsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type UpdateSandboxNetworkResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+	JSON501      *N501
+}
+
+// Status returns HTTPResponse.Status
+func (r UpdateSandboxNetworkResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpdateSandboxNetworkResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -4712,6 +5142,32 @@ func (r ConnectSandboxV2Response) StatusCode() int {
 	return 0
 }
 
+type GetSandboxLogsV2Response struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *SandboxLogsV2Response
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r GetSandboxLogsV2Response) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetSandboxLogsV2Response) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
 type ListTemplatesV2Response struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -4964,6 +5420,15 @@ func (c *ClientWithResponses) ForkSandboxWithResponse(ctx context.Context, sandb
 	return ParseForkSandboxResponse(rsp)
 }
 
+// GetSandboxLogsWithResponse request returning *GetSandboxLogsResponse
+func (c *ClientWithResponses) GetSandboxLogsWithResponse(ctx context.Context, sandboxID SandboxID, params *GetSandboxLogsParams, reqEditors ...RequestEditorFn) (*GetSandboxLogsResponse, error) {
+	rsp, err := c.GetSandboxLogs(ctx, sandboxID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetSandboxLogsResponse(rsp)
+}
+
 // GetSandboxMetricsWithResponse request returning *GetSandboxMetricsResponse
 func (c *ClientWithResponses) GetSandboxMetricsWithResponse(ctx context.Context, sandboxID SandboxID, params *GetSandboxMetricsParams, reqEditors ...RequestEditorFn) (*GetSandboxMetricsResponse, error) {
 	rsp, err := c.GetSandboxMetrics(ctx, sandboxID, params, reqEditors...)
@@ -4971,6 +5436,23 @@ func (c *ClientWithResponses) GetSandboxMetricsWithResponse(ctx context.Context,
 		return nil, err
 	}
 	return ParseGetSandboxMetricsResponse(rsp)
+}
+
+// UpdateSandboxNetworkWithBodyWithResponse request with arbitrary body returning *UpdateSandboxNetworkResponse
+func (c *ClientWithResponses) UpdateSandboxNetworkWithBodyWithResponse(ctx context.Context, sandboxID SandboxID, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateSandboxNetworkResponse, error) {
+	rsp, err := c.UpdateSandboxNetworkWithBody(ctx, sandboxID, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateSandboxNetworkResponse(rsp)
+}
+
+func (c *ClientWithResponses) UpdateSandboxNetworkWithResponse(ctx context.Context, sandboxID SandboxID, body UpdateSandboxNetworkJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateSandboxNetworkResponse, error) {
+	rsp, err := c.UpdateSandboxNetwork(ctx, sandboxID, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateSandboxNetworkResponse(rsp)
 }
 
 // PauseSandboxWithBodyWithResponse request with arbitrary body returning *PauseSandboxResponse
@@ -5214,6 +5696,15 @@ func (c *ClientWithResponses) ConnectSandboxV2WithResponse(ctx context.Context, 
 		return nil, err
 	}
 	return ParseConnectSandboxV2Response(rsp)
+}
+
+// GetSandboxLogsV2WithResponse request returning *GetSandboxLogsV2Response
+func (c *ClientWithResponses) GetSandboxLogsV2WithResponse(ctx context.Context, sandboxID SandboxID, params *GetSandboxLogsV2Params, reqEditors ...RequestEditorFn) (*GetSandboxLogsV2Response, error) {
+	rsp, err := c.GetSandboxLogsV2(ctx, sandboxID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetSandboxLogsV2Response(rsp)
 }
 
 // ListTemplatesV2WithResponse request returning *ListTemplatesV2Response
@@ -5937,6 +6428,60 @@ func ParseForkSandboxResponse(rsp *http.Response) (*ForkSandboxResponse, error) 
 	return response, nil
 }
 
+// ParseGetSandboxLogsResponse parses an HTTP response from a GetSandboxLogsWithResponse call
+func ParseGetSandboxLogsResponse(rsp *http.Response) (*GetSandboxLogsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetSandboxLogsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SandboxLogs
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseGetSandboxMetricsResponse parses an HTTP response from a GetSandboxMetricsWithResponse call
 func ParseGetSandboxMetricsResponse(rsp *http.Response) (*GetSandboxMetricsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -5985,6 +6530,60 @@ func ParseGetSandboxMetricsResponse(rsp *http.Response) (*GetSandboxMetricsRespo
 			return nil, err
 		}
 		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseUpdateSandboxNetworkResponse parses an HTTP response from a UpdateSandboxNetworkWithResponse call
+func ParseUpdateSandboxNetworkResponse(rsp *http.Response) (*UpdateSandboxNetworkResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpdateSandboxNetworkResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest N501
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON501 = &dest
 
 	}
 
@@ -6968,6 +7567,60 @@ func ParseConnectSandboxV2Response(rsp *http.Response) (*ConnectSandboxV2Respons
 	return response, nil
 }
 
+// ParseGetSandboxLogsV2Response parses an HTTP response from a GetSandboxLogsV2WithResponse call
+func ParseGetSandboxLogsV2Response(rsp *http.Response) (*GetSandboxLogsV2Response, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetSandboxLogsV2Response{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SandboxLogsV2Response
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseListTemplatesV2Response parses an HTTP response from a ListTemplatesV2WithResponse call
 func ParseListTemplatesV2Response(rsp *http.Response) (*ListTemplatesV2Response, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -7170,9 +7823,15 @@ type ServerInterface interface {
 	// Fork a running sandbox into count new sandboxes
 	// (POST /sandboxes/{sandboxID}/fork)
 	ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+	// A sandbox's logs (deprecated by E2B; use /v2/sandboxes/{sandboxID}/logs)
+	// (GET /sandboxes/{sandboxID}/logs)
+	GetSandboxLogs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsParams)
 	// Resource metrics of one sandbox
 	// (GET /sandboxes/{sandboxID}/metrics)
 	GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams)
+	// Replace a sandbox's outbound network rules
+	// (PUT /sandboxes/{sandboxID}/network)
+	UpdateSandboxNetwork(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
 	// Pause a running sandbox
 	// (POST /sandboxes/{sandboxID}/pause)
 	PauseSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
@@ -7230,6 +7889,9 @@ type ServerInterface interface {
 	// Connect (v2); resumes a paused sandbox
 	// (POST /v2/sandboxes/{sandboxID}/connect)
 	ConnectSandboxV2(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+	// A sandbox's log entries by time
+	// (GET /v2/sandboxes/{sandboxID}/logs)
+	GetSandboxLogsV2(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsV2Params)
 	// List templates with paging
 	// (GET /v2/templates)
 	ListTemplatesV2(w http.ResponseWriter, r *http.Request, params ListTemplatesV2Params)
@@ -7664,6 +8326,56 @@ func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// GetSandboxLogs operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxLogs(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", r.PathValue("sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetSandboxLogsParams
+
+	// ------------- Optional query parameter "start" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "start", r.URL.Query(), &params.Start)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "start", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "limit", r.URL.Query(), &params.Limit)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxLogs(w, r, sandboxID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetSandboxMetrics operation middleware
 func (siw *ServerInterfaceWrapper) GetSandboxMetrics(w http.ResponseWriter, r *http.Request) {
 
@@ -7705,6 +8417,37 @@ func (siw *ServerInterfaceWrapper) GetSandboxMetrics(w http.ResponseWriter, r *h
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetSandboxMetrics(w, r, sandboxID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateSandboxNetwork operation middleware
+func (siw *ServerInterfaceWrapper) UpdateSandboxNetwork(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", r.PathValue("sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateSandboxNetwork(w, r, sandboxID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -8464,6 +9207,80 @@ func (siw *ServerInterfaceWrapper) ConnectSandboxV2(w http.ResponseWriter, r *ht
 	handler.ServeHTTP(w, r)
 }
 
+// GetSandboxLogsV2 operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxLogsV2(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", r.PathValue("sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetSandboxLogsV2Params
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "cursor", r.URL.Query(), &params.Cursor)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "limit", r.URL.Query(), &params.Limit)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "direction" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "direction", r.URL.Query(), &params.Direction)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "direction", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "level" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "level", r.URL.Query(), &params.Level)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "level", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "search" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "search", r.URL.Query(), &params.Search)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "search", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxLogsV2(w, r, sandboxID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListTemplatesV2 operation middleware
 func (siw *ServerInterfaceWrapper) ListTemplatesV2(w http.ResponseWriter, r *http.Request) {
 
@@ -8708,7 +9525,9 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc("GET "+options.BaseURL+"/sandboxes/{sandboxID}", wrapper.GetSandbox)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/connect", wrapper.ConnectSandboxV1)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/fork", wrapper.ForkSandbox)
+	m.HandleFunc("GET "+options.BaseURL+"/sandboxes/{sandboxID}/logs", wrapper.GetSandboxLogs)
 	m.HandleFunc("GET "+options.BaseURL+"/sandboxes/{sandboxID}/metrics", wrapper.GetSandboxMetrics)
+	m.HandleFunc("PUT "+options.BaseURL+"/sandboxes/{sandboxID}/network", wrapper.UpdateSandboxNetwork)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/pause", wrapper.PauseSandbox)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/refreshes", wrapper.RefreshSandbox)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/resume", wrapper.ResumeSandbox)
@@ -8728,6 +9547,7 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc("GET "+options.BaseURL+"/v2/sandboxes", wrapper.ListSandboxesV2)
 	m.HandleFunc("POST "+options.BaseURL+"/v2/sandboxes", wrapper.CreateSandboxV2)
 	m.HandleFunc("POST "+options.BaseURL+"/v2/sandboxes/{sandboxID}/connect", wrapper.ConnectSandboxV2)
+	m.HandleFunc("GET "+options.BaseURL+"/v2/sandboxes/{sandboxID}/logs", wrapper.GetSandboxLogsV2)
 	m.HandleFunc("GET "+options.BaseURL+"/v2/templates", wrapper.ListTemplatesV2)
 	m.HandleFunc("POST "+options.BaseURL+"/v2/templates/{templateID}/builds/{buildID}", wrapper.StartTemplateBuildV2)
 	m.HandleFunc("POST "+options.BaseURL+"/v3/templates", wrapper.RequestTemplateBuildV3)

@@ -1,0 +1,149 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// Egress is a sandbox's destination rules (E2B's network.allowOut and denyOut) as
+// canonical CIDR strings. The slices are replaced, never modified in place, so records
+// may share them.
+type Egress struct {
+	AllowOut []string `json:"allowOut,omitempty"`
+	DenyOut  []string `json:"denyOut,omitempty"`
+}
+
+// Empty reports whether the rules restrict nothing.
+func (g Egress) Empty() bool { return len(g.AllowOut) == 0 && len(g.DenyOut) == 0 }
+
+// ParseEgress validates E2B allowOut and denyOut lists (IP addresses and CIDR blocks)
+// and returns them in canonical form. Errors wrap ErrInvalid.
+func ParseEgress(allowOut, denyOut []string) (Egress, error) {
+	allow, err := sandbox.ParseDestinations("network.allowOut", allowOut)
+	if err != nil {
+		return Egress{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	deny, err := sandbox.ParseDestinations("network.denyOut", denyOut)
+	if err != nil {
+		return Egress{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	out := Egress{}
+	if len(allow) > 0 {
+		out.AllowOut = sandbox.FormatDestinations(allow)
+	}
+	if len(deny) > 0 {
+		out.DenyOut = sandbox.FormatDestinations(deny)
+	}
+	return out, nil
+}
+
+// policy is the record's outbound policy for the backend.
+func (rec *Sandbox) policy() (sandbox.Egress, error) {
+	allow, err := sandbox.ParseDestinations("allowOut", rec.Egress.AllowOut)
+	if err != nil {
+		return sandbox.Egress{}, err
+	}
+	deny, err := sandbox.ParseDestinations("denyOut", rec.Egress.DenyOut)
+	if err != nil {
+		return sandbox.Egress{}, err
+	}
+	return sandbox.Egress{AllowInternet: rec.AllowInternet, AllowOut: allow, DenyOut: deny}, nil
+}
+
+// applyEgress installs rec's outbound policy on inst. Backends without EgressUpdater
+// only know AllowInternet (from the launch plan), so destination rules on them are
+// refused rather than silently not enforced.
+func (o *Orchestrator) applyEgress(ctx context.Context, inst sandbox.Instance, rec *Sandbox) error {
+	pol, err := rec.policy()
+	if err != nil {
+		return fmt.Errorf("egress rules of %s: %w", rec.ID, err)
+	}
+	upd, ok := inst.(sandbox.EgressUpdater)
+	if !ok {
+		if !rec.Egress.Empty() {
+			return fmt.Errorf("%w: backend %s cannot enforce network.allowOut/denyOut", ErrUnsupported, o.backend.Name())
+		}
+		return nil
+	}
+	if err := upd.UpdateEgress(ctx, pol); err != nil {
+		return fmt.Errorf("egress rules of %s: %w", rec.ID, err)
+	}
+	return nil
+}
+
+// NetworkUpdate is PUT /sandboxes/{id}/network: it replaces the whole outbound policy
+// (E2B: omitted fields are cleared, so allow_internet_access defaults to true).
+type NetworkUpdate struct {
+	AllowInternet bool
+	Egress        Egress
+}
+
+// UpdateNetwork replaces a sandbox's outbound policy. A running sandbox, or one paused in
+// place, gets it at once; one paused without a live instance gets it when it resumes.
+// The record is updated only once the rules are in place; on failure the old policy
+// stays. Errors: ErrNotFound, ErrInvalid, ErrUnsupported.
+func (o *Orchestrator) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate) error {
+	if _, err := ParseEgress(u.Egress.AllowOut, u.Egress.DenyOut); err != nil {
+		return err
+	}
+	e, _, err := o.acquire(ctx, id, waitOpts{})
+	if err != nil {
+		return err
+	}
+	inst, old := e.inst, e.clone()
+	p, prev := o.begin(e, e.rec.State)
+	octx, cancel := o.opContext(ctx)
+	defer cancel()
+
+	next := *old
+	next.AllowInternet, next.Egress = u.AllowInternet, u.Egress
+	if inst != nil {
+		if _, ok := inst.(sandbox.EgressUpdater); !ok && next.AllowInternet != old.AllowInternet {
+			err := fmt.Errorf("%w: backend %s cannot change internet access of a live sandbox", ErrUnsupported, o.backend.Name())
+			o.finish(e, p, prev, err)
+			return err
+		}
+		if err := o.applyEgress(octx, inst, &next); err != nil {
+			o.finish(e, p, prev, err)
+			return err
+		}
+	}
+	o.mu.Lock()
+	e.rec.AllowInternet, e.rec.Egress = next.AllowInternet, next.Egress
+	o.mu.Unlock()
+	if err := o.persist(e); err != nil {
+		o.mu.Lock()
+		e.rec.AllowInternet, e.rec.Egress = old.AllowInternet, old.Egress
+		o.mu.Unlock()
+		if inst != nil {
+			if rerr := o.applyEgress(octx, inst, old); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("restore previous network rules: %w", rerr))
+			}
+		}
+		o.finish(e, p, prev, err)
+		return err
+	}
+	o.logEvent(id, LevelInfo, "network rules updated", map[string]string{
+		"allowInternetAccess": fmt.Sprint(next.AllowInternet),
+		"allowOut":            fmt.Sprint(slices.Clone(next.Egress.AllowOut)),
+		"denyOut":             fmt.Sprint(slices.Clone(next.Egress.DenyOut)),
+	})
+	o.finish(e, p, prev, nil)
+	return nil
+}
+
+// reapplyEgress re-installs the policy of a sandbox adopted after a restart: the node
+// re-creates its nftables tables at start, so destination rules are gone and the
+// internet setting is the one recorded at launch.
+func (o *Orchestrator) reapplyEgress(ctx context.Context, e *entry) {
+	if e.inst == nil {
+		return
+	}
+	if err := o.applyEgress(ctx, e.inst, &e.rec); err != nil {
+		o.log.Error("re-apply network rules after restart", "sandbox", e.rec.ID, "err", err)
+	}
+}
