@@ -108,9 +108,9 @@ type Snapshot struct {
 	// GCGrace keeps unreferenced blobs this long after their last put.
 	GCGrace Duration `toml:"gc_grace"`
 	// Quiesce trades the sandbox's write stall during a snapshot against the image's
-	// cleanliness: "freeze" (fsfreeze, a clean image, writes blocked for tens of ms) or
-	// "sync" (syncfs then seal, a few ms, a crash-consistent image whose journal replays
-	// at the next mount).
+	// cleanliness: "freeze" (fsfreeze, a clean image, writes blocked for a few ms) or
+	// "sync" (syncfs then seal, about a ms, a crash-consistent image whose journal
+	// replays at the next mount).
 	Quiesce string `toml:"quiesce"`
 	// LazyLayers registers templates and snapshots synced from the repository without
 	// downloading their layers: sandboxes read the blocks they touch, through the block

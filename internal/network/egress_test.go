@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -163,4 +164,43 @@ func TestEgressEnforced(t *testing.T) {
 			t.Fatalf("%s after release (%v): %s", set, err, out)
 		}
 	}
+}
+
+// BenchmarkSetEgress measures one policy change of a slot (an nft transaction) and a
+// no-op re-apply (what every launch of a sandbox without rules costs).
+func BenchmarkSetEgress(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root (netns, veth, nftables)")
+	}
+	ctx := context.Background()
+	p, err := New(ctx, Config{Bridge: "ntegbbr", Subnet: "10.96.7.0/24", Prefix: "ntegb", PoolSize: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Teardown(ctx)
+	if _, err := p.Reconcile(ctx, nil); err != nil {
+		b.Fatal(err)
+	}
+	s, err := p.Acquire(ctx, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rules := [][]netip.Prefix{
+		{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.0.0/16")},
+		{netip.MustParsePrefix("0.0.0.0/0")},
+	}
+	b.Run("change", func(b *testing.B) {
+		for i := range b.N {
+			if err := p.SetEgress(ctx, s, rules[i%2][:1], rules[(i+1)%2]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("unchanged", func(b *testing.B) {
+		for range b.N {
+			if err := p.SetEgress(ctx, s, nil, rules[1]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -232,6 +232,7 @@ func (o *Orchestrator) doResume(ctx context.Context, e *entry, p *op, timeout ti
 		return nil, err
 	}
 	o.discardCapture(ctx, disk)
+	o.logEvent(e.rec.ID, LevelInfo, "sandbox resumed", map[string]string{"coldBoot": fmt.Sprint(cold || disk != nil)})
 	o.mu.Lock()
 	o.armLocked(e)
 	o.mu.Unlock()

@@ -123,7 +123,13 @@ func (s *logStore) load(id string, b *logBuf) {
 // add appends entries of sandbox id. Persistence failures are returned but the entries
 // are kept in memory either way.
 func (s *logStore) add(id string, entries ...LogEntry) error {
-	b := s.buf(id)
+	return s.addTo(id, s.buf(id), entries...)
+}
+
+// addTo appends to b, the buffer of id as it was when the writer started: once id is
+// dropped, late writes (a start command's last output) are discarded instead of
+// re-creating its file.
+func (s *logStore) addTo(id string, b *logBuf, entries ...LogEntry) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.dropped {
@@ -232,8 +238,7 @@ func (s *logStore) query(id string, q LogQuery) []LogEntry {
 
 // setFollow registers the cancel of the start command's output capture, stopping the
 // previous one (a sandbox booted afresh runs its start command again).
-func (s *logStore) setFollow(id string, cancel context.CancelFunc) {
-	b := s.buf(id)
+func (s *logStore) setFollow(b *logBuf, cancel context.CancelFunc) {
 	b.mu.Lock()
 	prev, dropped := b.follow, b.dropped
 	b.follow = cancel
@@ -292,6 +297,7 @@ func (o *Orchestrator) Logs(ctx context.Context, id string, q LogQuery) ([]LogEn
 type lineWriter struct {
 	o       *Orchestrator
 	id      string
+	buf     *logBuf
 	level   string
 	fields  map[string]string
 	pending []byte
@@ -314,7 +320,7 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		w.pending = nil
 	}
 	if len(entries) > 0 {
-		if err := w.o.logs.add(w.id, entries...); err != nil {
+		if err := w.o.logs.addTo(w.id, w.buf, entries...); err != nil {
 			w.o.log.Warn("sandbox log", "sandbox", w.id, "err", err)
 		}
 	}
@@ -332,7 +338,7 @@ func (w *lineWriter) entry(now time.Time, line []byte) LogEntry {
 // flush logs a last line without a newline.
 func (w *lineWriter) flush() {
 	if len(w.pending) > 0 {
-		_ = w.o.logs.add(w.id, w.entry(w.o.clock.Now().UTC(), w.pending))
+		_ = w.o.logs.addTo(w.id, w.buf, w.entry(w.o.clock.Now().UTC(), w.pending))
 		w.pending = nil
 	}
 }
@@ -347,13 +353,15 @@ func (o *Orchestrator) streamClient() *http.Client {
 // background until the process ends or cancel is called (sandbox removed, or its start
 // command started again).
 func (o *Orchestrator) followStartCommand(id string, p *envdclient.Process, cancel context.CancelFunc) {
-	o.logEvent(id, LevelInfo, "start command started", map[string]string{"pid": fmt.Sprint(p.Pid)})
-	o.logs.setFollow(id, cancel)
+	b := o.logs.buf(id)
+	_ = o.logs.addTo(id, b, LogEntry{Time: o.clock.Now().UTC(), Level: LevelInfo, Message: "start command started",
+		Fields: map[string]string{"pid": fmt.Sprint(p.Pid)}})
+	o.logs.setFollow(b, cancel)
 	go func() {
 		defer cancel()
 		defer p.Close()
-		out := &lineWriter{o: o, id: id, level: LevelInfo, fields: map[string]string{"stream": "stdout"}}
-		errw := &lineWriter{o: o, id: id, level: LevelWarn, fields: map[string]string{"stream": "stderr"}}
+		out := &lineWriter{o: o, id: id, buf: b, level: LevelInfo, fields: map[string]string{"stream": "stdout"}}
+		errw := &lineWriter{o: o, id: id, buf: b, level: LevelWarn, fields: map[string]string{"stream": "stderr"}}
 		end, err := p.Wait(out, errw)
 		out.flush()
 		errw.flush()
@@ -364,8 +372,8 @@ func (o *Orchestrator) followStartCommand(id string, p *envdclient.Process, canc
 		if end.GetExitCode() != 0 || !end.GetExited() {
 			level = LevelError
 		}
-		o.logEvent(id, level, "start command ended", map[string]string{
-			"exitCode": fmt.Sprint(end.GetExitCode()), "status": end.GetStatus()})
+		_ = o.logs.addTo(id, b, LogEntry{Time: o.clock.Now().UTC(), Level: level, Message: "start command ended",
+			Fields: map[string]string{"exitCode": fmt.Sprint(end.GetExitCode()), "status": end.GetStatus()}})
 	}()
 }
 

@@ -107,7 +107,9 @@ func (o *Orchestrator) UpdateNetwork(ctx context.Context, id string, u NetworkUp
 			o.finish(e, p, prev, err)
 			return err
 		}
-		if err := o.applyEgress(octx, inst, &next); err != nil {
+		// A backend whose pause stops the instance leaves a gone one while paused: the
+		// rules then go in at resume, like for a sandbox without an instance.
+		if err := o.applyEgress(octx, inst, &next); err != nil && !(prev == StatePaused && errors.Is(err, sandbox.ErrGone)) {
 			o.finish(e, p, prev, err)
 			return err
 		}

@@ -53,9 +53,9 @@ type Spec struct {
 	UserNS int
 	// Resolver opens lowers that have no path; optional.
 	Resolver stack.Resolver
-	// MaxDirty caps the page cache the root may hold dirty, and the upper's unsynced
-	// growth on the host (bytes; 0 = DefaultMaxDirty): it bounds what a snapshot has to
-	// flush.
+	// MaxDirty caps the page cache the root may hold dirty (bytes; 0 = DefaultMaxDirty),
+	// and with it what a snapshot has to flush; the upper's unsynced growth on the host
+	// stays within 4*MaxDirty.
 	MaxDirty uint64
 }
 

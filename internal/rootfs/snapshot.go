@@ -46,15 +46,21 @@ type SnapshotTimes struct {
 // every lower of the snapshot, bottom first (the new one last), once they are durable.
 //
 // The time writes are blocked does not grow with what the root wrote:
-//   - dirty data is flushed first (syncfs) with the root still writable, and the
-//     flusher keeps little dirty at any time (MaxDirty), so the freeze only commits
-//     what was written meanwhile and the journal;
+//   - dirty data is flushed first (syncfs) with the root still writable, and little
+//     is dirty at any time (MaxDirty; the flusher; the loop device's direct I/O, which
+//     keeps a second copy out of the FUSE file's page cache), so the freeze only
+//     commits what was written meanwhile and the journal;
 //   - the flushes inside the window reach the stack without waiting for the host's
 //     disk (Stack.HoldSync), and the seal makes nothing durable either: the sealed
 //     layer is fsynced after the thaw (Stack.Persist), before this returns;
 //   - RCU grace periods are expedited for the freeze (expediteRCU): freezing a
 //     filesystem that was not frozen recently waits for three of them, ~30 ms here;
 //   - a compaction the new depth calls for runs after the thaw.
+//
+// Writers racing the snapshot add what they dirtied during the syncfs to the freeze.
+// Lowering the dirty limit for the snapshot would bound that, but a writer in a memory
+// cgroup (every sandbox) then sits in a dirty-throttling pause of up to 200 ms inside
+// its write, and the freeze waits for it: measured, it made the window 130-190 ms.
 //
 // A failure before the seal leaves the root as it was; one after it leaves the stack
 // broken (stack.ErrBroken) and the root unusable.

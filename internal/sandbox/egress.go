@@ -48,6 +48,9 @@ func ParseDestinations(field string, entries []string) ([]netip.Prefix, error) {
 		} else {
 			var a netip.Addr
 			if a, err = netip.ParseAddr(s); err == nil {
+				if a.Zone() != "" {
+					err = errors.New("zoned address")
+				}
 				p = netip.PrefixFrom(a, a.BitLen())
 			}
 		}
@@ -56,9 +59,6 @@ func ParseDestinations(field string, entries []string) ([]netip.Prefix, error) {
 				return nil, fmt.Errorf("%w: %s entry %q is a domain name; only IP addresses and CIDR blocks are supported", ErrBadDestination, field, raw)
 			}
 			return nil, fmt.Errorf("%w: %s entry %q is not an IP address or CIDR block", ErrBadDestination, field, raw)
-		}
-		if p.Addr().Zone() != "" {
-			return nil, fmt.Errorf("%w: %s entry %q must not have a zone", ErrBadDestination, field, raw)
 		}
 		if p.Addr().Is4In6() && p.Bits() >= 96 {
 			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)

@@ -15,6 +15,9 @@ type logReader interface {
 }
 
 func (h *handlers) GetSandboxLogs(w http.ResponseWriter, r *http.Request, id api.SandboxID, params api.GetSandboxLogsParams) {
+	if !validLogParams(w, "start", params.Start, params.Limit) {
+		return
+	}
 	q := orchestrator.LogQuery{Forward: true}
 	if params.Start != nil {
 		q.Cursor = time.UnixMilli(*params.Start)
@@ -35,6 +38,9 @@ func (h *handlers) GetSandboxLogs(w http.ResponseWriter, r *http.Request, id api
 }
 
 func (h *handlers) GetSandboxLogsV2(w http.ResponseWriter, r *http.Request, id api.SandboxID, params api.GetSandboxLogsV2Params) {
+	if !validLogParams(w, "cursor", params.Cursor, params.Limit) {
+		return
+	}
 	q := orchestrator.LogQuery{Forward: true}
 	if params.Direction != nil {
 		switch *params.Direction {
@@ -67,6 +73,20 @@ func (h *handlers) GetSandboxLogsV2(w http.ResponseWriter, r *http.Request, id a
 		out.Logs[i] = logEntryBody(e)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// validLogParams refuses a negative cursor or limit (the generated binder does not check
+// the spec's minimum); on failure it answers 400 and returns false.
+func validLogParams(w http.ResponseWriter, cursorName string, cursor *int64, limit *int32) bool {
+	if cursor != nil && *cursor < 0 {
+		writeError(w, http.StatusBadRequest, "%s must not be negative, got %d", cursorName, *cursor)
+		return false
+	}
+	if limit != nil && *limit < 0 {
+		writeError(w, http.StatusBadRequest, "limit must not be negative, got %d", *limit)
+		return false
+	}
+	return true
 }
 
 // logs runs q; on failure it answers and returns false.

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -68,9 +69,22 @@ func (p processService) Start(_ context.Context, req *connect.Request[processpb.
 	})
 	pid := uint32(len(p.e.starts))
 	p.e.mu.Unlock()
-	return stream.Send(&processpb.StartResponse{Event: &processpb.ProcessEvent{
-		Event: &processpb.ProcessEvent_Start{Start: &processpb.ProcessEvent_StartEvent{Pid: pid}},
-	}})
+	// Then one line of output on each stream and a clean exit, so output capture can be
+	// tested.
+	events := []*processpb.ProcessEvent{
+		{Event: &processpb.ProcessEvent_Start{Start: &processpb.ProcessEvent_StartEvent{Pid: pid}}},
+		{Event: &processpb.ProcessEvent_Data{Data: &processpb.ProcessEvent_DataEvent{
+			Output: &processpb.ProcessEvent_DataEvent_Stdout{Stdout: []byte("out of " + strings.Join(cfg.GetArgs(), " ") + "\n")}}}},
+		{Event: &processpb.ProcessEvent_Data{Data: &processpb.ProcessEvent_DataEvent{
+			Output: &processpb.ProcessEvent_DataEvent_Stderr{Stderr: []byte("err line")}}}},
+		{Event: &processpb.ProcessEvent_End{End: &processpb.ProcessEvent_EndEvent{ExitCode: 0, Exited: true, Status: "exit status 0"}}},
+	}
+	for _, ev := range events {
+		if err := stream.Send(&processpb.StartResponse{Event: ev}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func newEnvd(hook func(Stage) error) *Envd {

@@ -34,6 +34,7 @@ const (
 	StageDecodeSnap Stage = "decode_snap" // Backend.DecodeCaptured
 	StageReconcile  Stage = "reconcile"   // Backend.Reconcile
 	StageDiscard    Stage = "discard"     // Backend.DiscardPaused
+	StageEgress     Stage = "egress"      // Instance.UpdateEgress
 )
 
 // Hook runs at every stage before injected failures are consulted; a non-nil error
@@ -314,6 +315,7 @@ type Instance struct {
 	stopped bool
 	files   map[string][]byte // the sandbox's "filesystem"
 	procs   []string          // processes started in it (lost on a cold boot)
+	egress  egressRecord      // egress.go
 }
 
 var _ sandbox.Instance = (*Instance)(nil)

@@ -105,10 +105,9 @@ func Open(ctx context.Context, m *Manifest, o Options) (*Stack, error) {
 	if u := s.m.Upper; u != nil {
 		d, i := s.m.abs(u.Data), s.m.abs(u.Index)
 		if !u.Sparse {
-			// A crash between Restack and Persist left it; nothing refers to it.
-			if err := os.Remove(sealedIndex(i)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return nil, fmt.Errorf("stack: %w", err)
-			}
+			// A crash between Restack and Persist left it; nothing refers to it, so a
+			// failure to remove it only costs its space (the next Restack replaces it).
+			_ = os.Remove(sealedIndex(i))
 		}
 		up, err := lsmt.OpenRW(d, i)
 		if errors.Is(err, os.ErrNotExist) {
