@@ -151,6 +151,11 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 		used: map[int]bool{}, reserved: map[int]bool{},
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
+	if err := prepareNetnsDir(netnsDir); errors.Is(err, errNetnsDirBusy) {
+		cfg.Logger.Warn("network: an `ip netns add` on this host would hide the sandboxes' namespaces", "err", err)
+	} else if err != nil {
+		return nil, err
+	}
 	if err := p.ensureBridge(); err != nil {
 		return nil, err
 	}

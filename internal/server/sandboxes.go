@@ -61,6 +61,16 @@ func (h *handlers) create(w http.ResponseWriter, r *http.Request, p createParams
 		writeError(w, http.StatusBadRequest, "%s", err.Error())
 		return
 	}
+	// E2B's "name:tag": the builder keeps tags; the orchestrator knows templates only by
+	// id and alias.
+	if strings.Contains(req.TemplateID, ":") && h.s.builds != nil {
+		t, err := h.s.builds.ResolveTag(req.TemplateID)
+		if err != nil {
+			writeBuildError(w, r, err)
+			return
+		}
+		req.TemplateID = t.ID
+	}
 	sb, err := h.s.orch.Create(r.Context(), req)
 	if err != nil {
 		writeOrchError(w, r, err)

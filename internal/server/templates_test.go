@@ -234,3 +234,15 @@ func TestTemplateEndpoints(t *testing.T) {
 	wantError(t, e.doWith("GET", "/templates", "", nil), 401, "API key")
 	wantError(t, e.doWith("PUT", "/aenv/uploads/abc?token=x&expires=1", "x", nil), 401, "token")
 }
+
+// TestCreateFromTag resolves E2B's "name:tag" through the builder before the
+// orchestrator sees the template: an unknown tag is a 404 that names the tag, and the
+// create reaches the orchestrator only by template id.
+func TestCreateFromTag(t *testing.T) {
+	e, cat := newTemplateEnv(t)
+	if err := cat.Templates().Put(catalog.Template{ID: "tpl1", Kind: catalog.KindTemplate, Aliases: []string{"app"}, RootFSDir: t.TempDir()}); err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, e.do("POST", "/v2/sandboxes", `{"templateID":"app:v9"}`), 404, `tag "v9"`)
+	wantError(t, e.do("POST", "/v2/sandboxes", `{"templateID":"nope:v1"}`), 404, "nope")
+}

@@ -123,7 +123,8 @@ test('Template.build from a registry image with steps, COPY and a start command;
     name)
   assert.equal(again.templateId, info.templateId)
   assert.notEqual(again.buildId, info.buildId)
-  const sbx2 = await Sandbox.create(name, { timeoutMs: 60_000 })
+  // E2B's name:tag form; a build without tags gets the default tag.
+  const sbx2 = await Sandbox.create(`${name}:default`, { timeoutMs: 60_000 })
   try {
     assert.equal((await sbx2.commands.run('cat /home/user/f2.txt; test -e /home/user/greeting.txt || echo fresh')).stdout,
       'copied from the build context\nfresh\n')

@@ -224,10 +224,30 @@ func (s *Service) ResolveTag(nameTag string) (catalog.Template, error) {
 	if err != nil || !hasTag {
 		return t, err
 	}
-	if _, ok := s.tags.get(t.ID, tag); !ok {
+	tg, ok := s.tags.get(t.ID, tag)
+	if !ok {
 		return catalog.Template{}, fmt.Errorf("tag %q of template %s: %w", tag, name, ErrNotFound)
 	}
+	// A node keeps only a template's newest build; a tag left on an older one names
+	// files that are gone.
+	if cur := s.currentBuild(t.ID); cur != "" && cur != tg.BuildID {
+		return catalog.Template{}, fmt.Errorf("tag %q of template %s names build %s, which a newer build replaced "+
+			"(only the newest build runs; move the tag with POST /templates/tags): %w", tag, name, tg.BuildID, ErrNotFound)
+	}
 	return t, nil
+}
+
+// currentBuild is the ID of templateID's newest ready build, or "" when it has none
+// (a template made by `aenv pull` or a snapshot).
+func (s *Service) currentBuild(templateID string) string {
+	var id string
+	var at time.Time
+	for _, r := range s.Builds(templateID) {
+		if r.Status == StatusReady && !r.FinishedAt.Before(at) {
+			id, at = r.ID, r.FinishedAt
+		}
+	}
+	return id
 }
 
 // tagsPath is where a data directory keeps template tags (not *.json: the build
