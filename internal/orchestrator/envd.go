@@ -44,8 +44,9 @@ func (o *Orchestrator) envdURL(ep sandbox.Endpoint) string {
 }
 
 // waitEnvd polls GET /health until envd answers 204. The backoff starts at 1 ms
-// because a container's envd is up within milliseconds and every millisecond of
-// polling slack lands on create latency.
+// and stops growing at 10 ms because a container's envd is up within tens of
+// milliseconds and every millisecond of polling slack lands on create latency; a
+// refused connection costs microseconds, so polling often is cheap.
 func (o *Orchestrator) waitEnvd(ctx context.Context, ep sandbox.Endpoint) error {
 	ctx, cancel := context.WithTimeout(ctx, o.cfg.EnvdReadyTimeout)
 	defer cancel()
@@ -74,7 +75,7 @@ func (o *Orchestrator) waitEnvd(ctx context.Context, ep sandbox.Endpoint) error 
 			return fmt.Errorf("envd at %s not healthy within %s: %w (last: %v)", url, o.cfg.EnvdReadyTimeout, ctx.Err(), last)
 		case <-t.C:
 		}
-		delay = min(delay*2, 50*time.Millisecond)
+		delay = min(delay*2, 10*time.Millisecond)
 	}
 }
 
