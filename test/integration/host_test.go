@@ -319,3 +319,33 @@ func killNaming(dir string) {
 		}
 	}
 }
+
+// abortFUSE aborts the FUSE connections of the mounts under dir and returns how many it
+// aborted. A process serving FUSE that is killed while one of its own threads waits on
+// those mounts (through a loop device) cannot finish exiting until they are aborted.
+func abortFUSE(dir string) int {
+	_ = exec.Command("mount", "-t", "fusectl", "none", "/sys/fs/fuse/connections").Run()
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, line := range strings.Split(string(raw), "\n") {
+		f := strings.Fields(line)
+		sep := slices.Index(f, "-")
+		if len(f) < 5 || sep < 0 || sep+1 >= len(f) || !strings.HasPrefix(f[sep+1], "fuse") {
+			continue
+		}
+		if f[4] != dir && !strings.HasPrefix(f[4], dir+"/") {
+			continue
+		}
+		_, minor, ok := strings.Cut(f[2], ":")
+		if !ok {
+			continue
+		}
+		if os.WriteFile(filepath.Join("/sys/fs/fuse/connections", minor, "abort"), []byte("1"), 0o200) == nil {
+			n++
+		}
+	}
+	return n
+}

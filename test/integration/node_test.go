@@ -231,7 +231,17 @@ func (n *node) signal(sig syscall.Signal, wait time.Duration) error {
 	case <-done:
 	case <-time.After(wait):
 		_ = cmd.Process.Kill()
-		<-done
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			// Killed while one of its threads waited on a FUSE request only it could
+			// answer: it cannot finish exiting until the connections are aborted.
+			n.t.Logf("aenv serve did not exit after SIGKILL; aborted %d FUSE connections under its data dir", abortFUSE(n.dataDir))
+			<-done
+		}
+		n.mu.Lock()
+		n.cmd, n.done = nil, nil
+		n.mu.Unlock()
 		return fmt.Errorf("did not exit within %s of %v", wait, sig)
 	}
 	n.mu.Lock()
