@@ -118,7 +118,7 @@ func serve(ctx context.Context, cfg config.Config) error {
 		defer stop()
 	}
 
-	cat, err := catalog.Open(filepath.Join(cfg.DataDir, catalogFile))
+	cat, err := openCatalog(ctx, cfg.DataDir, filepath.Join(cfg.DataDir, catalogFile), log)
 	if err != nil {
 		return fmt.Errorf("%w (is another `aenv serve` using %s?)", err, cfg.DataDir)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // Sentinel errors callers branch on.
@@ -25,6 +26,8 @@ var (
 	ErrAliasTaken = errors.New("catalog: alias already in use")
 	ErrInvalid    = errors.New("catalog: invalid record")
 	ErrExists     = errors.New("catalog: already exists")
+	// ErrLocked: another process holds the catalog (bbolt's exclusive file lock).
+	ErrLocked = errors.New("catalog: locked by another process")
 )
 
 // Bucket names. Changing one orphans existing data, so they are fixed.
@@ -54,6 +57,9 @@ func Open(path string) (*Catalog, error) {
 		return nil, fmt.Errorf("catalog: create directory: %w", err)
 	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if errors.Is(err, bolterrors.ErrTimeout) {
+		return nil, fmt.Errorf("%w: %s", ErrLocked, path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("catalog: open %s: %w", path, err)
 	}

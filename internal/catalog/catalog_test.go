@@ -248,3 +248,20 @@ func TestAPIKeys(t *testing.T) {
 		t.Fatalf("second revoke: %v", err)
 	}
 }
+
+// TestOpenLocked: a second opener of a catalog in use gets ErrLocked (after bbolt's
+// lock timeout), which `aenv serve` branches on.
+func TestOpenLocked(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "aenv.db")
+	c, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c2, err := Open(path); !errors.Is(err, ErrLocked) {
+		if c2 != nil {
+			c2.Close()
+		}
+		t.Fatalf("second Open: %v, want ErrLocked", err)
+	}
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/storage/blockdev"
+	"golang.org/x/sys/unix"
+)
+
+// openCatalog opens the node's catalog. A node killed with SIGKILL while one of its
+// threads waited on a filesystem that the node itself served over FUSE (an unmount, a
+// freeze) cannot finish exiting: that thread waits for a FUSE answer nobody will give,
+// and the half-exited process keeps the catalog's file lock. When the holder is such a
+// dying process, its FUSE connections under the data directory are aborted, which
+// fails the stuck requests and lets it exit, and the open is tried again. A live holder
+// (another `aenv serve`) is never touched.
+func openCatalog(ctx context.Context, dataDir, path string, log *slog.Logger) (*catalog.Catalog, error) {
+	cat, err := catalog.Open(path)
+	if !errors.Is(err, catalog.ErrLocked) {
+		return cat, err
+	}
+	pid, ok := lockHolder(path)
+	if !ok || !dying(pid) {
+		return nil, err
+	}
+	log.Warn("the catalog is held by a node that was killed but cannot exit (a thread waits on its own FUSE mount); "+
+		"aborting its FUSE connections", "pid", pid)
+	if _, serr := blockdev.SweepLoops(ctx, dataDir); serr != nil {
+		log.Warn("sweep the dead node's block devices", "err", serr)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cat, err = catalog.Open(path)
+		if !errors.Is(err, catalog.ErrLocked) || time.Now().After(deadline) {
+			return cat, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// lockHolder finds the process holding a flock on path, from /proc/locks.
+func lockHolder(path string) (int, bool) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0, false
+	}
+	f, err := os.Open("/proc/locks")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	return findLockHolder(bufio.NewScanner(f), uint64(st.Dev), st.Ino)
+}
+
+// findLockHolder scans /proc/locks lines ("1: FLOCK  ADVISORY  WRITE 123 fd:01:456 0 EOF")
+// for a lock on the file (dev, ino). The device is printed as major:minor in hex.
+func findLockHolder(sc *bufio.Scanner, dev, ino uint64) (int, bool) {
+	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(dev), unix.Minor(dev), ino)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		// Blocked waiters are listed as "1: -> FLOCK ..."; only holders count.
+		if len(f) < 6 || f[1] == "->" || f[1] != "FLOCK" {
+			continue
+		}
+		if f[5] != want {
+			continue
+		}
+		pid, err := strconv.Atoi(f[4])
+		if err == nil && pid > 0 {
+			return pid, true
+		}
+	}
+	return 0, false
+}
+
+// dying reports whether pid is a process that is exiting: its main thread has already
+// exited (a zombie) while other threads have not.
+func dying(pid int) bool {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	return statState(string(raw)) == 'Z'
+}
+
+// statState returns the state letter of a /proc/PID/stat line; the command name
+// before it is in parentheses and may itself contain spaces and parentheses.
+func statState(stat string) byte {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 || i+2 >= len(stat) {
+		return 0
+	}
+	return stat[i+2]
+}
