@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -178,6 +180,36 @@ func newBenchCmd() *cobra.Command {
 	return root
 }
 
+// benchResult is a measurement that prints itself as a table or JSON.
+type benchResult interface {
+	Write(w io.Writer, format string) error
+}
+
+// runBench resolves the node, runs one measurement with conns connections under a
+// progress display labelled label, and writes its result as --output asks.
+func runBench(cmd *cobra.Command, resolve func(*cobra.Command) (string, string, error), out, label string, conns int,
+	run func(ctx context.Context, c *bench.Client, progress func(done, total int)) (benchResult, error)) error {
+	f, err := tableOrJSON(out)
+	if err != nil {
+		return err
+	}
+	base, key, err := resolve(cmd)
+	if err != nil {
+		return err
+	}
+	c := bench.NewClient(base, key, conns)
+	defer c.Close()
+	prog := bench.NewProgress(cmd.ErrOrStderr(), isTerminal(os.Stderr))
+	defer prog.Done()
+	prog.Label(label)
+	r, err := run(cmd.Context(), c, prog.Update)
+	prog.Done()
+	if err != nil {
+		return err
+	}
+	return r.Write(cmd.OutOrStdout(), f)
+}
+
 // newBenchForkCmd is `aenv bench fork`: fork → every child answered a command.
 func newBenchForkCmd(resolve func(*cobra.Command) (string, string, error)) *cobra.Command {
 	var (
@@ -193,26 +225,11 @@ func newBenchForkCmd(resolve func(*cobra.Command) (string, string, error)) *cobr
 			"each run (not timed).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f, err := tableOrJSON(out)
-			if err != nil {
-				return err
-			}
-			base, key, err := resolve(cmd)
-			if err != nil {
-				return err
-			}
-			c := bench.NewClient(base, key, o.Count+1)
-			defer c.Close()
-			prog := bench.NewProgress(cmd.ErrOrStderr(), isTerminal(os.Stderr))
-			defer prog.Done()
-			prog.Label(fmt.Sprintf("fork -n %d", o.Count))
-			o.Progress = prog.Update
-			r, err := bench.RunFork(cmd.Context(), c, o)
-			prog.Done()
-			if err != nil {
-				return err
-			}
-			return r.Write(cmd.OutOrStdout(), f)
+			return runBench(cmd, resolve, out, fmt.Sprintf("fork -n %d", o.Count), o.Count+1,
+				func(ctx context.Context, c *bench.Client, progress func(done, total int)) (benchResult, error) {
+					o.Progress = progress
+					return bench.RunFork(ctx, c, o)
+				})
 		},
 	}
 	fl := cmd.Flags()
@@ -239,26 +256,11 @@ func newBenchPauseCmd(resolve func(*cobra.Command) (string, string, error)) *cob
 			"answers), then read the file back through envd (timed; a changed file is a failure).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f, err := tableOrJSON(out)
-			if err != nil {
-				return err
-			}
-			base, key, err := resolve(cmd)
-			if err != nil {
-				return err
-			}
-			c := bench.NewClient(base, key, 2)
-			defer c.Close()
-			prog := bench.NewProgress(cmd.ErrOrStderr(), isTerminal(os.Stderr))
-			defer prog.Done()
-			prog.Label("pause/resume")
-			o.Progress = prog.Update
-			r, err := bench.RunPause(cmd.Context(), c, o)
-			prog.Done()
-			if err != nil {
-				return err
-			}
-			return r.Write(cmd.OutOrStdout(), f)
+			return runBench(cmd, resolve, out, "pause/resume", 2,
+				func(ctx context.Context, c *bench.Client, progress func(done, total int)) (benchResult, error) {
+					o.Progress = progress
+					return bench.RunPause(ctx, c, o)
+				})
 		},
 	}
 	fl := cmd.Flags()

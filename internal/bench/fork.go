@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"sync"
-	"text/tabwriter"
 	"time"
 )
 
@@ -164,22 +163,7 @@ func (r ForkResult) Write(w io.Writer, format string) error {
 	if format == "json" {
 		return writeJSON(w, r)
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "fork -n %d\tn\tp50\tp95\tmin\tmax\t\n", r.Count)
-	for _, row := range []struct {
-		name string
-		s    Summary
-	}{{"all answered", r.AllAnswered}, {"fork answered", r.Fork}, {"each child", r.Child}} {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", row.name, row.s.N, ms(row.s.P50), ms(row.s.P95), ms(row.s.Min), ms(row.s.Max))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if r.Failures > 0 {
-		fmt.Fprintf(w, "%d of %d runs had failures\n", r.Failures, r.Runs)
-	}
-	for _, e := range r.Errors {
-		fmt.Fprintf(w, "failure: %s\n", e)
-	}
-	return nil
+	return writeStages(w, fmt.Sprintf("fork -n %d", r.Count),
+		[]stage{{"all answered", r.AllAnswered}, {"fork answered", r.Fork}, {"each child", r.Child}},
+		r.Failures, r.Runs, "runs had failures", r.Errors)
 }

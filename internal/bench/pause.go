@@ -6,7 +6,6 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 )
 
@@ -131,22 +130,7 @@ func (r PauseResult) Write(w io.Writer, format string) error {
 	if format == "json" {
 		return writeJSON(w, r)
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "stage\tn\tp50\tp95\tmin\tmax\t")
-	for _, row := range []struct {
-		name string
-		s    Summary
-	}{{"pause to disk", r.Pause}, {"resume", r.Resume}, {"first command", r.Command}} {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", row.name, row.s.N, ms(row.s.P50), ms(row.s.P95), ms(row.s.Min), ms(row.s.Max))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if r.Failures > 0 {
-		fmt.Fprintf(w, "%d of %d cycles failed\n", r.Failures, r.N)
-	}
-	for _, e := range r.Errors {
-		fmt.Fprintf(w, "failure: %s\n", e)
-	}
-	return nil
+	return writeStages(w, "stage",
+		[]stage{{"pause to disk", r.Pause}, {"resume", r.Resume}, {"first command", r.Command}},
+		r.Failures, r.N, "cycles failed", r.Errors)
 }

@@ -123,6 +123,32 @@ func (d DensityResult) Write(w io.Writer, format string) error {
 	return tw.Flush()
 }
 
+// stage is one row of a latency table.
+type stage struct {
+	name string
+	s    Summary
+}
+
+// writeStages prints a latency table with a row per stage, then "<failures> of <total>
+// <failed>" and each failure.
+func writeStages(w io.Writer, header string, rows []stage, failures, total int, failed string, errs []string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%s\tn\tp50\tp95\tmin\tmax\t\n", header)
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", r.name, r.s.N, ms(r.s.P50), ms(r.s.P95), ms(r.s.Min), ms(r.s.Max))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if failures > 0 {
+		fmt.Fprintf(w, "%d of %d %s\n", failures, total, failed)
+	}
+	for _, e := range errs {
+		fmt.Fprintf(w, "failure: %s\n", e)
+	}
+	return nil
+}
+
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
