@@ -38,7 +38,7 @@ func BenchmarkLazyLayers(b *testing.B) {
 	run(ctx, b, ca, src, "head -c 1073741824 /dev/urandom > /home/user/big")
 	const read50 = "head -c 52428800 /home/user/big | md5sum"
 	want := run(ctx, b, ca, src, read50)
-	snap := takeSnapshot(ctx, b, p.a, src.ID)
+	snap := takeSnapshot(ctx, b, p.a, src.ID, "")
 	if !waitFor(5*time.Minute, func() bool { return p.b.listsSnapshot(ctx, b, snap) }) {
 		b.Fatalf("node B never listed snapshot %s", snap)
 	}

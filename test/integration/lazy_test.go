@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -58,25 +57,6 @@ func startPair(t testing.TB, env ...string) *lazyPair {
 	return p
 }
 
-// takeSnapshot snapshots sandbox id through the API and returns the snapshot id; it skips
-// the test where the base template is not layered on this host.
-func takeSnapshot(ctx context.Context, t testing.TB, n *node, id string) string {
-	t.Helper()
-	out, err := n.api(ctx, http.MethodPost, "/sandboxes/"+id+"/snapshots", `{}`, http.StatusCreated)
-	if se := (*bench.APIError)(nil); errors.As(err, &se) && se.Status == http.StatusNotImplemented {
-		t.Skipf("the base template is not layered on this host, so its sandboxes cannot be snapshotted: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	var info struct {
-		SnapshotID string `json:"snapshotID"`
-	}
-	if err := json.Unmarshal(out, &info); err != nil || info.SnapshotID == "" {
-		t.Fatalf("snapshot answer %s: %v", out, err)
-	}
-	return info.SnapshotID
-}
 
 // imageBytes is the total size of the layers the repository's record of id names.
 func imageBytes(ctx context.Context, t testing.TB, repoDir, id string) int64 {
@@ -154,7 +134,7 @@ func TestLazyLayersOnSecondNode(t *testing.T) {
 	want := run(ctx, t, ca, src, readHead)
 	const readTail = "tail -c 4194304 /home/user/big | sha256sum"
 	wantTail := run(ctx, t, ca, src, readTail)
-	snap := takeSnapshot(ctx, t, a, src.ID)
+	snap := takeSnapshot(ctx, t, a, src.ID, "")
 	if !waitFor(3*time.Minute, func() bool { return b.listsSnapshot(ctx, t, snap) }) {
 		t.Fatalf("node B never listed snapshot %s", snap)
 	}
@@ -218,7 +198,7 @@ func TestLazyLayersOnSecondNode(t *testing.T) {
 	}
 
 	// A snapshot on B names A's layers by digest: A creates a sandbox from it.
-	snapB := takeSnapshot(ctx, t, b, child.ID)
+	snapB := takeSnapshot(ctx, t, b, child.ID, "")
 	if !waitFor(3*time.Minute, func() bool { return a.listsSnapshot(ctx, t, snapB) }) {
 		t.Fatalf("node A never listed snapshot %s taken on node B", snapB)
 	}

@@ -2,9 +2,6 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,20 +37,8 @@ func TestRepositoryFullMidPublish(t *testing.T) {
 	c := n.client()
 	src := n.create(ctx, c)
 	run(ctx, t, c, src, "echo v1 > /home/user/marker && head -c 16000000 /dev/urandom > /home/user/big")
-	out, err := n.api(ctx, http.MethodPost, "/sandboxes/"+src.ID+"/snapshots", `{}`, http.StatusCreated)
-	if se := (*bench.APIError)(nil); errors.As(err, &se) && se.Status == http.StatusNotImplemented {
-		t.Skipf("the base template is not layered on this host: %v", err)
-	}
-	if err != nil {
-		t.Fatalf("snapshot into a full repository: %v", err)
-	}
-	var info struct {
-		SnapshotID string `json:"snapshotID"`
-	}
-	if err := json.Unmarshal(out, &info); err != nil || info.SnapshotID == "" {
-		t.Fatalf("snapshot answer %s: %v", out, err)
-	}
-	child, err := c.Create(ctx, bench.CreateRequest{TemplateID: info.SnapshotID, Timeout: 300, Secure: true})
+	snapID := takeSnapshot(ctx, t, n, src.ID, "")
+	child, err := c.Create(ctx, bench.CreateRequest{TemplateID: snapID, Timeout: 300, Secure: true})
 	if err != nil {
 		t.Fatalf("create from a snapshot the repository has no room for: %v", err)
 	}
@@ -66,7 +51,7 @@ func TestRepositoryFullMidPublish(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(3 * time.Second) // uploads fail with ENOSPC and retry meanwhile
-	if rec, err := repo.GetRecord(ctx, repository.KindSnapshot, info.SnapshotID); err == nil && rec.State == repository.StateComplete {
+	if rec, err := repo.GetRecord(ctx, repository.KindSnapshot, snapID); err == nil && rec.State == repository.StateComplete {
 		t.Fatal("the record is complete although the repository had no room for its layers")
 	}
 	if err := repo.WalkBlobs(ctx, func(bi repository.BlobInfo) error {
@@ -79,7 +64,7 @@ func TestRepositoryFullMidPublish(t *testing.T) {
 	if out, err := exec.Command("mount", "-o", "remount,size=256m", dir).CombinedOutput(); err != nil {
 		t.Fatalf("grow the tmpfs: %v: %s", err, out)
 	}
-	waitComplete(ctx, t, repo, info.SnapshotID)
+	waitComplete(ctx, t, repo, snapID)
 	killAll(ctx, t, c)
 	n.stop()
 	requireNoLeftovers(t, n, nil)

@@ -153,6 +153,31 @@ func (n *node) listsSnapshot(ctx context.Context, t testing.TB, id string) bool 
 	return len(list) == 1 && list[0].SnapshotID == id
 }
 
+// takeSnapshot snapshots sandbox id through the API (named name, unless empty) and
+// returns the snapshot id; it skips the test where the base template is not layered on
+// this host.
+func takeSnapshot(ctx context.Context, t testing.TB, n *node, id, name string) string {
+	t.Helper()
+	body := `{}`
+	if name != "" {
+		body = `{"name":"` + name + `"}`
+	}
+	out, err := n.api(ctx, http.MethodPost, "/sandboxes/"+id+"/snapshots", body, http.StatusCreated)
+	if se := (*bench.APIError)(nil); errors.As(err, &se) && se.Status == http.StatusNotImplemented {
+		t.Skipf("the base template is not layered on this host, so its sandboxes cannot be snapshotted: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("snapshot of %s: %v", id, err)
+	}
+	var info struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil || info.SnapshotID == "" {
+		t.Fatalf("snapshot answer %s: %v", out, err)
+	}
+	return info.SnapshotID
+}
+
 // waitFor polls cond every 200 ms until it holds or d passes.
 func waitFor(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
@@ -211,20 +236,7 @@ func sharedRepositoryFlow(t *testing.T, nets []nodeNet, repo repository.Reposito
 	src := a.create(ctx, ca)
 	run(ctx, t, ca, src, "echo written-on-a > /home/user/marker")
 	name := "shared-" + randHex(4)
-	out, err := a.api(ctx, http.MethodPost, "/sandboxes/"+src.ID+"/snapshots", `{"name":"`+name+`"}`, http.StatusCreated)
-	if se := (*bench.APIError)(nil); errors.As(err, &se) && se.Status == http.StatusNotImplemented {
-		t.Skipf("the base template is not layered on this host (see serve's warning at startup), so its sandboxes cannot be snapshotted: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	var info struct {
-		SnapshotID string `json:"snapshotID"`
-	}
-	if err := json.Unmarshal(out, &info); err != nil || info.SnapshotID == "" {
-		t.Fatalf("snapshot answer %s: %v", out, err)
-	}
-	snapID := info.SnapshotID
+	snapID := takeSnapshot(ctx, t, a, src.ID, name)
 	start := time.Now()
 	if !waitFor(90*time.Second, func() bool { return b.listsSnapshot(ctx, t, snapID) }) {
 		t.Fatalf("node B never listed snapshot %s taken on node A", snapID)

@@ -2,9 +2,6 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"net/http"
 	"testing"
 	"time"
 
@@ -66,20 +63,8 @@ func TestS3UnreachableMidPublish(t *testing.T) {
 	run(ctx, t, c, src, "echo v1 > /home/user/marker && head -c 32000000 /dev/urandom > /home/user/big")
 
 	srv.Kill()
-	out, err := n.api(ctx, http.MethodPost, "/sandboxes/"+src.ID+"/snapshots", `{}`, http.StatusCreated)
-	if se := (*bench.APIError)(nil); errors.As(err, &se) && se.Status == http.StatusNotImplemented {
-		t.Skipf("the base template is not layered on this host: %v", err)
-	}
-	if err != nil {
-		t.Fatalf("snapshot with the repository down: %v", err)
-	}
-	var info struct {
-		SnapshotID string `json:"snapshotID"`
-	}
-	if err := json.Unmarshal(out, &info); err != nil || info.SnapshotID == "" {
-		t.Fatalf("snapshot answer %s: %v", out, err)
-	}
-	child, err := c.Create(ctx, bench.CreateRequest{TemplateID: info.SnapshotID, Timeout: 300, Secure: true})
+	snapID := takeSnapshot(ctx, t, n, src.ID, "")
+	child, err := c.Create(ctx, bench.CreateRequest{TemplateID: snapID, Timeout: 300, Secure: true})
 	if err != nil {
 		t.Fatalf("create from a snapshot whose publication is stuck: %v", err)
 	}
@@ -89,16 +74,16 @@ func TestS3UnreachableMidPublish(t *testing.T) {
 	}
 	time.Sleep(3 * time.Second) // uploads fail and retry meanwhile
 	srv.Restart(t)
-	if rec, err := repo.GetRecord(ctx, repository.KindSnapshot, info.SnapshotID); err == nil && rec.State == repository.StateComplete {
+	if rec, err := repo.GetRecord(ctx, repository.KindSnapshot, snapID); err == nil && rec.State == repository.StateComplete {
 		t.Fatal("the record was complete although the repository was down")
 	}
 	if !waitFor(2*time.Minute, func() bool {
-		rec, err := repo.GetRecord(ctx, repository.KindSnapshot, info.SnapshotID)
+		rec, err := repo.GetRecord(ctx, repository.KindSnapshot, snapID)
 		return err == nil && rec.State == repository.StateComplete
 	}) {
 		t.Fatalf("the publication did not complete after the repository came back:\n%s", n.output())
 	}
-	requireCompleteRecord(ctx, t, repo, info.SnapshotID)
+	requireCompleteRecord(ctx, t, repo, snapID)
 
 	killAll(ctx, t, c)
 	n.stop()
