@@ -57,7 +57,6 @@ func startPair(t testing.TB, env ...string) *lazyPair {
 	return p
 }
 
-
 // imageBytes is the total size of the layers the repository's record of id names.
 func imageBytes(ctx context.Context, t testing.TB, repoDir, id string) int64 {
 	t.Helper()
