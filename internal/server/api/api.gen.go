@@ -192,7 +192,7 @@ type NewSandbox struct {
 	MemoryMB *int32           `json:"memoryMB,omitempty"`
 	Metadata *SandboxMetadata `json:"metadata,omitempty"`
 
-	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted and reported but not acted on; egressProxy and rules are refused with 400.
+	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted but neither acted on nor reported; egressProxy and rules are refused with 400.
 	Network *SandboxNetworkConfig `json:"network,omitempty"`
 
 	// Secure Issue an envd access token.
@@ -223,7 +223,7 @@ type NewSandboxV2 struct {
 	MemoryMB *int32           `json:"memoryMB,omitempty"`
 	Metadata *SandboxMetadata `json:"metadata,omitempty"`
 
-	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted and reported but not acted on; egressProxy and rules are refused with 400.
+	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted but neither acted on nor reported; egressProxy and rules are refused with 400.
 	Network    *SandboxNetworkConfig `json:"network,omitempty"`
 	TemplateID string                `json:"templateID"`
 
@@ -299,7 +299,7 @@ type SandboxDetail struct {
 	MemoryMB        int32             `json:"memoryMB"`
 	Metadata        *SandboxMetadata  `json:"metadata,omitempty"`
 
-	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted and reported but not acted on; egressProxy and rules are refused with 400.
+	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted but neither acted on nor reported; egressProxy and rules are refused with 400.
 	Network    *SandboxNetworkConfig `json:"network,omitempty"`
 	SandboxID  string                `json:"sandboxID"`
 	StartedAt  time.Time             `json:"startedAt"`
@@ -374,7 +374,7 @@ type SandboxMetric struct {
 	TimestampUnix int64     `json:"timestampUnix"`
 }
 
-// SandboxNetworkConfig allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted and reported but not acted on; egressProxy and rules are refused with 400.
+// SandboxNetworkConfig allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted but neither acted on nor reported; egressProxy and rules are refused with 400.
 type SandboxNetworkConfig struct {
 	AllowOut           *[]string               `json:"allowOut,omitempty"`
 	AllowPublicTraffic *bool                   `json:"allowPublicTraffic,omitempty"`
