@@ -82,6 +82,7 @@ func newRootCmd() *cobra.Command {
 		newLayerCmd(),
 		newBenchCmd(),
 		newPullCmd(g),
+		newLogsCmd(g),
 	)
 	return root
 }

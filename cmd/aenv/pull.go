@@ -113,6 +113,7 @@ func newPullCmd(g *globals) *cobra.Command {
 	fl.StringVar(&req.ReadyCmd, "ready-cmd", "", "command that succeeds once the start command is ready")
 	fl.IntVar(&probe, "probe", 0, "ready when this TCP port accepts connections (instead of --ready-cmd)")
 	fl.BoolVar(&req.StartFromImage, "start-from-image", false, "use the image's ENTRYPOINT and CMD as the start command")
+	fl.StringVar(&req.User, "user", "", "default user of sandboxes (an account or uid of the image); default: the image's USER, else `user`")
 	fl.BoolVar(&req.Convert, "convert", false, "also convert the layers to overlaybd (needs root, FUSE, loop devices, mkfs.ext4; "+
 		"through a node: default on where its base template is layered)")
 	fl.StringVar(&dataDir, "data-dir", "", "write into this stopped node's data directory instead of asking a running node "+
@@ -269,6 +270,7 @@ func pullBody(req install.Request, convertSet bool, platform string) api.Templat
 		return &v
 	}
 	b.Name, b.StartCmd, b.ReadyCmd, b.Platform = str(req.Name), str(req.StartCmd), str(req.ReadyCmd), str(platform)
+	b.User = str(req.User)
 	b.CpuCount, b.MemoryMB, b.DiskSizeMB = num(req.Resources.CPUCount), num(req.Resources.MemoryMB), num(req.Resources.DiskSizeMB)
 	if req.StartFromImage {
 		b.StartFromImage = &req.StartFromImage
@@ -387,7 +389,7 @@ func (secondsOrDuration) Type() string { return "duration" }
 // the background and survives this command (the streamed pull stops when its client
 // goes away).
 func pullDetached(cmd *cobra.Command, g *globals, req install.Request) error {
-	for _, f := range []string{"data-dir", "convert", "platform", "insecure-registry", "docker-config", "start-from-image", "disk-mb"} {
+	for _, f := range []string{"data-dir", "convert", "platform", "insecure-registry", "docker-config", "start-from-image", "disk-mb", "user"} {
 		if cmd.Flags().Changed(f) {
 			return fmt.Errorf("--%s is not available with -d: a detached pull is a template build on the node, "+
 				"which has no such setting", f)

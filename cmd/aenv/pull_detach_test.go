@@ -44,6 +44,7 @@ func TestPullDetached(t *testing.T) {
 	}{
 		{[]string{"pull", "-d", ref, "--disk-mb", "100"}, "--disk-mb is not available with -d"},
 		{[]string{"pull", "-d", ref, "--convert"}, "--convert is not available with -d"},
+		{[]string{"pull", "-d", ref, "--user", "root"}, "--user is not available with -d"},
 		{[]string{"pull", "-d", "has space:1"}, "bad image reference"},
 		{[]string{"pull", ref, "--timeout", "soon"}, "seconds (600) or a duration"},
 		{[]string{"pull", ref, "--timeout", "-5"}, "seconds (600) or a duration"},

@@ -207,6 +207,7 @@ func TestPullThroughNode(t *testing.T) {
 		{[]string{"pull", ref, "--name", "bad name"}, "template name"},
 		{[]string{"pull", "127.0.0.1:1/nobody:v1", "--name", "x"}, "connection refused"},
 		{[]string{"pull", ref, "--docker-config", "/dev/null"}, "--docker-config"},
+		{[]string{"pull", ref, "--name", "x", "--user", "ghost"}, `unknown user: "ghost" has no account`},
 	} {
 		if _, _, err := aenv(t, url, tc.args...); err == nil || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("aenv %q: err = %v, want it to mention %q", tc.args, err, tc.msg)

@@ -236,7 +236,7 @@ func serve(ctx context.Context, cfg config.Config) error {
 	// `aenv pull` goes through here while the node holds the catalog lock.
 	pulls := &server.Puller{Templates: cat.Templates(), DataDir: cfg.DataDir,
 		CanConvert: func() bool { return layeredTemplate(cat, baseTemplateID) },
-		Publisher:  pub, InUse: orch.UsesRootFSDir, Log: log}
+		Publisher:  pub, InUse: orch.UsesRootFSDir, Retired: builds.Retired, Log: log}
 	srv, err := server.New(server.Options{
 		Orchestrator:     orch,
 		Builds:           builds,

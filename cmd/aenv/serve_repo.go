@@ -106,6 +106,9 @@ func (r *nodeRepository) register(reg prometheus.Registerer) error {
 		counter("aenv_repository_fetched_bytes_total",
 			"Bytes read from the shared repository: ranges of lazily read layers plus whole blobs fetched into the node cache.",
 			func() float64 { return float64(r.layers.FetchedBytes() + r.cache.Stats().FetchedBytes) }),
+		counter("aenv_repository_verify_failures_total",
+			"Chunks of lazily read layers that did not match their published block hash (a corrupt or tampered blob); each failed the read.",
+			func() float64 { return float64(r.layers.VerifyFailures()) }),
 		counter("aenv_block_cache_hits_total", "Block cache reads served from cached blocks.",
 			bs(func(s cache.Stats) int64 { return s.Hits })),
 		counter("aenv_block_cache_misses_total", "Block cache reads that fetched their block from the repository.",
@@ -152,6 +155,10 @@ func openPublisher(cfg config.Config, cat *catalog.Catalog, repo *nodeRepository
 	if err != nil {
 		return nil, nil, fmt.Errorf("start the snapshot publisher: %w", err)
 	}
+	// Lazily read layers are verified against the block hash lists their
+	// records name, which the publisher learns as it syncs them. Set before
+	// the orchestrator starts, so before any layer is opened.
+	repo.layers.Hashes = pub.HashIndex()
 	log.Info("snapshot repository", "backend", cfg.Snapshot.RepositoryBackend, "node_id", nodeID,
 		"sync_interval", o.SyncInterval, "lazy_layers", o.LazyLayers)
 	return pub, repo.cache, nil

@@ -123,11 +123,32 @@ type Command struct {
 	PTY *process.PTY
 }
 
-// Process is a started process whose event stream is still open.
+// Process is a started (or re-attached) process whose event stream is still open.
 type Process struct {
 	Pid    uint32
-	stream *connect.ServerStreamForClient[process.StartResponse]
+	stream eventStream
 }
+
+// eventStream is what Process reads: the event streams of Start and Connect differ only
+// in their message type.
+type eventStream interface {
+	Receive() bool
+	event() *process.ProcessEvent
+	Err() error
+	Close() error
+}
+
+type startStream struct {
+	*connect.ServerStreamForClient[process.StartResponse]
+}
+
+func (s startStream) event() *process.ProcessEvent { return s.Msg().GetEvent() }
+
+type connectStream struct {
+	*connect.ServerStreamForClient[process.ConnectResponse]
+}
+
+func (s connectStream) event() *process.ProcessEvent { return s.Msg().GetEvent() }
 
 // Start starts c and returns once envd reports its pid. Errors of the call are returned
 // as they are and those of the stream as a *ReceiveError, so callers can read their
@@ -153,12 +174,48 @@ func (c *Client) Start(ctx context.Context, cmd Command) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
+	return awaitStart(startStream{stream})
+}
+
+// Selector names a process envd runs (or finished recently): by Pid when non-zero,
+// else by Tag.
+type Selector struct {
+	Pid uint32
+	Tag string
+}
+
+// Connect re-attaches to a process envd started earlier, as E2B's process.Connect does,
+// and returns once envd reports its pid. Output written before the call is not replayed;
+// a process that already finished yields its end event at once. Errors are as Start's:
+// a process envd does not know is connect.CodeNotFound.
+func (c *Client) Connect(ctx context.Context, sel Selector) (*Process, error) {
+	ps := &process.ProcessSelector{}
+	switch {
+	case sel.Pid != 0:
+		ps.Selector = &process.ProcessSelector_Pid{Pid: sel.Pid}
+	case sel.Tag != "":
+		ps.Selector = &process.ProcessSelector_Tag{Tag: sel.Tag}
+	default:
+		return nil, ErrNoSelector
+	}
+	stream, err := c.Proc.Connect(ctx, connect.NewRequest(&process.ConnectRequest{Process: ps}))
+	if err != nil {
+		return nil, err
+	}
+	return awaitStart(connectStream{stream})
+}
+
+// ErrNoSelector is returned by Connect when the selector names no process.
+var ErrNoSelector = errors.New("process selector needs a pid or a tag")
+
+// awaitStart reads the stream up to the start event.
+func awaitStart(stream eventStream) (*Process, error) {
 	for stream.Receive() {
-		if st := stream.Msg().GetEvent().GetStart(); st != nil {
+		if st := stream.event().GetStart(); st != nil {
 			return &Process{Pid: st.GetPid(), stream: stream}, nil
 		}
 	}
-	err = stream.Err()
+	err := stream.Err()
 	stream.Close()
 	if err != nil {
 		return nil, &ReceiveError{Err: err}
@@ -171,7 +228,7 @@ func (c *Client) Start(ctx context.Context, cmd Command) (*Process, error) {
 // a signal leaves Exited false. It returns ErrNoEnd if the stream ends first.
 func (p *Process) Wait(stdout, stderr io.Writer) (*process.ProcessEvent_EndEvent, error) {
 	for p.stream.Receive() {
-		ev := p.stream.Msg().GetEvent()
+		ev := p.stream.event()
 		if d := ev.GetData(); d != nil {
 			write(stdout, d.GetStdout())
 			write(stderr, d.GetStderr())

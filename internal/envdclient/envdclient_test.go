@@ -271,3 +271,55 @@ func TestErrors(t *testing.T) {
 		}
 	})
 }
+
+// A tagged process outlives the stream that started it; Connect re-attaches by tag
+// (output from then on, then the end) and, once it finished, by pid (start and end only).
+func TestConnect(t *testing.T) {
+	s := newServer(t)
+	c := envdclient.New(s.hc, s.url, envdclient.WithAccessToken(token))
+	gate := filepath.Join(t.TempDir(), "gate")
+	p, err := c.Start(t.Context(), envdclient.Command{Cmd: "/bin/bash", Tag: "svc",
+		Args: []string{"-c", "echo before; while [ ! -e " + gate + " ]; do sleep 0.02; done; echo after; echo oops >&2; exit 4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := p.Pid
+	p.Close()
+
+	r, err := c.Connect(t.Context(), envdclient.Selector{Tag: "svc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Pid != pid {
+		t.Fatalf("re-attached to pid %d, want %d", r.Pid, pid)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	end, err := r.Wait(&stdout, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stdout.String() != "after\n" || stderr.String() != "oops\n" || end.GetExitCode() != 4 {
+		t.Fatalf("re-attached output %q %q end %v, want the output after re-attaching and exit 4", stdout.String(), stderr.String(), end)
+	}
+
+	done, err := c.Connect(t.Context(), envdclient.Selector{Pid: pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done.Close()
+	stdout.Reset()
+	if end, err := done.Wait(&stdout, nil); err != nil || end.GetExitCode() != 4 || stdout.Len() != 0 {
+		t.Fatalf("connect to the finished process: end %v err %v output %q", end, err, stdout.String())
+	}
+
+	if _, err := c.Connect(t.Context(), envdclient.Selector{Tag: "nothing"}); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("connect to an unknown tag: %v, want not found", err)
+	}
+	if _, err := c.Connect(t.Context(), envdclient.Selector{}); !errors.Is(err, envdclient.ErrNoSelector) {
+		t.Fatalf("connect without a selector: %v", err)
+	}
+}

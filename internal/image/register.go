@@ -25,6 +25,8 @@ type RegisterOptions struct {
 	// and CMD when StartCmd is empty. Off by default: many images' entrypoint
 	// is an init (s6, tini) or a one-shot tool, not a service.
 	StartFromImage bool
+	// User is the template's default user, an account of the image; default: b.User.
+	User string
 	// Overlaybd is the converted layer stack, when the image was converted
 	// (stored in the artifact for the storage engine).
 	Overlaybd json.RawMessage
@@ -73,7 +75,12 @@ func Register(ts TemplateStore, b *Built, o RegisterOptions) (catalog.Template, 
 		Cmd:            cfg.Cmd,
 		Artifact:       art,
 	}
+	if o.User != "" {
+		t.DefaultUser = o.User
+	}
 	if t.DefaultWorkdir == "" {
+		// The home of the account made sure to exist, whatever the default user: builds
+		// start there too.
 		t.DefaultWorkdir = "/home/" + b.User
 	}
 	if o.Alias != "" && o.Alias != o.ID {

@@ -237,3 +237,32 @@ func ids(b []byte, col int) map[int]bool {
 	})
 	return out
 }
+
+// AccountName resolves an image's USER (a name or a uid, optionally with ":group") to the
+// name of its account in rootfs's /etc/passwd, which is what sandboxes run processes as;
+// false when the image has no such account (Docker would run as the bare uid, which
+// envd cannot).
+func AccountName(rootfs, user string) (string, bool, error) {
+	u, _, _ := strings.Cut(user, ":")
+	if u == "" {
+		return "", false, nil
+	}
+	r, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return "", false, err
+	}
+	defer r.Close()
+	passwd, err := readOptional(r, "etc/passwd")
+	if err != nil {
+		return "", false, err
+	}
+	var name string
+	fields(passwd, func(f []string) bool {
+		if len(f) >= 3 && f[0] != "" && (f[0] == u || f[2] == u) {
+			name = f[0]
+			return false
+		}
+		return true
+	})
+	return name, name != "", nil
+}

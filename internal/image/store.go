@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/klauspost/compress/zstd"
@@ -72,6 +73,17 @@ func (s *Store) Has(digest string) bool {
 	return err == nil
 }
 
+// touch sets a cached blob's modification time to now; an error means it is not there
+// (any more).
+func (s *Store) touch(digest string) error {
+	p, err := s.blobPath(digest)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	return os.Chtimes(p, now, now)
+}
+
 // fetchJobs is how many layers download at once, like Docker's default of 3.
 const fetchJobs = 3
 
@@ -92,7 +104,10 @@ func (s *Store) Fetch(ctx context.Context, img *Image, progress ProgressFunc) er
 	g.SetLimit(fetchJobs)
 	for n, l := range img.Layers {
 		p := Progress{Phase: PhaseDownload, Layer: n + 1, Layers: len(img.Layers), Digest: l.Digest, Total: l.Size}
-		if s.Has(l.Digest) {
+		// A reused blob is as good as new to the data-dir GC, which spares blobs changed
+		// within its grace period: the image using it is not registered yet. One the GC
+		// removed meanwhile is fetched again.
+		if s.touch(l.Digest) == nil {
 			p.Done, p.Cached, p.Final = l.Size, true, true
 			report(p)
 			continue

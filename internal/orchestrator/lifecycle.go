@@ -233,6 +233,7 @@ func (o *Orchestrator) doResume(ctx context.Context, e *entry, p *op, timeout ti
 	}
 	o.discardCapture(ctx, disk)
 	o.logEvent(e.rec.ID, LevelInfo, "sandbox resumed", map[string]string{"coldBoot": fmt.Sprint(cold || disk != nil)})
+	o.reattachStartCommand(ctx, inst.Endpoint(), &e.rec) // paused in place by an earlier node
 	o.mu.Lock()
 	o.armLocked(e)
 	o.mu.Unlock()

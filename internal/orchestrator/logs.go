@@ -77,6 +77,7 @@ type logBuf struct {
 	fileBytes int64
 	dropped   bool
 	follow    context.CancelFunc // stops the start command's output capture
+	followCtx context.Context    // done once the capture stopped
 }
 
 func newLogStore(dir string) *logStore {
@@ -238,10 +239,10 @@ func (s *logStore) query(id string, q LogQuery) []LogEntry {
 
 // setFollow registers the cancel of the start command's output capture, stopping the
 // previous one (a sandbox booted afresh runs its start command again).
-func (s *logStore) setFollow(b *logBuf, cancel context.CancelFunc) {
+func (s *logStore) setFollow(b *logBuf, ctx context.Context, cancel context.CancelFunc) {
 	b.mu.Lock()
 	prev, dropped := b.follow, b.dropped
-	b.follow = cancel
+	b.follow, b.followCtx = cancel, ctx
 	b.mu.Unlock()
 	if prev != nil {
 		prev()
@@ -343,6 +344,60 @@ func (w *lineWriter) flush() {
 	}
 }
 
+// Events that frame the start command's output; startCommandPid reads them back.
+const (
+	msgStartCmdStarted    = "start command started"
+	msgStartCmdReattached = "start command output re-attached"
+	msgStartCmdEnded      = "start command ended"
+)
+
+// startCommandPid reads from the logs of id whether its start command was last seen
+// running and with which pid (0: no record of it, as when the entries were cut).
+func (s *logStore) startCommandPid(id string) (pid uint32, running bool) {
+	b := s.buf(id)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s.load(id, b)
+	for i := len(b.entries) - 1; i >= 0; i-- {
+		switch e := b.entries[i]; e.Message {
+		case msgStartCmdEnded:
+			return 0, false
+		case msgStartCmdStarted, msgStartCmdReattached:
+			var n uint32
+			if _, err := fmt.Sscan(e.Fields["pid"], &n); err != nil {
+				return 0, true
+			}
+			return n, true
+		}
+	}
+	return 0, true
+}
+
+// following reports whether the start command's output of id is being captured.
+func (s *logStore) following(id string) bool {
+	b := s.buf(id)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.followCtx != nil && b.followCtx.Err() == nil
+}
+
+// stopFollowing stops every output capture (the node is going away).
+func (s *logStore) stopFollowing() {
+	s.mu.Lock()
+	bufs := make([]*logBuf, 0, len(s.bufs))
+	for _, b := range s.bufs {
+		bufs = append(bufs, b)
+	}
+	s.mu.Unlock()
+	for _, b := range bufs {
+		b.mu.Lock()
+		if b.follow != nil {
+			b.follow()
+		}
+		b.mu.Unlock()
+	}
+}
+
 // streamClient reaches envd for long-lived streams: the envd client's overall timeout
 // would cut them after seconds.
 func (o *Orchestrator) streamClient() *http.Client {
@@ -352,11 +407,12 @@ func (o *Orchestrator) streamClient() *http.Client {
 // followStartCommand copies the start command's output into the sandbox's logs in the
 // background until the process ends or cancel is called (sandbox removed, or its start
 // command started again).
-func (o *Orchestrator) followStartCommand(id string, p *envdclient.Process, cancel context.CancelFunc) {
+// msg is the event that opens the capture: msgStartCmdStarted or msgStartCmdReattached.
+func (o *Orchestrator) followStartCommand(id string, p *envdclient.Process, ctx context.Context, cancel context.CancelFunc, msg string) {
 	b := o.logs.buf(id)
-	_ = o.logs.addTo(id, b, LogEntry{Time: o.clock.Now().UTC(), Level: LevelInfo, Message: "start command started",
+	_ = o.logs.addTo(id, b, LogEntry{Time: o.clock.Now().UTC(), Level: LevelInfo, Message: msg,
 		Fields: map[string]string{"pid": fmt.Sprint(p.Pid)}})
-	o.logs.setFollow(b, cancel)
+	o.logs.setFollow(b, ctx, cancel)
 	go func() {
 		defer cancel()
 		defer p.Close()
@@ -372,7 +428,7 @@ func (o *Orchestrator) followStartCommand(id string, p *envdclient.Process, canc
 		if end.GetExitCode() != 0 || !end.GetExited() {
 			level = LevelError
 		}
-		_ = o.logs.addTo(id, b, LogEntry{Time: o.clock.Now().UTC(), Level: level, Message: "start command ended",
+		_ = o.logs.addTo(id, b, LogEntry{Time: o.clock.Now().UTC(), Level: level, Message: msgStartCmdEnded,
 			Fields: map[string]string{"exitCode": fmt.Sprint(end.GetExitCode()), "status": end.GetStatus()}})
 	}()
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/repository"
+	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/snapshot"
 )
 
@@ -155,6 +156,7 @@ func (o *Orchestrator) UsesTemplate(id string) bool {
 // longer referenced, so it frees the capture's artifacts that nothing else uses.
 func (o *Orchestrator) DiscardTemplate(ctx context.Context, t catalog.Template) {
 	if t.Kind == catalog.KindTemplate {
+		o.ForgetWarm(ctx, t)
 		o.discardBuiltTemplate(ctx, t)
 		return
 	}
@@ -171,4 +173,32 @@ func (o *Orchestrator) DiscardTemplate(ctx context.Context, t catalog.Template) 
 		return
 	}
 	o.discardCapture(ctx, c)
+}
+
+// WarmForgetter is a backend that keeps pre-started containers per template root
+// (*oci.Backend).
+type WarmForgetter interface {
+	// ForgetTemplate stops the warm containers of root (and of roots whose files are gone).
+	ForgetTemplate(ctx context.Context, root sandbox.RootFS) error
+}
+
+// ForgetWarm tells the backend that template t was deleted or replaced by a new version,
+// so the warm containers it keeps for t's root stop now instead of holding the old
+// layers or directory (and their disk space, mounts and loop devices) until pushed out.
+func (o *Orchestrator) ForgetWarm(ctx context.Context, t catalog.Template) {
+	f, ok := o.backend.(WarmForgetter)
+	if !ok || t.Kind != catalog.KindTemplate {
+		return
+	}
+	root := sandbox.RootFS{LowerDir: t.RootFSDir}
+	if o.rootfs != nil {
+		// A root that cannot be described any more (its files are gone) still has its
+		// warm containers dropped: the backend drops those whose files are missing.
+		if fs, err := o.rootfs(t.RootFSDir, t.Artifact); err == nil {
+			root = fs
+		}
+	}
+	if err := f.ForgetTemplate(context.WithoutCancel(ctx), root); err != nil {
+		o.log.Warn("stop the warm containers of a removed template", "template", t.ID, "err", err)
+	}
 }

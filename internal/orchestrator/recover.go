@@ -110,6 +110,7 @@ func (o *Orchestrator) Start(ctx context.Context) error {
 				continue
 			}
 			e.rec.State = StateRunning
+			o.reattachStartCommand(ctx, inst.Endpoint(), &e.rec)
 		}
 		o.reapplyEgress(ctx, e)
 		o.mu.Lock()
@@ -185,6 +186,8 @@ func (o *Orchestrator) Shutdown(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
+	// Kept sandboxes' start commands run on; the next node re-attaches to their output.
+	o.logs.stopFollowing()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("orchestrator shutdown: %w", err)
 	}

@@ -4,6 +4,9 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/aenv-dev/aenv/internal/envdclient"
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -56,6 +59,48 @@ func (o *Orchestrator) startTemplateCommand(ctx context.Context, ep sandbox.Endp
 		// ErrNoStart's text keeps the message this returned before envdclient existed.
 		return fmt.Errorf("start command: %w", err)
 	}
-	o.followStartCommand(rec.ID, p, cancel)
+	o.followStartCommand(rec.ID, p, fctx, cancel, msgStartCmdStarted)
 	return nil
+}
+
+// reattachStartCommand resumes capturing the output of the start command of a sandbox
+// the node adopted after a restart (running, or paused in place and now resumed): the
+// process outlived the node that started it, but its output went nowhere since. The
+// sandbox's logs say whether it was still running and its pid; envd's Connect (tagged
+// processes outlive their stream) re-attaches. Output written while no node listened is
+// lost. It does nothing while the capture runs (a resume on the node that paused it). It
+// returns at once; the work runs in the background so a node with many sandboxes is not
+// held up starting.
+func (o *Orchestrator) reattachStartCommand(ctx context.Context, ep sandbox.Endpoint, rec *Sandbox) {
+	if rec.Launch.StartCmd == "" || o.logs.following(rec.ID) {
+		return
+	}
+	pid, running := o.logs.startCommandPid(rec.ID)
+	if !running {
+		return
+	}
+	id := rec.ID
+	client := envdclient.New(o.streamClient(), o.envdURL(ep), envdclient.WithAccessToken(rec.EnvdAccessToken))
+	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		// Only the attach is bounded; the stream then lasts as long as the process.
+		timer := time.AfterFunc(o.cfg.EnvdReadyTimeout, cancel)
+		p, err := client.Connect(fctx, envdclient.Selector{Pid: pid, Tag: startCmdTag})
+		if !timer.Stop() || err != nil {
+			cancel()
+			if err == nil {
+				p.Close()
+				err = fctx.Err()
+			}
+			level, msg := LevelWarn, "start command output not re-attached"
+			if connect.CodeOf(err) == connect.CodeNotFound {
+				// envd forgets finished processes after a while: it ended unseen.
+				level, msg = LevelInfo, "start command no longer running when re-attaching its output"
+			}
+			o.log.Warn("re-attach template start command", "sandbox", id, "err", err)
+			o.logEvent(id, level, msg, map[string]string{"error": err.Error()})
+			return
+		}
+		o.followStartCommand(id, p, fctx, cancel, msgStartCmdReattached)
+	}()
 }

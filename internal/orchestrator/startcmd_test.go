@@ -82,3 +82,141 @@ func TestTemplateStartCommand(t *testing.T) {
 		t.Fatalf("starts for a template without a start command = %+v", starts)
 	}
 }
+
+// After a node restart, the output of a start command still running in an adopted
+// sandbox reaches its logs again (what ran while no node listened is lost), one that
+// ended meanwhile gets its end logged, and one that ended before is left alone.
+func TestStartCommandReattach(t *testing.T) {
+	ctx := context.Background()
+	opts := snapModes[0].opts
+	opts.HoldStartCommands = true
+	h := newHarness(t, opts, nil)
+	if err := h.cat.Templates().Put(catalog.Template{ID: "web", Kind: catalog.KindTemplate, RootFSDir: "/srv/web",
+		StartCmd: "serve"}); err != nil {
+		t.Fatal(err)
+	}
+	running := h.create(CreateRequest{TemplateID: "web", Timeout: time.Hour})
+	endsUnseen := h.create(CreateRequest{TemplateID: "web", Timeout: time.Hour})
+	ra, ea := h.inst(running.ID).Envd(), h.inst(endsUnseen.ID).Envd()
+	const pid = 1 // each fake envd numbers its processes from 1
+	hasLog := func(id, msg string) func() bool {
+		return func() bool {
+			es, err := h.o.Logs(ctx, id, LogQuery{Forward: true, Search: msg})
+			return err == nil && len(es) > 0
+		}
+	}
+	eventually(t, "first output captured", hasLog(running.ID, "out of -l -c serve"))
+
+	// The node goes away: its streams close, the processes run on.
+	h.o.logs.stopFollowing()
+	eventually(t, "streams detached", func() bool { return ra.Attached(pid) == 0 && ea.Attached(pid) == 0 })
+	ra.Emit(pid, "while down\n")
+	ea.End(pid, 3)
+	h.restart()
+
+	eventually(t, "re-attached", func() bool { return ra.Attached(pid) == 1 })
+	if c := ra.Connects(); len(c) != 1 || c[0].Pid != pid {
+		t.Fatalf("connects = %+v, want one by pid %d", c, pid)
+	}
+	ra.Emit(pid, "after restart\n")
+	ra.End(pid, 0)
+	eventually(t, "output after the restart", hasLog(running.ID, "after restart"))
+	eventually(t, "end after the restart", hasLog(running.ID, msgStartCmdEnded))
+	if hasLog(running.ID, "while down")() {
+		t.Error("output written while no node listened appeared in the logs")
+	}
+	if !hasLog(running.ID, msgStartCmdReattached)() {
+		t.Error("no re-attach event in the logs")
+	}
+	eventually(t, "unseen end logged", func() bool {
+		es, err := h.o.Logs(ctx, endsUnseen.ID, LogQuery{Search: msgStartCmdEnded, Limit: 1})
+		return err == nil && len(es) == 1 && es[0].Level == LevelError && es[0].Fields["exitCode"] == "3"
+	})
+
+	// Both ended: a second restart re-attaches to nothing.
+	h.restart()
+	h.create(CreateRequest{TemplateID: "web", Timeout: time.Hour}) // lets the adoption's goroutines run
+	if n, m := len(ra.Connects()), len(ea.Connects()); n != 1 || m != 1 {
+		t.Fatalf("connects after a restart with no start command running = %d, %d, want still 1, 1", n, m)
+	}
+}
+
+// A sandbox paused in place when the node went away has its start command's output
+// re-attached when it is resumed; a pause and resume on the same node keeps the capture
+// it has.
+func TestStartCommandReattachOnResume(t *testing.T) {
+	ctx := context.Background()
+	opts := snapModes[0].opts // pause freezes in place
+	opts.HoldStartCommands = true
+	h := newHarness(t, opts, nil)
+	if err := h.cat.Templates().Put(catalog.Template{ID: "web", Kind: catalog.KindTemplate, RootFSDir: "/srv/web",
+		StartCmd: "serve"}); err != nil {
+		t.Fatal(err)
+	}
+	sb := h.create(CreateRequest{TemplateID: "web", Timeout: time.Hour})
+	env := h.inst(sb.ID).Envd()
+	const pid = 1
+	eventually(t, "capture", func() bool { return env.Attached(pid) == 1 })
+	resume := func() {
+		t.Helper()
+		if err := h.o.Pause(ctx, sb.ID, sandbox.PauseOptions{KeepMemory: true}); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := h.o.Connect(ctx, sb.ID, ConnectOptions{Timeout: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resume()
+	if c := env.Connects(); len(c) != 0 || env.Attached(pid) != 1 {
+		t.Fatalf("a resume on the same node re-attached: connects %+v, %d streams", c, env.Attached(pid))
+	}
+
+	if err := h.o.Pause(ctx, sb.ID, sandbox.PauseOptions{KeepMemory: true}); err != nil {
+		t.Fatal(err)
+	}
+	h.o.logs.stopFollowing()
+	eventually(t, "detached", func() bool { return env.Attached(pid) == 0 })
+	h.restart()
+	if c := env.Connects(); len(c) != 0 {
+		t.Fatalf("a paused sandbox was re-attached at start: %+v", c)
+	}
+	if _, _, err := h.o.Connect(ctx, sb.ID, ConnectOptions{Timeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "re-attached on resume", func() bool { return env.Attached(pid) == 1 })
+	env.Emit(pid, "after resume\n")
+	eventually(t, "output after the resume", func() bool {
+		es, err := h.o.Logs(ctx, sb.ID, LogQuery{Search: "after resume"})
+		return err == nil && len(es) == 1
+	})
+}
+
+func TestStartCommandPid(t *testing.T) {
+	ev := func(msg, pid string) LogEntry {
+		return LogEntry{Level: LevelInfo, Message: msg, Fields: map[string]string{"pid": pid}}
+	}
+	tests := []struct {
+		name    string
+		entries []LogEntry
+		pid     uint32
+		running bool
+	}{
+		{"no record", nil, 0, true},
+		{"started", []LogEntry{ev(msgStartCmdStarted, "7"), ev("output", "")}, 7, true},
+		{"ended", []LogEntry{ev(msgStartCmdStarted, "7"), ev(msgStartCmdEnded, "")}, 0, false},
+		{"started again", []LogEntry{ev(msgStartCmdStarted, "7"), ev(msgStartCmdEnded, ""), ev(msgStartCmdStarted, "9")}, 9, true},
+		{"re-attached", []LogEntry{ev(msgStartCmdEnded, ""), ev(msgStartCmdReattached, "4")}, 4, true},
+		{"bad pid", []LogEntry{ev(msgStartCmdStarted, "x")}, 0, true},
+	}
+	for _, tt := range tests {
+		s := newLogStore(t.TempDir())
+		if len(tt.entries) > 0 {
+			if err := s.add("sb", tt.entries...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if pid, running := s.startCommandPid("sb"); pid != tt.pid || running != tt.running {
+			t.Errorf("%s: startCommandPid = %d, %v, want %d, %v", tt.name, pid, running, tt.pid, tt.running)
+		}
+	}
+}

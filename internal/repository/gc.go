@@ -76,7 +76,7 @@ func GC(ctx context.Context, repo Repository, o GCOptions) (GCResult, error) {
 				return res, fmt.Errorf("gc: list %s records: %w", kind, err)
 			}
 			for _, r := range page.Records {
-				for _, d := range r.Digests() {
+				for _, d := range r.BlobDigests() {
 					keep[d] = true
 				}
 			}

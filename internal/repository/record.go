@@ -69,6 +69,10 @@ type Layer struct {
 	Size   int64  `json:"size"`
 	// UUID is the LSMT layer's uuid, when it has one (stacks check parents).
 	UUID string `json:"uuid,omitempty"`
+	// BlockHashes names the blob's block hash list (see BlockHashes), so
+	// lazy readers can verify each range they fetch. Records published
+	// before lists existed have none; their layers are read unverified.
+	BlockHashes Digest `json:"block_hashes,omitempty"`
 }
 
 // Resources are the sandbox defaults a template or snapshot carries.
@@ -111,6 +115,18 @@ func (r Record) Digests() []Digest {
 	return out
 }
 
+// BlobDigests lists every blob the record keeps from GC: its layers and
+// their block hash lists.
+func (r Record) BlobDigests() []Digest {
+	out := r.Digests()
+	for _, l := range r.Layers {
+		if l.BlockHashes != "" {
+			out = append(out, l.BlockHashes)
+		}
+	}
+	return out
+}
+
 // Validate checks every field a consumer relies on.
 func (r Record) Validate() error {
 	if r.Version < 1 || r.Version > RecordVersion {
@@ -136,6 +152,11 @@ func (r Record) Validate() error {
 	for i, l := range r.Layers {
 		if err := l.Digest.Validate(); err != nil {
 			return errorf(ErrInvalid, "record %s layer %d: %v", r.ID, i, err)
+		}
+		if l.BlockHashes != "" {
+			if err := l.BlockHashes.Validate(); err != nil {
+				return errorf(ErrInvalid, "record %s layer %d block hashes: %v", r.ID, i, err)
+			}
 		}
 		if l.Size < 0 {
 			return errorf(ErrInvalid, "record %s layer %d size %d", r.ID, i, l.Size)

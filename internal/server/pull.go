@@ -42,6 +42,10 @@ type Puller struct {
 	// InUse reports whether a sandbox runs on a directory template's rootfs, which keeps
 	// a replaced template's files until it is gone (nil: none does).
 	InUse func(rootfsDir string) bool
+	// Retired, when set, is called with a template a pull replaced: the node stops the
+	// warm containers of the old version and collects the data directory's garbage
+	// (build.Service.Retired).
+	Retired func(ctx context.Context, old catalog.Template)
 	// Log receives publication and clean-up failures (default slog.Default()).
 	Log *slog.Logger
 
@@ -122,7 +126,7 @@ func (p *Puller) request(b api.TemplatePullRequest) (install.Request, error) {
 	}
 	req := install.Request{Ref: ref, DataDir: p.DataDir, Name: deref(b.Name),
 		StartCmd: deref(b.StartCmd), ReadyCmd: deref(b.ReadyCmd),
-		StartFromImage: b.StartFromImage != nil && *b.StartFromImage,
+		StartFromImage: b.StartFromImage != nil && *b.StartFromImage, User: strings.TrimSpace(deref(b.User)),
 		Resources: sandbox.Resources{CPUCount: int(derefInt(b.CpuCount)), MemoryMB: int(derefInt(b.MemoryMB)),
 			DiskSizeMB: int(derefInt(b.DiskSizeMB))}}
 	if req.Name == "" {
@@ -130,6 +134,9 @@ func (p *Puller) request(b api.TemplatePullRequest) (install.Request, error) {
 	}
 	if !catalog.ValidName(req.Name) {
 		return install.Request{}, fmt.Errorf("template name %q: use letters, digits, '.', '_' and '-'", req.Name)
+	}
+	if strings.ContainsAny(req.User, ": \t\n/") {
+		return install.Request{}, fmt.Errorf("user %q: an account name or uid of the image, without a group", req.User)
 	}
 	r := req.Resources
 	if r.CPUCount < 0 || r.MemoryMB < 0 || r.DiskSizeMB < 0 {
@@ -141,6 +148,7 @@ func (p *Puller) request(b api.TemplatePullRequest) (install.Request, error) {
 		req.Convert = p.CanConvert()
 	}
 	req.Pull.DockerConfig = p.DockerConfig
+	req.Log = p.Log
 	if b.InsecureRegistries != nil {
 		req.Pull.InsecureRegistries = *b.InsecureRegistries
 	}
@@ -196,6 +204,9 @@ func (p *Puller) run(ctx context.Context, req install.Request) (catalog.Template
 		}
 	}
 	p.sweep()
+	if p.Retired != nil {
+		p.Retired(context.WithoutCancel(ctx), old)
+	}
 	return rt.stored, true, nil
 }
 
@@ -269,7 +280,7 @@ func (r *replacing) Put(t catalog.Template) error {
 func pullStatus(err error) int {
 	switch {
 	case errors.Is(err, catalog.ErrInvalid), errors.Is(err, image.ErrBadReference),
-		errors.Is(err, image.ErrUnsupportedSource), errors.Is(err, image.ErrPlatform):
+		errors.Is(err, image.ErrUnsupportedSource), errors.Is(err, image.ErrPlatform), errors.Is(err, install.ErrUnknownUser):
 		return http.StatusBadRequest
 	case errors.Is(err, image.ErrUnauthorized):
 		return http.StatusUnauthorized

@@ -277,6 +277,7 @@ func TestPullTemplateBadInput(t *testing.T) {
 		{`{"ref":"` + reg + `/app:v1","name":"bad name"}`, "template name"},
 		{`{"ref":"` + reg + `/app:v1","cpuCount":-1}`, "negative"},
 		{`{"ref":"` + reg + `/app:v1","platform":"linux"}`, "os/arch"},
+		{`{"ref":"` + reg + `/app:v1","user":"app:grp"}`, "without a group"},
 	} {
 		wantError(t, e.do(http.MethodPost, "/aenv/templates/pull", tc.body), http.StatusBadRequest, tc.msg)
 	}
@@ -375,5 +376,57 @@ func TestPullTemplateConvert(t *testing.T) {
 	}
 	if m, err := snapshot.ManifestFromTemplate(got[0], ""); err != nil || len(m.Layers) != len(fs.Layers) || m.Name != "conv" {
 		t.Errorf("manifest of the pulled template: %+v, %v", m, err)
+	}
+}
+
+// TestPullTemplateUser: a pull makes the image's USER the default user, as a build does
+// (by uid here), the request's user overrides it, and one the image has no account for
+// is refused with nothing registered. Replacing a template hands the old version to
+// Retired (warm containers, GC).
+func TestPullTemplateUser(t *testing.T) {
+	reg := pullRegistry(t)
+	img := pullImage(t, "one")
+	cf, _ := img.ConfigFile()
+	cf = cf.DeepCopy()
+	cf.Config.User = "0:0"
+	img, err := mutate.ConfigFile(img, cf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pushImage(t, reg+"/app:v1", img)
+	e := newPullEnv(t, false)
+	var retired []catalog.Template
+	e.srv.puller.Retired = func(_ context.Context, old catalog.Template) { retired = append(retired, old) }
+
+	res := e.pull(`{"ref":"` + reg + `/app:v1"}`).Template()
+	if res == nil {
+		t.Fatal("pull failed")
+	}
+	got, err := e.cat.Templates().Resolve("app")
+	if err != nil || got.DefaultUser != "root" || got.DefaultWorkdir != "/home/user" {
+		t.Fatalf("image USER 0: template %+v, %v", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(got.RootFSDir, "home/user")); err != nil {
+		t.Errorf("/home/user: %v", err)
+	}
+	if len(retired) != 0 {
+		t.Errorf("a new template retired %+v", retired)
+	}
+	res = e.pull(`{"ref":"` + reg + `/app:v1","name":"app","user":"user"}`).Template()
+	if res == nil || !*res.Replaced {
+		t.Fatalf("replace: %+v", res)
+	}
+	if got2, _ := e.cat.Templates().Resolve("app"); got2.DefaultUser != "user" {
+		t.Errorf("user override: default user %q", got2.DefaultUser)
+	}
+	if len(retired) != 1 || retired[0].ID != got.ID || retired[0].RootFSDir != got.RootFSDir {
+		t.Errorf("retired after a replace: %+v, want the old version", retired)
+	}
+	evs := e.pull(`{"ref":"` + reg + `/app:v1","name":"other","user":"ghost"}`)
+	if last := evs[len(evs)-1]; last.Error == nil || last.Error.Code != http.StatusBadRequest || !strings.Contains(last.Error.Message, "ghost") {
+		t.Errorf("unknown user: %+v", last)
+	}
+	if _, err := e.cat.Templates().Resolve("other"); err == nil {
+		t.Error("a pull with an unknown user was registered")
 	}
 }

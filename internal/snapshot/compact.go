@@ -79,9 +79,17 @@ func (p *Publisher) Compact(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 
+	// The merged layer is read lazily elsewhere like any other: publish its
+	// block hash list (new, so GC's grace keeps it until the record names it).
+	mergedLayer := repository.Layer{Role: rootRole, Digest: merged.Digest, Size: merged.Size, UUID: merged.UUID}
+	if mergedLayer.BlockHashes, err = p.blockHashes(ctx, merged.Digest, LayerFile{Path: merged.Path}); err != nil {
+		return false, err
+	}
+	if err := p.putBlockHashes(ctx, []repository.Layer{mergedLayer}); err != nil {
+		return false, err
+	}
 	keep := root[:len(root)-n]
-	newRoot := append(append([]repository.Layer(nil), keep...),
-		repository.Layer{Role: rootRole, Digest: merged.Digest, Size: merged.Size, UUID: merged.UUID})
+	newRoot := append(append([]repository.Layer(nil), keep...), mergedLayer)
 	refs := make([]layerRef, 0, len(newRoot))
 	for _, l := range newRoot {
 		path := local[l.Digest]

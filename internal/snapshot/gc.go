@@ -89,6 +89,7 @@ func (p *Publisher) GC(ctx context.Context) (repository.GCResult, error) {
 	if p.local != nil {
 		pinned = append(pinned, p.local.Pinned()...)
 	}
+	pinned = append(pinned, p.blockHashesOf(pinned)...)
 	slices.Sort(pinned)
 	return repository.GC(ctx, p.repo, repository.GCOptions{Pinned: slices.Compact(pinned), Grace: p.o.GCGrace, Logger: p.log})
 }

@@ -1,12 +1,18 @@
 package snapshot
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
+	"slices"
 
 	"github.com/aenv-dev/aenv/internal/repository"
+	"github.com/aenv-dev/aenv/internal/repository/layers"
 )
 
 // Lazy layers (Options.LazyLayers): Sync registers a record without fetching
@@ -74,4 +80,100 @@ func (p *Publisher) layerDigest(ctx context.Context, l LayerFile) (repository.Di
 		return "", 0, fmt.Errorf("%w: layer %s is %d bytes in the repository, manifest says %d", ErrInvalid, l.Digest, info.Size, l.Size)
 	}
 	return l.Digest, info.Size, nil
+}
+
+// Block hash lists (repository.BlockHashes): a node reading a layer lazily
+// can only check the ranges it fetches against per-chunk hashes, so every
+// layer is published with its list, a blob of its own that the record's
+// layer entry names. The list of a layer this node has as a file is
+// computed from the file once (then kept in p.hashes); a layer read lazily
+// has the list its record named, learnt when the record was synced; a
+// layer published before lists existed has none, and a record naming it
+// names none either (its readers log that it is read unverified).
+
+// HashIndex is where the node's layer resolver finds the lists of the
+// layers it reads lazily.
+func (p *Publisher) HashIndex() layers.HashIndex { return p.hashes }
+
+// blockHashes returns the digest of layer d's list, computing and storing
+// the list when this node has the layer's file and no list for it yet.
+func (p *Publisher) blockHashes(ctx context.Context, d repository.Digest, l LayerFile) (repository.Digest, error) {
+	if b, err := p.hashes.Encoded(d); err == nil {
+		if _, err := repository.DecodeBlockHashes(b); err == nil {
+			return repository.DigestOf(b), nil
+		}
+	}
+	if l.Path == "" {
+		return "", nil // read lazily from a record without a list
+	}
+	var r io.ReadCloser
+	r, err := os.Open(l.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		// A resumed publication whose file is gone: the node cache has the
+		// bytes (step 1 found them there), verified as they stream.
+		r, err = p.repo.GetBlob(ctx, d)
+	}
+	if err != nil {
+		return "", fmt.Errorf("snapshot: layer %s: %w", l.Path, err)
+	}
+	defer r.Close()
+	h, err := repository.ComputeBlockHashes(r, repository.DefaultBlockHashChunk)
+	if err != nil {
+		return "", fmt.Errorf("snapshot: layer %s: %w", l.Path, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	// The list is kept under the digest the layer was hashed to; a file
+	// changed since then fails its own upload's digest check.
+	return p.hashes.Put(d, h)
+}
+
+// putBlockHashes uploads the lists that layers name and the repository
+// lacks (new ones, or ones GC took with their last record). It runs once
+// the pending record names them, so a list found present stays.
+func (p *Publisher) putBlockHashes(ctx context.Context, ls []repository.Layer) error {
+	var named []repository.Digest
+	for _, l := range ls {
+		if l.BlockHashes != "" {
+			named = append(named, l.BlockHashes)
+		}
+	}
+	missing, err := p.missing(ctx, named)
+	if err != nil {
+		return err
+	}
+	for _, l := range ls {
+		if l.BlockHashes == "" || !slices.Contains(missing, l.BlockHashes) {
+			continue
+		}
+		missing = slices.DeleteFunc(missing, func(d repository.Digest) bool { return d == l.BlockHashes })
+		b, err := p.hashes.Encoded(l.Digest)
+		if err == nil && repository.DigestOf(b) != l.BlockHashes {
+			err = fmt.Errorf("%w: stored block hash list of %s changed", repository.ErrDigestMismatch, l.Digest)
+		}
+		if err != nil {
+			return fmt.Errorf("snapshot: block hash list of %s: %w", l.Digest, err)
+		}
+		err = p.retry(ctx, "upload "+string(l.BlockHashes), func() error {
+			_, err := p.repo.PutBlob(ctx, l.BlockHashes, int64(len(b)), bytes.NewReader(b))
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// blockHashesOf lists the digests of the stored lists of layers ds, so GC
+// keeps the lists of pinned layers with them.
+func (p *Publisher) blockHashesOf(ds []repository.Digest) []repository.Digest {
+	var out []repository.Digest
+	for _, d := range ds {
+		if b, err := p.hashes.Encoded(d); err == nil {
+			out = append(out, repository.DigestOf(b))
+		}
+	}
+	return out
 }

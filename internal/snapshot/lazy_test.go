@@ -98,7 +98,13 @@ func TestLazySync(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer bc.Close()
-			res0 := &layers.Resolver{Repo: nb.cache, Cache: bc, Remote: remote}
+			// The sync learnt each layer's block hash list: B's reads are verified.
+			for _, r := range refs {
+				if h, err := nb.pub.HashIndex().BlockHashes(ctx, repository.Digest(r.Digest)); h == nil || err != nil {
+					t.Fatalf("no block hash list for synced layer %s: %v", r.Digest, err)
+				}
+			}
+			res0 := &layers.Resolver{Repo: nb.cache, Cache: bc, Remote: remote, Hashes: nb.pub.HashIndex()}
 			if got := readLazy(t, refs, res0); !bytes.Equal(got, model) {
 				t.Fatal("node B reads other bytes than node A wrote")
 			}
@@ -149,6 +155,12 @@ func TestLazySync(t *testing.T) {
 			if got := rec.Digests(); len(got) != len(files)+1 || !slices.Contains(got, want[0]) {
 				t.Fatalf("record of the lazy snapshot names %v", got)
 			}
+			for i, l := range rec.Layers {
+				// Lazily read layers keep the list their record named.
+				if l.BlockHashes == "" {
+					t.Fatalf("layer %d of the lazy snapshot names no block hash list", i)
+				}
+			}
 
 			if _, err := nc.pub.Sync(ctx); err != nil {
 				t.Fatal(err)
@@ -157,7 +169,7 @@ func TestLazySync(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := readLazy(t, artifactRefs(t, tc.Artifact), &layers.Resolver{Repo: nc.cache, Remote: remote})
+			got := readLazy(t, artifactRefs(t, tc.Artifact), &layers.Resolver{Repo: nc.cache, Remote: remote, Hashes: nc.pub.HashIndex()})
 			// The top layer's writes land over the base model.
 			wantDev := slices.Clone(model)
 			for off := 0; off < len(topModel); off += 4096 {

@@ -31,7 +31,12 @@ func digestsOfFiles(t *testing.T, files ...LayerFile) []repository.Digest {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, repository.DigestOf(b))
+		// A layer is published with its block hash list.
+		h, err := repository.ComputeBlockHashes(bytes.NewReader(b), repository.DefaultBlockHashChunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, repository.DigestOf(b), h.Digest())
 	}
 	slices.Sort(out)
 	return out
@@ -184,6 +189,12 @@ func TestCompact(t *testing.T) {
 		!slices.Equal(after.Digests()[:2], before.Digests()[:2]) {
 		t.Fatalf("record after compaction: %d layers rev %d (was %d)", len(after.Layers), after.Revision, before.Revision)
 	}
+	for i, l := range after.Layers {
+		// The merged layer too is published with its block hash list.
+		if _, err := repository.ReadBlockHashes(ctx, remote, l.BlockHashes, l.Size); err != nil {
+			t.Fatalf("layer %d after compaction: block hash list %q: %v", i, l.BlockHashes, err)
+		}
+	}
 	tpl, err := a.cat.Templates().Get("snap-deep")
 	if err != nil {
 		t.Fatal(err)
@@ -209,8 +220,13 @@ func TestCompact(t *testing.T) {
 			t.Fatalf("merged-away layer freed before GC: %v", err)
 		}
 	}
+	// The merged-away layers go, with their block hash lists.
+	var freed []repository.Digest
+	for _, l := range before.Layers[2:] {
+		freed = append(freed, l.Digest, l.BlockHashes)
+	}
 	res, err := a.pub.GC(ctx)
-	if err != nil || !slices.Equal(sortedDigests(res.Deleted), sortedDigests(before.Digests()[2:])) {
+	if err != nil || !slices.Equal(sortedDigests(res.Deleted), sortedDigests(freed)) {
 		t.Fatalf("GC freed %v, %v", res.Deleted, err)
 	}
 	if again, err := a.pub.Compact(ctx, "snap-deep"); err != nil || again {

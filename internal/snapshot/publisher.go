@@ -43,6 +43,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/repository"
+	"github.com/aenv-dev/aenv/internal/repository/layers"
 )
 
 // Sentinel errors callers branch on.
@@ -203,6 +204,9 @@ type Publisher struct {
 	log   *slog.Logger
 	dg    digester
 	sem   chan struct{}
+	// hashes keeps the block hash lists of the layers this node published
+	// or reads lazily (see lazy.go).
+	hashes *layers.HashStore
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -260,7 +264,8 @@ func New(repo repository.Repository, cat CatalogStore, o Options) (*Publisher, e
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{repo: repo, cat: cat, o: o, log: o.Logger, dg: digester{filepath.Join(o.StateDir, "digests")},
-		sem: make(chan struct{}, o.Workers), ctx: ctx, cancel: cancel, jobs: map[string]*job{}}
+		sem: make(chan struct{}, o.Workers), ctx: ctx, cancel: cancel, jobs: map[string]*job{},
+		hashes: &layers.HashStore{Dir: filepath.Join(o.StateDir, "blockhashes")}}
 	if ls, ok := repo.(localStore); ok {
 		p.local = ls
 	}

@@ -47,6 +47,14 @@ func TestPublish(t *testing.T) {
 				if err != nil || !bytes.Equal(got, want) {
 					t.Fatalf("blob %d: %v", i, err)
 				}
+				// Its block hash list is published and referenced.
+				bh, err := repository.ReadBlockHashes(ctx, n.remote, l.BlockHashes, l.Size)
+				if err != nil {
+					t.Fatalf("layer %d block hash list %q: %v", i, l.BlockHashes, err)
+				}
+				if wantH, _ := repository.ComputeBlockHashes(bytes.NewReader(want), repository.DefaultBlockHashChunk); bh.Digest() != wantH.Digest() {
+					t.Fatalf("layer %d: block hash list does not describe the layer", i)
+				}
 			}
 			if _, err := os.Stat(n.pub.path("publishing", "snap-1.json")); !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("journal left after completion: %v", err)
@@ -246,11 +254,12 @@ func TestPublishDeduplicates(t *testing.T) {
 	n := newNode(t, "node-a", posixBackend().open(t), Options{})
 	files, _ := stackLayers(t, t.TempDir(), 3, 12)
 	publishWait(t, n, testManifest(t, "snap-parent", files[:2]))
-	if got := n.cache.Stats().PublishedBlobs; got != 2 {
+	// Each layer goes with its block hash list.
+	if got := n.cache.Stats().PublishedBlobs; got != 2*2 {
 		t.Fatalf("parent published %d blobs", got)
 	}
 	publishWait(t, n, testManifest(t, "snap-child", files))
-	if got := n.cache.Stats().PublishedBlobs; got != 3 {
-		t.Fatalf("parent and child published %d blobs, want 3", got)
+	if got := n.cache.Stats().PublishedBlobs; got != 3*2 {
+		t.Fatalf("parent and child published %d blobs, want 6", got)
 	}
 }

@@ -155,6 +155,12 @@ func (p *Publisher) register(ctx context.Context, rec repository.Record, keepLoc
 	var art json.RawMessage
 	var err error
 	if p.o.LazyLayers {
+		// Before the entry appears: a sandbox may read its layers at once.
+		for _, l := range rec.Layers {
+			if err := p.hashes.Learn(ctx, p.repo, l); err != nil {
+				return fmt.Errorf("snapshot: record %s: %w", rec.ID, err)
+			}
+		}
 		art, err = withLazyPaths(cfg.Artifact, p.lazyPaths(rec))
 	} else {
 		byDigest := map[repository.Digest]string{}

@@ -72,6 +72,10 @@ func (p *Publisher) run(ctx context.Context, j *job) (err error) {
 			}
 		}
 		layers[i] = repository.Layer{Role: l.Role, Digest: d, Size: n, UUID: l.UUID}
+		if layers[i].BlockHashes, err = p.blockHashes(ctx, d, l); err != nil {
+			permanent = !isTransient(err)
+			return err
+		}
 		if l.Path != "" {
 			byPath[l.Path] = d
 		}
@@ -143,6 +147,10 @@ func (p *Publisher) run(ctx context.Context, j *job) (err error) {
 	// that was deduplicated just before the pending record appeared.
 	for round := 0; ; round++ {
 		if err := p.uploadAll(ctx, j, toPut, files); err != nil {
+			permanent = !isTransient(err)
+			return err
+		}
+		if err := p.putBlockHashes(ctx, layers); err != nil {
 			permanent = !isTransient(err)
 			return err
 		}

@@ -121,6 +121,14 @@ func Convert(ctx context.Context, img *image.Image, o Options) (*Result, error) 
 		progress(image.Progress{Phase: image.PhaseConvert, Layer: n + 1, Layers: len(img.Layers), Digest: l.Digest,
 			Done: ref.Size, Total: ref.Size, Cached: !made, Final: true})
 	}
+	// The data-dir GC (install.GC) spares layers changed within its grace period: the
+	// caller has not registered this stack yet, and cached layers may be old.
+	now := time.Now()
+	for _, l := range res.Layers {
+		if err := os.Chtimes(l.Path, now, now); err != nil {
+			return nil, fmt.Errorf("convert: %w", err)
+		}
+	}
 	return res, nil
 }
 

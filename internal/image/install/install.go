@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
@@ -41,6 +42,12 @@ type Request struct {
 	StartCmd       string
 	ReadyCmd       string
 	StartFromImage bool
+	// User is the template's default user (an account name or uid of the image);
+	// default: the image's USER, as builds do, or DefaultUser when it has none. The
+	// account DefaultUser (home /home/user) is made sure to exist either way.
+	User string
+	// Log receives warnings (default slog.Default()).
+	Log *slog.Logger
 	// Convert also converts the image into overlaybd layers (root only) at
 	// Resources.DiskSizeMB (default DefaultDiskMB) and keeps them in the
 	// template's artifact.
@@ -48,6 +55,9 @@ type Request struct {
 	Pull     image.Options
 	Progress image.ProgressFunc
 }
+
+// ErrUnknownUser means the requested default user has no account in the image.
+var ErrUnknownUser = errors.New("unknown user")
 
 // DefaultDiskMB is the ext4 size used for conversion when none is given.
 const DefaultDiskMB = 4096
@@ -101,6 +111,10 @@ func Run(ctx context.Context, ts Templates, r Request) (catalog.Template, error)
 			os.RemoveAll(dir)
 		}
 	}()
+	user, err := defaultUser(built, r)
+	if err != nil {
+		return catalog.Template{}, err
+	}
 	var obd json.RawMessage
 	if r.Convert {
 		size := r.Resources.DiskSizeMB
@@ -117,12 +131,41 @@ func Run(ctx context.Context, ts Templates, r Request) (catalog.Template, error)
 		}
 	}
 	t, err := image.Register(ts, built, image.RegisterOptions{ID: r.ID, Alias: r.Name, Resources: r.Resources,
-		StartCmd: r.StartCmd, ReadyCmd: r.ReadyCmd, StartFromImage: r.StartFromImage, Overlaybd: obd})
+		StartCmd: r.StartCmd, ReadyCmd: r.ReadyCmd, StartFromImage: r.StartFromImage, User: user, Overlaybd: obd})
 	if err != nil {
 		return catalog.Template{}, err
 	}
 	ok = true
 	return t, nil
+}
+
+// defaultUser picks the template's default user the way builds do: the requested one,
+// else the image's USER resolved to its account name; an image USER without an account
+// falls back to DefaultUser with a warning, a requested one is an error.
+func defaultUser(b *image.Built, r Request) (string, error) {
+	want, requested := r.User, r.User != ""
+	if !requested {
+		want = b.Image.Config.User
+	}
+	if want == "" {
+		return b.User, nil
+	}
+	name, ok, err := image.AccountName(b.RootFS, want)
+	if err != nil {
+		return "", fmt.Errorf("install: default user: %w", err)
+	}
+	switch {
+	case ok:
+		return name, nil
+	case requested:
+		return "", fmt.Errorf("%w: %q has no account in the image's /etc/passwd", ErrUnknownUser, want)
+	}
+	log := r.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	log.Warn("the image's USER has no account in /etc/passwd; the default user is "+b.User, "ref", r.Ref, "user", want)
+	return b.User, nil
 }
 
 var nameJunk = regexp.MustCompile(`[^A-Za-z0-9._-]+`)

@@ -38,11 +38,19 @@ type Resolver struct {
 	// Remote is the repository behind Repo's node cache (Repo itself when it
 	// has none); KeepAlive refreshes blobs there. Nil disables KeepAlive.
 	Remote repository.Repository
+	// Hashes, when set, names the block hash lists of remote layers: every
+	// range fetched from such a layer is verified before it is cached or
+	// read (a mismatch is an error wrapping cache.ErrVerify). Layers it
+	// knows no list for are read unverified, with one warning per layer.
+	Hashes HashIndex
 
-	fetched atomic.Int64   // bytes read from remote blobs
-	leases  sync.WaitGroup // keep-alives started by OpenLayer
-	mu      sync.Mutex
-	open    map[repository.Digest]int // remote blobs open now
+	fetched    atomic.Int64 // bytes read from remote blobs
+	badDirect  atomic.Int64 // verification failures of uncached reads
+	unverified sync.Map     // digests warned about once
+
+	leases sync.WaitGroup // keep-alives started by OpenLayer
+	mu     sync.Mutex
+	open   map[repository.Digest]int // remote blobs open now
 }
 
 var _ stack.Resolver = (*Resolver)(nil)
@@ -95,10 +103,55 @@ func (r *Resolver) OpenLayer(ctx context.Context, ref stack.LayerRef) (stack.Sou
 			}
 		})
 	}
-	if r.Cache == nil {
-		return &direct{rb}, nil
+	sums, err := r.sums(ctx, d, br.Size())
+	if err != nil {
+		rb.Close()
+		return nil, err
 	}
-	return &cached{File: r.Cache.File(string(d), rb), blob: rb}, nil
+	switch {
+	case r.Cache == nil && sums == nil:
+		return &direct{rb}, nil
+	case r.Cache == nil:
+		return &verifiedDirect{blob: rb, d: d, sums: sums, failures: &r.badDirect}, nil
+	case sums == nil:
+		return &cached{File: r.Cache.File(string(d), rb), blob: rb}, nil
+	}
+	f, err := r.Cache.FileVerified(string(d), rb, sums)
+	if err != nil {
+		rb.Close()
+		return nil, fmt.Errorf("layers: %s: %w", d, err)
+	}
+	return &cached{File: f, blob: rb}, nil
+}
+
+// sums returns the block sums to verify remote layer d against, or nil when
+// its record published none.
+func (r *Resolver) sums(ctx context.Context, d repository.Digest, size int64) (*cache.Sums, error) {
+	if r.Hashes == nil {
+		return nil, nil
+	}
+	h, err := r.Hashes.BlockHashes(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	if h == nil {
+		if _, warned := r.unverified.LoadOrStore(d, true); !warned {
+			slog.Warn("layers: no block hash list published for this layer (published before lists existed); its lazily read blocks are not verified",
+				"digest", d)
+		}
+		return nil, nil
+	}
+	return sumsFor(d, size, h)
+}
+
+// VerifyFailures counts ranges read lazily that did not match their
+// layer's block hash list, through the block cache or not.
+func (r *Resolver) VerifyFailures() int64 {
+	n := r.badDirect.Load()
+	if r.Cache != nil {
+		n += r.Cache.Stats().VerifyFailures
+	}
+	return n
 }
 
 // Wait waits for the keep-alives OpenLayer started in the background.

@@ -48,6 +48,10 @@ type Options struct {
 	// orchestrator must resume through Launch(LaunchResume). Otherwise pause freezes the
 	// instance in place (cgroup freezer) and Instance.Resume thaws it.
 	StopOnPause bool
+	// HoldStartCommands keeps processes started through the fake envd running after
+	// their first line of output, until Envd.End, so tests can re-attach to them with
+	// Connect (as to a server a template starts). Otherwise they exit at once.
+	HoldStartCommands bool
 }
 
 // PausedState is the mock's opaque paused state. With StopOnPause it carries the
@@ -179,7 +183,7 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 	if _, dup := b.instances[plan.SandboxID]; dup {
 		return nil, fmt.Errorf("mock launch: %s is already running", plan.SandboxID)
 	}
-	inst.envd = newEnvd(func(s Stage) error { return b.check(s, plan.SandboxID) })
+	inst.envd = newEnvd(func(s Stage) error { return b.check(s, plan.SandboxID) }, b.opts.HoldStartCommands)
 	b.instances[plan.SandboxID] = inst
 	delete(b.artifacts, plan.SandboxID)
 	b.launches = append(b.launches, plan)

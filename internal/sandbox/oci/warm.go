@@ -30,16 +30,20 @@ type warmPool struct {
 	b    *Backend
 	size int
 
-	mu      sync.Mutex
-	ready   map[string][]*Instance // by root key: a template's lower dir, or blockKey
-	roots   map[string]createOpts  // the root each wanted key stands for
-	wanted  []string               // most recently launched first
-	seq     int
-	running bool
-	closed  bool
-	wake    chan struct{}
-	done    chan struct{}
-	exited  chan struct{}
+	mu     sync.Mutex
+	ready  map[string][]*Instance // by root key: a template's lower dir, or blockKey
+	roots  map[string]createOpts  // the root each wanted key stands for
+	wanted []string               // most recently launched first
+	seq    int
+	// preparing is the root key the filler is creating a container for, and prepared is
+	// closed once that container is in the pool or discarded (forget waits for it).
+	preparing string
+	prepared  chan struct{}
+	running   bool
+	closed    bool
+	wake      chan struct{}
+	done      chan struct{}
+	exited    chan struct{}
 }
 
 func newWarmPool(b *Backend, size int) *warmPool {
@@ -123,22 +127,40 @@ func (w *warmPool) loop() {
 			if lower == "" {
 				break
 			}
-			inst, err := w.prepare(lower)
-			if err != nil {
-				w.b.log.Warn("oci: warm container", "template", lower, "err", err)
-				break // retried at the next launch
-			}
+			done := make(chan struct{})
 			w.mu.Lock()
-			keep := !w.closed && w.isWanted(lower)
-			if keep {
-				w.ready[lower] = append(w.ready[lower], inst)
-			}
+			w.preparing, w.prepared = lower, done
 			w.mu.Unlock()
-			if !keep {
-				w.discard(inst)
+			ok := w.fill(lower)
+			w.mu.Lock()
+			w.preparing, w.prepared = "", nil
+			w.mu.Unlock()
+			close(done)
+			if !ok {
+				break // retried at the next launch
 			}
 		}
 	}
+}
+
+// fill creates one warm container of lower and puts it in the pool, or discards it when
+// lower is no longer wanted; false when it could not be created.
+func (w *warmPool) fill(lower string) bool {
+	inst, err := w.prepare(lower)
+	if err != nil {
+		w.b.log.Warn("oci: warm container", "template", lower, "err", err)
+		return false
+	}
+	w.mu.Lock()
+	keep := !w.closed && w.isWanted(lower)
+	if keep {
+		w.ready[lower] = append(w.ready[lower], inst)
+	}
+	w.mu.Unlock()
+	if !keep {
+		w.discard(inst)
+	}
+	return true
 }
 
 // needed returns a wanted template short of warm containers, or "".

@@ -587,6 +587,9 @@ type TemplatePullRequest struct {
 
 	// StartFromImage Use the image's ENTRYPOINT and CMD as the start command.
 	StartFromImage *bool `json:"startFromImage,omitempty"`
+
+	// User Default user of the template's sandboxes (an account name or uid of the image); default the image's USER, else `user`.
+	User *string `json:"user,omitempty"`
 }
 
 // TemplatePullResult defines model for TemplatePullResult.

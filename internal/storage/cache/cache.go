@@ -50,7 +50,10 @@ type Options struct {
 // Stats are cumulative counters.
 type Stats struct {
 	Hits, Misses, FetchedBytes, ReadBytes, Evictions, Corrupt int64
-	UsedBytes                                                 int64
+	// VerifyFailures counts fetched chunks that did not match their
+	// published hash (see Sums).
+	VerifyFailures int64
+	UsedBytes      int64
 }
 
 // ErrCorrupt marks a cached block whose CRC does not match; the block is
@@ -67,9 +70,9 @@ type Cache struct {
 	items map[string]*list.Element
 	used  int64
 
-	hits, misses, fetched, read, evictions, corrupt atomic.Int64
-	prefetchSem                                     chan struct{}
-	prefetches                                      sync.WaitGroup
+	hits, misses, fetched, read, evictions, corrupt, verifyFailures atomic.Int64
+	prefetchSem                                                     chan struct{}
+	prefetches                                                      sync.WaitGroup
 }
 
 // Close waits for background prefetches to finish. Cached blocks stay on
@@ -164,7 +167,8 @@ func (c *Cache) Stats() Stats {
 	used := c.used
 	c.mu.Unlock()
 	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), FetchedBytes: c.fetched.Load(),
-		ReadBytes: c.read.Load(), Evictions: c.evictions.Load(), Corrupt: c.corrupt.Load(), UsedBytes: used}
+		ReadBytes: c.read.Load(), Evictions: c.evictions.Load(), Corrupt: c.corrupt.Load(),
+		VerifyFailures: c.verifyFailures.Load(), UsedBytes: used}
 }
 
 // File returns a cached view of src. key must identify src's content (a
@@ -219,6 +223,13 @@ func (c *Cache) removeLocked(el *list.Element) {
 	if err := os.Remove(filepath.Join(c.o.Dir, e.name)); err != nil && !os.IsNotExist(err) {
 		slog.Warn("cache: remove block", "block", e.name, "err", err)
 	}
+}
+
+func (c *Cache) has(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.items[name]
+	return ok
 }
 
 func (c *Cache) drop(name string) {

@@ -31,6 +31,7 @@ type File struct {
 	dir  string
 	src  Source
 	size int64
+	sums *Sums // nil: fetched blocks are not verified
 
 	mu   sync.Mutex
 	last int64 // last block read, for sequential prefetch
@@ -131,36 +132,58 @@ func (f *File) readCached(name string, blen int64, dst []byte, in int64) error {
 }
 
 // fetch gets block k from the source once, however many readers miss on it
-// at the same time, stores it and returns its bytes.
+// at the same time, stores it and returns its bytes. With sums, what is
+// fetched is verified first, a whole chunk at a time; a chunk larger than a
+// block is fetched whole and all its blocks are stored.
 func (f *File) fetch(ctx context.Context, k int64) ([]byte, error) {
 	name := f.blockName(k)
-	v, err, _ := f.c.flight.Do(name, func() (any, error) {
-		blen := f.blockLen(k)
-		data := make([]byte, blen)
+	bs := f.c.o.BlockSize
+	unit, first := bs, k // the fetched range: [first*bs, first*bs+unit)
+	if f.sums != nil && f.sums.Chunk > bs {
+		unit = f.sums.Chunk
+		first = k * bs / unit * (unit / bs)
+	}
+	// Readers of other blocks of the same chunk share the flight, so it
+	// returns the whole range it got and each slices out its block.
+	type got struct {
+		off  int64
+		data []byte
+	}
+	v, err, _ := f.c.flight.Do(f.blockName(first)+"+"+strconv.FormatInt(unit, 10), func() (any, error) {
+		off := first * bs
+		buf := make([]byte, min(unit, f.size-off))
 		// Another fetch (e.g. a prefetch) may have stored it just now.
-		if f.readCached(name, blen, data, 0) == nil {
-			return data, nil
+		if unit == bs && f.readCached(name, int64(len(buf)), buf, 0) == nil {
+			return got{off, buf}, nil
 		}
-		n, err := f.src.ReadAt(ctx, data, k*f.c.o.BlockSize)
-		if int64(n) != blen {
+		n, err := f.src.ReadAt(ctx, buf, off)
+		if n != len(buf) {
 			if err == nil || errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
-			return nil, fmt.Errorf("cache %s: fetch block %d at offset %d: %w", f.key, k, k*f.c.o.BlockSize, err)
+			return nil, fmt.Errorf("cache %s: fetch block %d at offset %d: %w", f.key, k, off, err)
 		}
-		f.c.fetched.Add(blen)
-		size, err := f.store(name, data)
-		if err != nil {
+		f.c.fetched.Add(int64(len(buf)))
+		if err := f.verify(buf, off); err != nil {
+			return nil, err
+		}
+		for b := first; b*bs < off+int64(len(buf)); b++ {
+			if b != k && f.c.has(f.blockName(b)) {
+				continue
+			}
 			// The data is good even if it could not be cached.
-			return data, nil
+			if size, err := f.store(f.blockName(b), buf[(b-first)*bs:(b-first)*bs+f.blockLen(b)]); err == nil {
+				f.c.touch(f.blockName(b), size, true)
+			}
 		}
-		f.c.touch(name, size, true)
-		return data, nil
+		return got{off, buf}, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return v.([]byte), nil
+	g := v.(got)
+	in := k*bs - g.off
+	return g.data[in : in+f.blockLen(k)], nil
 }
 
 func (f *File) store(name string, data []byte) (int64, error) {

@@ -71,6 +71,9 @@ type Config struct {
 	// install.DefaultDiskMB; sandboxes asking for more grow it).
 	ConvertImages func() bool
 	ImageDiskMB   int
+	// GCGrace spares image data changed more recently than this from CollectGarbage
+	// (default install.DefaultGCGrace).
+	GCGrace time.Duration
 	// Publisher, when set, publishes each built template to the repository.
 	Publisher Publisher
 	Logger    *slog.Logger
@@ -94,6 +97,7 @@ type Service struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	pullMu sync.Mutex // one image import at a time: imports of one image share a directory
+	gcMu   sync.Mutex // one CollectGarbage at a time
 }
 
 // New opens the build records under cfg.DataDir. Builds a previous process left
@@ -158,6 +162,8 @@ func New(cfg Config, sbx Sandboxes, tpls Templates) (*Service, error) {
 			return nil, err
 		}
 	}
+	// Collect what deletes before a crash or on another node left behind.
+	s.gcAsync()
 	return s, nil
 }
 
@@ -461,6 +467,7 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 	// (their layers stay until the last one is gone).
 	if oldErr == nil {
 		s.discardCapture(ctx, old)
+		defer s.Retired(context.WithoutCancel(ctx), old)
 	}
 	s.pruneBuilds(context.WithoutCancel(ctx), rec.TemplateID, rec.ID)
 	logf("info", fmt.Sprintf("template %s (%s) is ready", rec.Name, rec.TemplateID))
@@ -545,6 +552,7 @@ func (s *Service) Delete(ctx context.Context, idOrAlias string) (catalog.Templat
 		s.log.Warn("remove build records", "template", t.ID, "err", err)
 	}
 	s.removeFiles(ctx, t)
+	s.Retired(ctx, t)
 	return t, nil
 }
 

@@ -1,0 +1,109 @@
+package build
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/image/install"
+	"github.com/aenv-dev/aenv/internal/orchestrator"
+)
+
+// warmForgetter is the orchestrator's hook that stops the warm containers of a removed
+// or replaced template (*orchestrator.Orchestrator).
+type warmForgetter interface {
+	ForgetWarm(ctx context.Context, t catalog.Template)
+}
+
+// Retired is called with a template that was deleted or replaced by a new version: the
+// backend's warm containers of it stop now (they hold its layers open), then the data
+// directory's garbage is collected in the background (it waits for image imports in
+// progress).
+func (s *Service) Retired(ctx context.Context, t catalog.Template) {
+	if f, ok := s.sbx.(warmForgetter); ok {
+		f.ForgetWarm(ctx, t)
+	}
+	s.gcAsync()
+}
+
+// gcAsync runs CollectGarbage in the background; Close waits for it.
+func (s *Service) gcAsync() {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.CollectGarbage(s.ctx)
+	}()
+}
+
+// CollectGarbage removes the converted image layers, layer blobs and image imports
+// (img-*) of the data directory that no catalog entry, sandbox (paused included),
+// capture or running build uses (install.GC). Failures are logged: what is left is
+// collected at the next run. It runs at startup and after each delete or replace.
+func (s *Service) CollectGarbage(ctx context.Context) {
+	s.gcMu.Lock()
+	defer s.gcMu.Unlock()
+	// Not while an import is between conversion and registration.
+	s.pullMu.Lock()
+	defer s.pullMu.Unlock()
+	log := s.log.With("op", "gc")
+	all, err := s.tpls.List("")
+	if err != nil {
+		log.Warn("list the catalog; nothing collected", "err", err)
+		return
+	}
+	var docs []json.RawMessage
+	lowers := map[string]bool{}
+	for tok := ""; ; {
+		items, next, err := s.sbx.List(ctx, orchestrator.ListFilter{NextToken: tok, Limit: orchestrator.MaxListLimit})
+		if err != nil {
+			log.Warn("list sandboxes; nothing collected", "err", err)
+			return
+		}
+		for _, sb := range items {
+			raw, err := json.Marshal(sb)
+			if err != nil {
+				log.Warn("encode a sandbox record; nothing collected", "sandbox", sb.ID, "err", err)
+				return
+			}
+			docs = append(docs, raw)
+			lowers[sb.Launch.RootFS.LowerDir] = true
+		}
+		if next == "" {
+			break
+		}
+		tok = next
+	}
+	running := len(s.store.list(func(r *Record) bool { return r.Status == StatusBuilding })) > 0
+	oci := filepath.Join(s.cfg.DataDir, "oci")
+	res, err := install.GC(ctx, install.GCOptions{
+		DataDir:   s.cfg.DataDir,
+		Templates: all,
+		Docs:      docs,
+		// The OCI backend's capture records (snapshots, paused sandboxes), the states of
+		// its containers (layered roots list their lowers) and the publisher's journals
+		// of uploads in flight.
+		DocGlobs: []string{filepath.Join(oci, "captures", "*.json"), filepath.Join(oci, "sandboxes", "*", "*.json"),
+			filepath.Join(s.cfg.DataDir, "snapshot", "publishing", "*.json")},
+		InUse:       func(dir string) bool { return lowers[dir] },
+		KeepImports: running,
+		Grace:       s.cfg.GCGrace,
+		DeleteImport: func(t catalog.Template) error {
+			if _, err := s.tpls.Delete(t.ID); err != nil {
+				return err
+			}
+			s.unpublish(ctx, t.ID)
+			if f, ok := s.sbx.(warmForgetter); ok {
+				f.ForgetWarm(ctx, t)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		log.Warn("collect the data directory's garbage", "err", err)
+	}
+	if n := len(res.Imports) + len(res.Layers) + len(res.Blobs) + len(res.Dirs); n > 0 {
+		log.Info("collected unused image data", "imports", res.Imports, "layers", len(res.Layers),
+			"blobs", len(res.Blobs), "dirs", len(res.Dirs), "bytes", res.Bytes)
+	}
+}

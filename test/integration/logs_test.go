@@ -1,0 +1,156 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/bench"
+)
+
+// startScript is the template's start command: a server that logs a line at start and
+// one each time /tmp/go appears, so output can be asked for after a restart.
+const startScript = `echo before-restart; while true; do if [ -e /tmp/go ]; then rm -f /tmp/go; echo after-restart; fi; sleep 0.1; done`
+
+// TestSandboxLogsAfterRestart keeps a sandbox running across a graceful restart
+// (sandbox.shutdown_action=keep, directory base template) and checks that its template's
+// start command, still running, has its output captured again by the new node, and that
+// `aenv logs` prints it.
+func TestSandboxLogsAfterRestart(t *testing.T) {
+	n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION=keep", "AENV_TEMPLATES_LAYERED_BASE=false")
+	n.start()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c := n.client()
+
+	tmpl := buildStartCmdTemplate(ctx, t, n, "lgweb-"+randHex(3), startScript)
+	sb, err := c.Create(ctx, bench.CreateRequest{TemplateID: tmpl, Timeout: 600, Secure: true})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	n.observe()
+	waitLog(ctx, t, n, sb.ID, "before-restart")
+
+	n.stop()
+	n.start()
+	if st := states(ctx, t, c)[sb.ID]; st != "running" {
+		t.Fatalf("after restart the sandbox is %q, want running", st)
+	}
+	waitLog(ctx, t, n, sb.ID, "start command output re-attached")
+	run(ctx, t, c, sb, "touch /tmp/go")
+	waitLog(ctx, t, n, sb.ID, "after-restart")
+
+	// The CLI prints the same logs, as JSON lines when piped.
+	cmd := exec.CommandContext(ctx, n.bins.aenv, "logs", sb.ID, "--level", "info")
+	cmd.Env = append(cmd.Environ(), "AENV_URL="+n.url(), "AENV_API_KEY="+n.key)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("aenv logs: %v: %s", err, out)
+	}
+	var msgs []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var e struct{ Message string }
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("aenv logs line %q: %v", line, err)
+		}
+		msgs = append(msgs, e.Message)
+	}
+	joined := strings.Join(msgs, "\n")
+	if strings.Count(joined, "before-restart") != 1 || !strings.Contains(joined, "after-restart") {
+		t.Fatalf("aenv logs printed:\n%s", joined)
+	}
+	killAll(ctx, t, c)
+	n.stop()
+	requireNoLeftovers(t, n, nil)
+}
+
+// buildStartCmdTemplate builds a template from base with startCmd through the build API
+// and returns its id once ready.
+func buildStartCmdTemplate(ctx context.Context, t *testing.T, n *node, name, startCmd string) string {
+	t.Helper()
+	var req struct{ TemplateID, BuildID string }
+	apiJSON(ctx, t, n, http.MethodPost, "/v3/templates", map[string]any{"name": name}, http.StatusAccepted, &req)
+	apiJSON(ctx, t, n, http.MethodPost, "/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID,
+		map[string]any{"fromTemplate": "base", "startCmd": startCmd, "readyCmd": "true"}, http.StatusAccepted, nil)
+	for {
+		var st struct {
+			Status string
+			Logs   []string
+		}
+		apiJSON(ctx, t, n, http.MethodGet, "/templates/"+req.TemplateID+"/builds/"+req.BuildID+"/status", nil, http.StatusOK, &st)
+		switch st.Status {
+		case "ready":
+			return req.TemplateID
+		case "error":
+			t.Fatalf("template build failed:\n%s", strings.Join(st.Logs, "\n"))
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("template build not ready: %v", ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// waitLog waits (up to a minute) until the sandbox's logs hold an entry whose message
+// contains s.
+func waitLog(ctx context.Context, t *testing.T, n *node, id, s string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		var got struct{ Logs []struct{ Message string } }
+		apiJSON(ctx, t, n, http.MethodGet, "/v2/sandboxes/"+id+"/logs?search="+strings.ReplaceAll(s, " ", "%20"), nil, http.StatusOK, &got)
+		if len(got.Logs) > 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			var all struct{ Logs []struct{ Message string } }
+			apiJSON(context.Background(), t, n, http.MethodGet, "/v2/sandboxes/"+id+"/logs", nil, http.StatusOK, &all)
+			t.Fatalf("no log entry with %q in sandbox %s: %+v", s, id, all.Logs)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// apiJSON sends one request to the node's API and decodes the answer into out; any other
+// status than want fails the test.
+func apiJSON(ctx context.Context, t *testing.T, n *node, method, path string, in any, want int, out any) {
+	t.Helper()
+	var body io.Reader
+	if in != nil {
+		raw, err := json.Marshal(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, n.url()+path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", n.key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		t.Fatalf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, raw)
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatal(fmt.Errorf("%s %s: %w: %s", method, path, err, raw))
+		}
+	}
+}
