@@ -278,13 +278,24 @@ func TestConnect(t *testing.T) {
 	s := newServer(t)
 	c := envdclient.New(s.hc, s.url, envdclient.WithAccessToken(token))
 	gate := filepath.Join(t.TempDir(), "gate")
-	p, err := c.Start(t.Context(), envdclient.Command{Cmd: "/bin/bash", Tag: "svc",
-		Args: []string{"-c", "echo before; while [ ! -e " + gate + " ]; do sleep 0.02; done; echo after; echo oops >&2; exit 4"}})
+	// Started on the raw stream, read up to its first output, so that output is surely
+	// published before Connect subscribes.
+	tag := "svc"
+	first, err := c.Proc.Start(t.Context(), connect.NewRequest(&process.StartRequest{Tag: &tag, Process: &process.ProcessConfig{
+		Cmd: "/bin/bash", Args: []string{"-c", "echo before; while [ ! -e " + gate + " ]; do sleep 0.02; done; echo after; echo oops >&2; exit 4"}}}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := p.Pid
-	p.Close()
+	var pid uint32
+	for first.Receive() && !bytes.Equal(first.Msg().GetEvent().GetData().GetStdout(), []byte("before\n")) {
+		if st := first.Msg().GetEvent().GetStart(); st != nil {
+			pid = st.GetPid()
+		}
+	}
+	first.Close()
+	if pid == 0 {
+		t.Fatalf("no start event or no first output: %v", first.Err())
+	}
 
 	r, err := c.Connect(t.Context(), envdclient.Selector{Tag: "svc"})
 	if err != nil {
