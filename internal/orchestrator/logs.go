@@ -349,6 +349,7 @@ const (
 	msgStartCmdStarted    = "start command started"
 	msgStartCmdReattached = "start command output re-attached"
 	msgStartCmdEnded      = "start command ended"
+	msgStartCmdGone       = "start command no longer running when re-attaching its output"
 )
 
 // startCommandPid reads from the logs of id whether its start command was last seen
@@ -360,7 +361,7 @@ func (s *logStore) startCommandPid(id string) (pid uint32, running bool) {
 	s.load(id, b)
 	for i := len(b.entries) - 1; i >= 0; i-- {
 		switch e := b.entries[i]; e.Message {
-		case msgStartCmdEnded:
+		case msgStartCmdEnded, msgStartCmdGone:
 			return 0, false
 		case msgStartCmdStarted, msgStartCmdReattached:
 			var n uint32

@@ -92,13 +92,13 @@ func (o *Orchestrator) reattachStartCommand(ctx context.Context, ep sandbox.Endp
 				p.Close()
 				err = fctx.Err()
 			}
-			level, msg := LevelWarn, "start command output not re-attached"
 			if connect.CodeOf(err) == connect.CodeNotFound {
 				// envd forgets finished processes after a while: it ended unseen.
-				level, msg = LevelInfo, "start command no longer running when re-attaching its output"
+				o.logEvent(id, LevelInfo, msgStartCmdGone, nil)
+				return
 			}
 			o.log.Warn("re-attach template start command", "sandbox", id, "err", err)
-			o.logEvent(id, level, msg, map[string]string{"error": err.Error()})
+			o.logEvent(id, LevelWarn, "start command output not re-attached", map[string]string{"error": err.Error()})
 			return
 		}
 		o.followStartCommand(id, p, fctx, cancel, msgStartCmdReattached)

@@ -191,6 +191,43 @@ func TestStartCommandReattachOnResume(t *testing.T) {
 	})
 }
 
+// A start command envd no longer knows when its output is re-attached (a VM resumed from
+// memory whose process ended unseen) is logged as gone once, and not asked for again.
+func TestStartCommandReattachGone(t *testing.T) {
+	ctx := context.Background()
+	opts := snapModes[1].opts // vm: pause stops the instance, resume keeps processes
+	opts.HoldStartCommands = true
+	h := newHarness(t, opts, nil)
+	if err := h.cat.Templates().Put(catalog.Template{ID: "web", Kind: catalog.KindTemplate, RootFSDir: "/srv/web",
+		StartCmd: "serve"}); err != nil {
+		t.Fatal(err)
+	}
+	sb := h.create(CreateRequest{TemplateID: "web", Timeout: time.Hour})
+	cycle := func() {
+		t.Helper()
+		if err := h.o.Pause(ctx, sb.ID, sandbox.PauseOptions{KeepMemory: true}); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := h.o.Connect(ctx, sb.ID, ConnectOptions{Timeout: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle()
+	// The fake envd of the resumed instance knows no process: the attach is refused.
+	eventually(t, "gone logged", func() bool {
+		es, err := h.o.Logs(ctx, sb.ID, LogQuery{Search: msgStartCmdGone})
+		return err == nil && len(es) == 1
+	})
+	if c := h.inst(sb.ID).Envd().Connects(); len(c) != 1 || c[0].Pid != 1 {
+		t.Fatalf("connects = %+v, want one by pid 1", c)
+	}
+	cycle()
+	h.create(CreateRequest{TemplateID: "base", Timeout: time.Hour})
+	if c := h.inst(sb.ID).Envd().Connects(); len(c) != 0 {
+		t.Fatalf("re-attached again to a start command known gone: %+v", c)
+	}
+}
+
 func TestStartCommandPid(t *testing.T) {
 	ev := func(msg, pid string) LogEntry {
 		return LogEntry{Level: LevelInfo, Message: msg, Fields: map[string]string{"pid": pid}}
@@ -207,6 +244,7 @@ func TestStartCommandPid(t *testing.T) {
 		{"started again", []LogEntry{ev(msgStartCmdStarted, "7"), ev(msgStartCmdEnded, ""), ev(msgStartCmdStarted, "9")}, 9, true},
 		{"re-attached", []LogEntry{ev(msgStartCmdEnded, ""), ev(msgStartCmdReattached, "4")}, 4, true},
 		{"bad pid", []LogEntry{ev(msgStartCmdStarted, "x")}, 0, true},
+		{"gone", []LogEntry{ev(msgStartCmdStarted, "7"), ev(msgStartCmdGone, "")}, 0, false},
 	}
 	for _, tt := range tests {
 		s := newLogStore(t.TempDir())

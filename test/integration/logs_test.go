@@ -19,56 +19,66 @@ import (
 // one each time /tmp/go appears, so output can be asked for after a restart.
 const startScript = `echo before-restart; while true; do if [ -e /tmp/go ]; then rm -f /tmp/go; echo after-restart; fi; sleep 0.1; done`
 
-// TestSandboxLogsAfterRestart keeps a sandbox running across a graceful restart
-// (sandbox.shutdown_action=keep, directory base template) and checks that its template's
-// start command, still running, has its output captured again by the new node, and that
+// TestSandboxLogsAfterRestart restarts a node gracefully while a sandbox on a directory
+// template (which survives the restart) runs its template's start command, left running
+// (sandbox.shutdown_action=keep) or paused in place (pause) and resumed afterwards, and
+// checks that the new node captures the start command's output again, and that
 // `aenv logs` prints it.
 func TestSandboxLogsAfterRestart(t *testing.T) {
-	n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION=keep", "AENV_TEMPLATES_LAYERED_BASE=false")
-	n.start()
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	c := n.client()
+	for _, tt := range []struct{ action, state string }{{"keep", "running"}, {"pause", "paused"}} {
+		t.Run(tt.action, func(t *testing.T) {
+			n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION="+tt.action, "AENV_TEMPLATES_LAYERED_BASE=false")
+			n.start()
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			c := n.client()
 
-	tmpl := buildStartCmdTemplate(ctx, t, n, "lgweb-"+randHex(3), startScript)
-	sb, err := c.Create(ctx, bench.CreateRequest{TemplateID: tmpl, Timeout: 600, Secure: true})
-	if err != nil {
-		t.Fatalf("create: %v", err)
-	}
-	n.observe()
-	waitLog(ctx, t, n, sb.ID, "before-restart")
+			tmpl := buildStartCmdTemplate(ctx, t, n, "lgweb-"+randHex(3), startScript)
+			sb, err := c.Create(ctx, bench.CreateRequest{TemplateID: tmpl, Timeout: 600, Secure: true})
+			if err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			n.observe()
+			waitLog(ctx, t, n, sb.ID, "before-restart")
 
-	n.stop()
-	n.start()
-	if st := states(ctx, t, c)[sb.ID]; st != "running" {
-		t.Fatalf("after restart the sandbox is %q, want running", st)
-	}
-	waitLog(ctx, t, n, sb.ID, "start command output re-attached")
-	run(ctx, t, c, sb, "touch /tmp/go")
-	waitLog(ctx, t, n, sb.ID, "after-restart")
+			n.stop()
+			n.start()
+			if st := states(ctx, t, c)[sb.ID]; st != tt.state {
+				t.Fatalf("after restart the sandbox is %q, want %q", st, tt.state)
+			}
+			if tt.state == "paused" {
+				if _, err := c.Connect(ctx, sb.ID, 600); err != nil {
+					t.Fatalf("resume after restart: %v", err)
+				}
+			}
+			waitLog(ctx, t, n, sb.ID, "start command output re-attached")
+			run(ctx, t, c, sb, "touch /tmp/go")
+			waitLog(ctx, t, n, sb.ID, "after-restart")
 
-	// The CLI prints the same logs, as JSON lines when piped.
-	cmd := exec.CommandContext(ctx, n.bins.aenv, "logs", sb.ID, "--level", "info")
-	cmd.Env = append(cmd.Environ(), "AENV_URL="+n.url(), "AENV_API_KEY="+n.key)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("aenv logs: %v: %s", err, out)
+			// The CLI prints the same logs, as JSON lines when piped.
+			cmd := exec.CommandContext(ctx, n.bins.aenv, "logs", sb.ID, "--level", "info")
+			cmd.Env = append(cmd.Environ(), "AENV_URL="+n.url(), "AENV_API_KEY="+n.key)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("aenv logs: %v: %s", err, out)
+			}
+			var msgs []string
+			for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+				var e struct{ Message string }
+				if err := json.Unmarshal([]byte(line), &e); err != nil {
+					t.Fatalf("aenv logs line %q: %v", line, err)
+				}
+				msgs = append(msgs, e.Message)
+			}
+			joined := strings.Join(msgs, "\n")
+			if strings.Count(joined, "before-restart") != 1 || !strings.Contains(joined, "after-restart") {
+				t.Fatalf("aenv logs printed:\n%s", joined)
+			}
+			killAll(ctx, t, c)
+			n.stop()
+			requireNoLeftovers(t, n, nil)
+		})
 	}
-	var msgs []string
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		var e struct{ Message string }
-		if err := json.Unmarshal([]byte(line), &e); err != nil {
-			t.Fatalf("aenv logs line %q: %v", line, err)
-		}
-		msgs = append(msgs, e.Message)
-	}
-	joined := strings.Join(msgs, "\n")
-	if strings.Count(joined, "before-restart") != 1 || !strings.Contains(joined, "after-restart") {
-		t.Fatalf("aenv logs printed:\n%s", joined)
-	}
-	killAll(ctx, t, c)
-	n.stop()
-	requireNoLeftovers(t, n, nil)
 }
 
 // buildStartCmdTemplate builds a template from base with startCmd through the build API
