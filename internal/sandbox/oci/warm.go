@@ -12,9 +12,23 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"golang.org/x/sys/unix"
 )
+
+// firstCommandFiles are what a sandbox's first command (envd runs `/bin/bash -l -c
+// CMD`, as the E2B SDKs ask) reads from the root: the shell with its interpreter and
+// libraries, the login profile scripts and the user and name-service databases.
+var firstCommandFiles = []string{
+	"/bin/bash", "/bin/sh", "/etc/ld.so.cache", "/etc/profile", "/etc/profile.d", "/etc/bash.bashrc",
+	"/etc/bashrc", "/etc/environment", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf",
+	"/root/.bashrc", "/root/.profile", "/root/.bash_profile",
+	"/home/user/.bashrc", "/home/user/.profile", "/home/user/.bash_profile",
+}
+
+// prefetchLimit bounds the bytes Prefetch reads into a warm container's page cache.
+const prefetchLimit = 32 << 20
 
 // maxWarmTemplates bounds how many templates are kept warm at once (least recently
 // launched first out).
@@ -216,6 +230,16 @@ func (w *warmPool) prepare(lower string) (*Instance, error) {
 	defer cancel()
 	if err := w.b.create(ctx, inst, o); err != nil {
 		return nil, errors.Join(err, inst.Stop(context.Background()))
+	}
+	if inst.isBlock() {
+		// A block root's page cache starts empty (its own ext4 on its own loop device), so
+		// what the first command reads is read now, off the launch path.
+		t0 := time.Now()
+		n, err := rootfs.Prefetch(ctx, inst.l.rootfs(), firstCommandFiles, prefetchLimit)
+		if err != nil {
+			w.b.log.Warn("oci: prefetch warm container root", "cid", cid, "err", err)
+		}
+		w.b.log.Debug("oci: prefetched warm container root", "cid", cid, "bytes", n, "took", time.Since(t0))
 	}
 	return inst, nil
 }

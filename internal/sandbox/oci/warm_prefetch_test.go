@@ -1,0 +1,66 @@
+package oci
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"unsafe"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+// residentPages counts the pages of path that are in the page cache, and its pages.
+func residentPages(t *testing.T, path string) (resident, pages int) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() == 0 {
+		t.Fatalf("%s is empty", path)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)),
+		uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatal(e)
+	}
+	for _, v := range vec {
+		resident += int(v & 1)
+	}
+	return resident, len(vec)
+}
+
+// TestBlockWarmPrefetched: a warm container's block root (its own ext4, so its own empty
+// page cache) has the first command's shell read in before a launch takes it.
+func TestBlockWarmPrefetched(t *testing.T) {
+	e := newTestBackend(t, func(c *Config) { c.WarmContainers = 1 })
+	fs := testLayered(t)
+	e.launchBlock(t, "bp0", fs, sandbox.Resources{})
+	key := blockKey(layerRefs(fs.Layers), fs.VirtualSize)
+	waitWarm(t, e.b, key, 1)
+	e.b.warm.mu.Lock()
+	w := e.b.warm.ready[key][0]
+	e.b.warm.mu.Unlock()
+	bash := filepath.Join(w.l.rootfs(), "bin", "bash")
+	if res, n := residentPages(t, bash); res != n {
+		t.Fatalf("warm container's /bin/bash: %d of %d pages in the page cache", res, n)
+	}
+	// A page of a file nobody read stays out: the check above can tell.
+	probe := filepath.Join(w.l.rootfs(), "bin", "busybox")
+	if _, err := os.Stat(probe); err == nil {
+		if res, n := residentPages(t, probe); res == n {
+			t.Fatalf("%s: all %d pages cached though nothing read it", probe, n)
+		}
+	}
+}
