@@ -22,20 +22,19 @@ func createEgress(n *api.SandboxNetworkConfig) (orchestrator.Egress, error) {
 	if n == nil {
 		return orchestrator.Egress{}, nil
 	}
-	if err := refuseProxyFields(n.EgressProxy, n.Rules); err != nil {
-		return orchestrator.Egress{}, err
-	}
-	return orchestrator.ParseEgress(derefList(n.AllowOut), derefList(n.DenyOut))
+	return parseEgress(n.EgressProxy, n.Rules, n.AllowOut, n.DenyOut)
 }
 
-func refuseProxyFields(proxy, rules *map[string]any) error {
+// parseEgress validates a network config's destination rules (of a create or an
+// update), refusing the fields that would need an egress proxy.
+func parseEgress(proxy, rules *map[string]any, allowOut, denyOut *[]string) (orchestrator.Egress, error) {
 	if proxy != nil && *proxy != nil {
-		return fmt.Errorf("%w: network.egressProxy is not supported by this server", orchestrator.ErrInvalid)
+		return orchestrator.Egress{}, fmt.Errorf("%w: network.egressProxy is not supported by this server", orchestrator.ErrInvalid)
 	}
 	if rules != nil && len(*rules) > 0 {
-		return fmt.Errorf("%w: network.rules (request transforms) are not supported by this server", orchestrator.ErrInvalid)
+		return orchestrator.Egress{}, fmt.Errorf("%w: network.rules (request transforms) are not supported by this server", orchestrator.ErrInvalid)
 	}
-	return nil
+	return orchestrator.ParseEgress(derefList(allowOut), derefList(denyOut))
 }
 
 func derefList(p *[]string) []string {
@@ -55,11 +54,7 @@ func (h *handlers) UpdateSandboxNetwork(w http.ResponseWriter, r *http.Request, 
 	if !decodeRequired(w, r, &body) {
 		return
 	}
-	if err := refuseProxyFields(body.EgressProxy, body.Rules); err != nil {
-		writeError(w, http.StatusBadRequest, "%s", err.Error())
-		return
-	}
-	eg, err := orchestrator.ParseEgress(derefList(body.AllowOut), derefList(body.DenyOut))
+	eg, err := parseEgress(body.EgressProxy, body.Rules, body.AllowOut, body.DenyOut)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "%s", err.Error())
 		return

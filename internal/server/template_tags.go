@@ -114,16 +114,17 @@ func (h *handlers) GetTemplateBuildLogs(w http.ResponseWriter, r *http.Request, 
 		all = slices.Clone(all)
 		slices.Reverse(all)
 	}
+	var cursor time.Time
+	if p.Cursor != nil {
+		cursor = time.UnixMilli(*p.Cursor)
+	}
 	out := api.TemplateBuildLogsResponse{Logs: []api.BuildLogEntry{}}
 	for _, e := range all {
 		if len(out.Logs) >= limit {
 			break
 		}
-		if p.Cursor != nil {
-			c := time.UnixMilli(*p.Cursor)
-			if (!backward && e.Timestamp.Before(c)) || (backward && e.Timestamp.After(c)) {
-				continue
-			}
+		if p.Cursor != nil && (!backward && e.Timestamp.Before(cursor) || backward && e.Timestamp.After(cursor)) {
+			continue
 		}
 		if p.Level != nil && logLevels[e.Level] < logLevels[string(*p.Level)] {
 			continue

@@ -206,20 +206,14 @@ func (s *Service) removeFiles(ctx context.Context, t catalog.Template) {
 // sandboxes still run on, and returns how many it kept.
 func (s *Service) pruneBuilds(ctx context.Context, templateID, keep string) int {
 	dir := filepath.Join(s.cfg.DataDir, install.TemplatesDir, templateID, "builds")
+	sbs, err := s.listSandboxes(ctx)
+	if err != nil {
+		s.log.Warn("list sandboxes; keeping the template's files", "template", templateID, "err", err)
+		return -1
+	}
 	inUse := map[string]bool{}
-	for tok := ""; ; {
-		items, next, err := s.sbx.List(ctx, orchestrator.ListFilter{NextToken: tok, Limit: orchestrator.MaxListLimit})
-		if err != nil {
-			s.log.Warn("list sandboxes; keeping the template's files", "template", templateID, "err", err)
-			return -1
-		}
-		for _, sb := range items {
-			inUse[sb.Launch.RootFS.LowerDir] = true
-		}
-		if next == "" {
-			break
-		}
-		tok = next
+	for _, sb := range sbs {
+		inUse[sb.Launch.RootFS.LowerDir] = true
 	}
 	ents, _ := os.ReadDir(dir)
 	kept := 0
@@ -240,4 +234,20 @@ func (s *Service) pruneBuilds(ctx context.Context, templateID, keep string) int 
 		s.log.Info("kept template files still used by sandboxes", "template", templateID, "builds", kept)
 	}
 	return kept
+}
+
+// listSandboxes lists every sandbox of the node, page after page.
+func (s *Service) listSandboxes(ctx context.Context) ([]*orchestrator.Sandbox, error) {
+	var all []*orchestrator.Sandbox
+	for tok := ""; ; {
+		items, next, err := s.sbx.List(ctx, orchestrator.ListFilter{NextToken: tok, Limit: orchestrator.MaxListLimit})
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, items...)
+		if next == "" {
+			return all, nil
+		}
+		tok = next
+	}
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/image/install"
-	"github.com/aenv-dev/aenv/internal/orchestrator"
 )
 
 // warmForgetter is the orchestrator's hook that stops the warm containers of a removed
@@ -52,27 +51,21 @@ func (s *Service) CollectGarbage(ctx context.Context) {
 		log.Warn("list the catalog; nothing collected", "err", err)
 		return
 	}
+	sbs, err := s.listSandboxes(ctx)
+	if err != nil {
+		log.Warn("list sandboxes; nothing collected", "err", err)
+		return
+	}
 	var docs []json.RawMessage
 	lowers := map[string]bool{}
-	for tok := ""; ; {
-		items, next, err := s.sbx.List(ctx, orchestrator.ListFilter{NextToken: tok, Limit: orchestrator.MaxListLimit})
+	for _, sb := range sbs {
+		raw, err := json.Marshal(sb)
 		if err != nil {
-			log.Warn("list sandboxes; nothing collected", "err", err)
+			log.Warn("encode a sandbox record; nothing collected", "sandbox", sb.ID, "err", err)
 			return
 		}
-		for _, sb := range items {
-			raw, err := json.Marshal(sb)
-			if err != nil {
-				log.Warn("encode a sandbox record; nothing collected", "sandbox", sb.ID, "err", err)
-				return
-			}
-			docs = append(docs, raw)
-			lowers[sb.Launch.RootFS.LowerDir] = true
-		}
-		if next == "" {
-			break
-		}
-		tok = next
+		docs = append(docs, raw)
+		lowers[sb.Launch.RootFS.LowerDir] = true
 	}
 	running := len(s.store.list(func(r *Record) bool { return r.Status == StatusBuilding })) > 0
 	oci := filepath.Join(s.cfg.DataDir, "oci")

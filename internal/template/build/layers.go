@@ -249,19 +249,6 @@ func imageConfig(t catalog.Template) ImageConfig {
 	return c
 }
 
-// startUser is the user a build's steps start as and DEFAULT_USER returns to: the
-// image's USER (an image import's; later builds carry it as their default user), else
-// the base template's default user, else `user`.
-func startUser(base catalog.Template, cfg ImageConfig) string {
-	switch {
-	case cfg.User != "":
-		return cfg.User
-	case base.DefaultUser != "":
-		return base.DefaultUser
-	}
-	return "user"
-}
-
 // templateStorage fills in how t stores its root filesystem from a capture.
 func templateStorage(t *catalog.Template, c Captured, rec Record, base string, cfg ImageConfig) error {
 	if c.Layers == nil {

@@ -407,19 +407,24 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 	sess := NewSession(sb.ID, fmt.Sprintf("http://%s", joinHostPort(ep.Host, port)), sb.EnvdAccessToken, s.cfg.HTTP)
 	icfg := imageConfig(base)
 	x := &executor{s: sess, files: s.files, logf: logf, stepTimeout: s.cfg.StepTimeout, readyTimeout: s.cfg.ReadyTimeout,
-		st: state{user: startUser(base, icfg), workdir: base.DefaultWorkdir, env: base.EnvVars,
+		st: state{user: base.DefaultUser, workdir: base.DefaultWorkdir, env: base.EnvVars,
 			expose: icfg.ExposedPorts, labels: icfg.Labels}}
-	x.startUser = x.st.user
+	if x.st.user == "" {
+		x.st.user = "user"
+	}
 	if x.st.workdir == "" {
 		x.st.workdir = "/home/user"
 	}
 	if err := x.ensureUser(ctx); err != nil {
 		return failStep("base", err)
 	}
+	// The steps start as, and DEFAULT_USER returns to, the image's USER (an image
+	// import's; later builds carry it as their default user), else the base template's
+	// default user, else `user`.
 	if icfg.User != "" {
 		x.st.user = x.imageUser(ctx, icfg.User)
-		x.startUser = x.st.user
 	}
+	x.startUser = x.st.user
 	enterPhase(ctx, PhaseSteps)
 	if err := x.steps(ctx, spec.Steps); err != nil {
 		return err
@@ -506,7 +511,8 @@ func (s *Service) base(ctx context.Context, spec Spec, logf func(level, msg stri
 		return catalog.Template{}, err // "pull REF: why"
 	}
 	defer img.Close()
-	id := "img-" + strings.TrimPrefix(img.Digest, "sha256:")[:min(24, len(strings.TrimPrefix(img.Digest, "sha256:")))]
+	hex := strings.TrimPrefix(img.Digest, "sha256:")
+	id := install.ImportPrefix + hex[:min(24, len(hex))]
 	return s.importImage(ctx, img, id, spec.FromImage, logf)
 }
 

@@ -131,6 +131,16 @@ func (t *tagStore) forget(templateID string) error {
 	return t.saveLocked()
 }
 
+// validTags refuses a tag that is not a valid tag name.
+func validTags(tags []string) error {
+	for _, tg := range tags {
+		if !tagName.MatchString(tg) {
+			return fmt.Errorf("%w: tag %q (letters, digits, '.', '_', '-'; at most 128)", ErrInvalidSpec, tg)
+		}
+	}
+	return nil
+}
+
 // requestTags splits E2B's "name:tag" and merges it with the request's tags; a request
 // with none gets DefaultTag.
 func requestTags(nameTag string, extra []string) (string, []string, error) {
@@ -143,10 +153,8 @@ func requestTags(nameTag string, extra []string) (string, []string, error) {
 	if len(tags) == 0 {
 		tags = []string{DefaultTag}
 	}
-	for _, tg := range tags {
-		if !tagName.MatchString(tg) {
-			return "", nil, fmt.Errorf("%w: tag %q (letters, digits, '.', '_', '-'; at most 128)", ErrInvalidSpec, tg)
-		}
+	if err := validTags(tags); err != nil {
+		return "", nil, err
 	}
 	slices.Sort(tags)
 	return name, slices.Compact(tags), nil
@@ -175,10 +183,8 @@ func (s *Service) AssignTags(target string, tags []string) (string, []string, er
 	if len(tags) == 0 {
 		return "", nil, fmt.Errorf("%w: no tags given", ErrInvalidSpec)
 	}
-	for _, tg := range tags {
-		if !tagName.MatchString(tg) {
-			return "", nil, fmt.Errorf("%w: tag %q (letters, digits, '.', '_', '-'; at most 128)", ErrInvalidSpec, tg)
-		}
+	if err := validTags(tags); err != nil {
+		return "", nil, err
 	}
 	t, err := s.Resolve(name)
 	if err != nil {
