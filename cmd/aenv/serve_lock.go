@@ -73,10 +73,7 @@ func findLockHolder(sc *bufio.Scanner, dev, ino uint64) (int, bool) {
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		// Blocked waiters are listed as "1: -> FLOCK ..."; only holders count.
-		if len(f) < 6 || f[1] == "->" || f[1] != "FLOCK" {
-			continue
-		}
-		if f[5] != want {
+		if len(f) < 6 || f[1] != "FLOCK" || f[5] != want {
 			continue
 		}
 		pid, err := strconv.Atoi(f[4])

@@ -1,6 +1,7 @@
 package rootfs
 
 import (
+	"bytes"
 	"context"
 	"debug/elf"
 	"errors"
@@ -149,8 +150,8 @@ func (p *prefetcher) elfDeps(f *os.File) error {
 		}
 		b := make([]byte, min(pr.Filesz, 4096))
 		if _, err := pr.ReadAt(b, 0); err == nil {
-			if i := indexNul(b); i > 0 {
-				if err := p.path(string(b[:i]), false); err != nil {
+			if interp, _, _ := bytes.Cut(b, []byte{0}); len(interp) > 0 {
+				if err := p.path(string(interp), false); err != nil {
 					return err
 				}
 			}
@@ -184,13 +185,4 @@ func (p *prefetcher) stat(name string) (os.FileInfo, error) {
 	}
 	defer f.Close()
 	return f.Stat()
-}
-
-func indexNul(b []byte) int {
-	for i, c := range b {
-		if c == 0 {
-			return i
-		}
-	}
-	return len(b)
 }

@@ -167,22 +167,7 @@ func testManifest(t testing.TB, id string, files []LayerFile) Manifest {
 // whole device.
 func readStack(t testing.TB, art json.RawMessage) []byte {
 	t.Helper()
-	var a struct {
-		Layers []stack.LayerRef `json:"layers"`
-	}
-	if err := json.Unmarshal(art, &a); err != nil {
-		t.Fatal(err)
-	}
-	s, err := stack.Open(context.Background(), &stack.Manifest{Lowers: a.Layers}, stack.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	b := make([]byte, s.Size())
-	if _, err := s.ReadAt(b, 0); err != nil && err != io.EOF {
-		t.Fatal(err)
-	}
-	return b
+	return readLazy(t, artifactRefs(t, art), nil)
 }
 
 // gated is a real repository whose blob uploads wait until the gate opens:

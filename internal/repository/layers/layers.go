@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -98,7 +99,7 @@ func (r *Resolver) OpenLayer(ctx context.Context, ref stack.LayerRef) (stack.Sou
 		r.leases.Go(func() {
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			defer cancel()
-			if _, err := r.Remote.PutBlob(lctx, d, -1, eofReader{}); err != nil {
+			if err := r.touch(lctx, d); err != nil {
 				slog.Warn("layers: keep a lazily read layer alive", "digest", d, "err", err)
 			}
 		})
@@ -165,12 +166,7 @@ func (r *Resolver) FetchedBytes() int64 { return r.fetched.Load() }
 func (r *Resolver) Open() []repository.Digest {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]repository.Digest, 0, len(r.open))
-	for d := range r.open {
-		out = append(out, d)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(r.open))
 }
 
 // ErrNoRemote: KeepAlive without a Remote.
@@ -194,9 +190,7 @@ func (r *Resolver) KeepAlive(ctx context.Context, extra []repository.Digest) (in
 		if lc != nil && lc.Cached(d) {
 			continue
 		}
-		// A present blob is not read again, only touched; a missing one
-		// fails verification of the empty reader, so nothing is stored.
-		if _, err := r.Remote.PutBlob(ctx, d, -1, eofReader{}); err != nil {
+		if err := r.touch(ctx, d); err != nil {
 			if ctx.Err() != nil {
 				return n, ctx.Err()
 			}
@@ -206,6 +200,14 @@ func (r *Resolver) KeepAlive(ctx context.Context, extra []repository.Digest) (in
 		n++
 	}
 	return n, errors.Join(errs...)
+}
+
+// touch refreshes d's LastUsed in Remote: a present blob is not read again,
+// only touched; a missing one fails verification of the empty reader, so
+// nothing is stored.
+func (r *Resolver) touch(ctx context.Context, d repository.Digest) error {
+	_, err := r.Remote.PutBlob(ctx, d, -1, eofReader{})
+	return err
 }
 
 type eofReader struct{}

@@ -2,7 +2,6 @@ package layers
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -74,9 +73,8 @@ func (v *verifiedDirect) load(j int64) error {
 		}
 		return fmt.Errorf("layers: %s: read chunk %d: %w", v.d, j, err)
 	}
-	if sha256.Sum256(v.buf) != v.sums.Sums[j] {
+	if err := v.sums.Check(string(v.d), v.buf, j*ch); err != nil {
 		v.failures.Add(1)
-		err := fmt.Errorf("%w: %s chunk %d (bytes %d..%d)", cache.ErrVerify, v.d, j, j*ch, j*ch+n)
 		slog.Error("layers: lazily read data does not match its published hash; the read fails", "digest", v.d, "chunk", j, "err", err)
 		return err
 	}

@@ -239,7 +239,7 @@ func (f *File) maybePrefetch(k int64) {
 		return
 	}
 	for next := k + 1; next <= k+int64(f.c.o.Readahead) && next*f.c.o.BlockSize < f.size; next++ {
-		if _, err := os.Stat(filepath.Join(f.c.o.Dir, f.blockName(next))); err == nil {
+		if f.c.has(f.blockName(next)) {
 			continue
 		}
 		select {

@@ -47,17 +47,26 @@ func (f *File) verify(buf []byte, off int64) error {
 	if f.sums == nil {
 		return nil
 	}
-	ch := f.sums.Chunk
+	if err := f.sums.Check(f.key, buf, off); err != nil {
+		f.c.verifyFailures.Add(1)
+		slog.Error("cache: lazily fetched data does not match its published hash; the read fails, nothing is cached",
+			"key", f.key, "offset", off, "err", err)
+		return err
+	}
+	return nil
+}
+
+// Check verifies buf, the bytes of source key at off (chunk-aligned, whole
+// chunks but maybe the last), against s; a mismatch is an error wrapping
+// ErrVerify that names the first bad chunk.
+func (s *Sums) Check(key string, buf []byte, off int64) error {
+	ch := s.Chunk
 	for i := int64(0); i < int64(len(buf)); i += ch {
 		j := (off + i) / ch
-		got := sha256.Sum256(buf[i:min(i+ch, int64(len(buf)))])
-		if got != f.sums.Sums[j] {
-			f.c.verifyFailures.Add(1)
-			err := fmt.Errorf("%w: %s chunk %d (bytes %d..%d): sha256 %x, published %x", ErrVerify, f.key, j,
-				j*ch, min((j+1)*ch, f.size), got, f.sums.Sums[j])
-			slog.Error("cache: lazily fetched data does not match its published hash; the read fails, nothing is cached",
-				"key", f.key, "chunk", j, "offset", j*ch, "err", err)
-			return err
+		end := min(i+ch, int64(len(buf)))
+		if got := sha256.Sum256(buf[i:end]); got != s.Sums[j] {
+			return fmt.Errorf("%w: %s chunk %d (bytes %d..%d): sha256 %x, published %x", ErrVerify, key, j,
+				off+i, off+end, got, s.Sums[j])
 		}
 	}
 	return nil

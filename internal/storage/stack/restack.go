@@ -44,14 +44,6 @@ func (s *Stack) SealAndRestack(ctx context.Context, output string) (LayerRef, er
 	return ref, nil
 }
 
-// Restack is the part of SealAndRestack that swaps layers, without making
-// anything durable: the sealed layer, its rename and the fresh upper are in
-// the host's page cache (every reader sees them), and a host crash before
-// Persist may lose them. It costs no disk flush and O(index entries) work.
-func (s *Stack) Restack(ctx context.Context, output string) (LayerRef, error) {
-	return s.sealAndRestack(ctx, output)
-}
-
 // Persist makes what Restack did durable: the sealed layer at ref.Path, its
 // directory entry, and the fresh upper's files. Nothing durable may refer to
 // the sealed layer (a manifest, a capture record) before it returns. An error
@@ -139,7 +131,11 @@ func compactPath(output string) string {
 	return strings.TrimSuffix(output, filepath.Ext(output)) + "-" + strings.ToLower(lsmt.NewUUID()[:8]) + ".compact"
 }
 
-func (s *Stack) sealAndRestack(ctx context.Context, output string) (LayerRef, error) {
+// Restack is the part of SealAndRestack that swaps layers, without making
+// anything durable: the sealed layer, its rename and the fresh upper are in
+// the host's page cache (every reader sees them), and a host crash before
+// Persist may lose them. It costs no disk flush and O(index entries) work.
+func (s *Stack) Restack(ctx context.Context, output string) (LayerRef, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.writable(); err != nil {
