@@ -12,14 +12,16 @@ import (
 	"time"
 )
 
-func TestFoldPrefixes(t *testing.T) {
-	pp := func(ss ...string) []netip.Prefix {
-		var out []netip.Prefix
-		for _, s := range ss {
-			out = append(out, netip.MustParsePrefix(s))
-		}
-		return out
+// pp parses CIDR prefixes (nil for none).
+func pp(ss ...string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range ss {
+		out = append(out, netip.MustParsePrefix(s))
 	}
+	return out
+}
+
+func TestFoldPrefixes(t *testing.T) {
 	tests := []struct {
 		name string
 		in   []netip.Prefix
@@ -117,13 +119,6 @@ func TestEgressEnforced(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-	}
-	pp := func(ss ...string) []netip.Prefix {
-		var out []netip.Prefix
-		for _, x := range ss {
-			out = append(out, netip.MustParsePrefix(x))
-		}
-		return out
 	}
 	steps := []struct {
 		name         string

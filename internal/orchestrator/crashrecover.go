@@ -55,7 +55,7 @@ func (o *Orchestrator) reconcileCaptures(ctx context.Context) {
 // (published, journaled, synced from another node) are its business.
 func (o *Orchestrator) publishMissed(ctx context.Context) {
 	k, ok := o.pub.(publicationKnower)
-	if o.pub == nil || !ok {
+	if !ok {
 		return
 	}
 	tpls, err := o.cat.Templates().List(catalog.KindSnapshot)

@@ -116,9 +116,7 @@ func (s *logStore) load(id string, b *logBuf) {
 			b.entries = append(b.entries, e)
 		}
 	}
-	if n := len(b.entries); n > maxLogEntries {
-		b.entries = append([]LogEntry(nil), b.entries[n-maxLogEntries:]...)
-	}
+	b.trim()
 }
 
 // add appends entries of sandbox id. Persistence failures are returned but the entries
@@ -138,19 +136,12 @@ func (s *logStore) addTo(id string, b *logBuf, entries ...LogEntry) error {
 	}
 	s.load(id, b)
 	b.entries = append(b.entries, entries...)
-	if n := len(b.entries); n > maxLogEntries {
-		b.entries = append([]LogEntry(nil), b.entries[n-maxLogEntries:]...)
+	b.trim()
+	out, err := encodeEntries(entries)
+	if err != nil {
+		return err
 	}
-	var out bytes.Buffer
-	for _, e := range entries {
-		line, err := json.Marshal(e)
-		if err != nil {
-			return fmt.Errorf("encode log entry: %w", err)
-		}
-		out.Write(line)
-		out.WriteByte('\n')
-	}
-	if b.fileBytes+int64(out.Len()) > maxLogFileBytes {
+	if b.fileBytes+int64(len(out)) > maxLogFileBytes {
 		return s.rewrite(id, b)
 	}
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
@@ -160,7 +151,7 @@ func (s *logStore) addTo(id string, b *logBuf, entries ...LogEntry) error {
 	if err != nil {
 		return fmt.Errorf("sandbox logs: %w", err)
 	}
-	n, werr := f.Write(out.Bytes())
+	n, werr := f.Write(out)
 	b.fileBytes += int64(n)
 	if cerr := f.Close(); werr == nil {
 		werr = cerr
@@ -171,19 +162,34 @@ func (s *logStore) addTo(id string, b *logBuf, entries ...LogEntry) error {
 	return nil
 }
 
-// rewrite replaces the file with the kept entries; b.mu must be held.
-func (s *logStore) rewrite(id string, b *logBuf) error {
+// trim drops the oldest entries past maxLogEntries; b.mu must be held.
+func (b *logBuf) trim() {
+	if n := len(b.entries); n > maxLogEntries {
+		b.entries = append([]LogEntry(nil), b.entries[n-maxLogEntries:]...)
+	}
+}
+
+// encodeEntries encodes entries as JSON lines, the file's format.
+func encodeEntries(entries []LogEntry) ([]byte, error) {
 	var out bytes.Buffer
-	for _, e := range b.entries {
+	for _, e := range entries {
 		line, err := json.Marshal(e)
 		if err != nil {
-			return fmt.Errorf("encode log entry: %w", err)
+			return nil, fmt.Errorf("encode log entry: %w", err)
 		}
 		out.Write(line)
 		out.WriteByte('\n')
 	}
+	return out.Bytes(), nil
+}
+
+// rewrite replaces the file with the kept entries; b.mu must be held.
+func (s *logStore) rewrite(id string, b *logBuf) error {
+	data, err := encodeEntries(b.entries)
+	if err != nil {
+		return err
+	}
 	// Keep the newest entries that fit in half the budget, so rewrites stay rare.
-	data := out.Bytes()
 	for len(data) > maxLogFileBytes/2 {
 		i := bytes.IndexByte(data, '\n')
 		data = data[i+1:]

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
@@ -101,11 +100,7 @@ func TestLogStoreBoundsAndPersistence(t *testing.T) {
 // it is paused and after a restart, and go with it.
 func TestSandboxLogs(t *testing.T) {
 	ctx := context.Background()
-	h := newHarness(t, snapModes[0].opts, nil)
-	if err := h.cat.Templates().Put(catalog.Template{ID: "web", Kind: catalog.KindTemplate, RootFSDir: "/srv/web",
-		StartCmd: "serve"}); err != nil {
-		t.Fatal(err)
-	}
+	h := newServeHarness(t, snapModes[0].opts, false)
 	sb := h.create(CreateRequest{TemplateID: "web", Timeout: time.Minute})
 	want := map[string]string{
 		"sandbox started":       LevelInfo,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
@@ -131,8 +130,8 @@ func (o *Orchestrator) UpdateNetwork(ctx context.Context, id string, u NetworkUp
 	}
 	o.logEvent(id, LevelInfo, "network rules updated", map[string]string{
 		"allowInternetAccess": fmt.Sprint(next.AllowInternet),
-		"allowOut":            fmt.Sprint(slices.Clone(next.Egress.AllowOut)),
-		"denyOut":             fmt.Sprint(slices.Clone(next.Egress.DenyOut)),
+		"allowOut":            fmt.Sprint(next.Egress.AllowOut),
+		"denyOut":             fmt.Sprint(next.Egress.DenyOut),
 	})
 	o.finish(e, p, prev, nil)
 	return nil

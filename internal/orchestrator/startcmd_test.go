@@ -9,6 +9,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/sandbox/mock"
 )
 
 func TestRunsFreshProcesses(t *testing.T) {
@@ -88,13 +89,7 @@ func TestTemplateStartCommand(t *testing.T) {
 // ended meanwhile gets its end logged, and one that ended before is left alone.
 func TestStartCommandReattach(t *testing.T) {
 	ctx := context.Background()
-	opts := snapModes[0].opts
-	opts.HoldStartCommands = true
-	h := newHarness(t, opts, nil)
-	if err := h.cat.Templates().Put(catalog.Template{ID: "web", Kind: catalog.KindTemplate, RootFSDir: "/srv/web",
-		StartCmd: "serve"}); err != nil {
-		t.Fatal(err)
-	}
+	h := newServeHarness(t, snapModes[0].opts, true)
 	running := h.create(CreateRequest{TemplateID: "web", Timeout: time.Hour})
 	endsUnseen := h.create(CreateRequest{TemplateID: "web", Timeout: time.Hour})
 	ra, ea := h.inst(running.ID).Envd(), h.inst(endsUnseen.ID).Envd()
@@ -146,27 +141,12 @@ func TestStartCommandReattach(t *testing.T) {
 // it has.
 func TestStartCommandReattachOnResume(t *testing.T) {
 	ctx := context.Background()
-	opts := snapModes[0].opts // pause freezes in place
-	opts.HoldStartCommands = true
-	h := newHarness(t, opts, nil)
-	if err := h.cat.Templates().Put(catalog.Template{ID: "web", Kind: catalog.KindTemplate, RootFSDir: "/srv/web",
-		StartCmd: "serve"}); err != nil {
-		t.Fatal(err)
-	}
+	h := newServeHarness(t, snapModes[0].opts, true) // pause freezes in place
 	sb := h.create(CreateRequest{TemplateID: "web", Timeout: time.Hour})
 	env := h.inst(sb.ID).Envd()
 	const pid = 1
 	eventually(t, "capture", func() bool { return env.Attached(pid) == 1 })
-	resume := func() {
-		t.Helper()
-		if err := h.o.Pause(ctx, sb.ID, sandbox.PauseOptions{KeepMemory: true}); err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := h.o.Connect(ctx, sb.ID, ConnectOptions{Timeout: time.Minute}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	resume()
+	pauseAndResume(t, h, sb.ID)
 	if c := env.Connects(); len(c) != 0 || env.Attached(pid) != 1 {
 		t.Fatalf("a resume on the same node re-attached: connects %+v, %d streams", c, env.Attached(pid))
 	}
@@ -195,24 +175,9 @@ func TestStartCommandReattachOnResume(t *testing.T) {
 // memory whose process ended unseen) is logged as gone once, and not asked for again.
 func TestStartCommandReattachGone(t *testing.T) {
 	ctx := context.Background()
-	opts := snapModes[1].opts // vm: pause stops the instance, resume keeps processes
-	opts.HoldStartCommands = true
-	h := newHarness(t, opts, nil)
-	if err := h.cat.Templates().Put(catalog.Template{ID: "web", Kind: catalog.KindTemplate, RootFSDir: "/srv/web",
-		StartCmd: "serve"}); err != nil {
-		t.Fatal(err)
-	}
+	h := newServeHarness(t, snapModes[1].opts, true) // vm: pause stops the instance, resume keeps processes
 	sb := h.create(CreateRequest{TemplateID: "web", Timeout: time.Hour})
-	cycle := func() {
-		t.Helper()
-		if err := h.o.Pause(ctx, sb.ID, sandbox.PauseOptions{KeepMemory: true}); err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := h.o.Connect(ctx, sb.ID, ConnectOptions{Timeout: time.Minute}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cycle()
+	pauseAndResume(t, h, sb.ID)
 	// The fake envd of the resumed instance knows no process: the attach is refused.
 	eventually(t, "gone logged", func() bool {
 		es, err := h.o.Logs(ctx, sb.ID, LogQuery{Search: msgStartCmdGone})
@@ -221,7 +186,7 @@ func TestStartCommandReattachGone(t *testing.T) {
 	if c := h.inst(sb.ID).Envd().Connects(); len(c) != 1 || c[0].Pid != 1 {
 		t.Fatalf("connects = %+v, want one by pid 1", c)
 	}
-	cycle()
+	pauseAndResume(t, h, sb.ID)
 	h.create(CreateRequest{TemplateID: "base", Timeout: time.Hour})
 	if c := h.inst(sb.ID).Envd().Connects(); len(c) != 0 {
 		t.Fatalf("re-attached again to a start command known gone: %+v", c)
@@ -256,5 +221,30 @@ func TestStartCommandPid(t *testing.T) {
 		if pid, running := s.startCommandPid("sb"); pid != tt.pid || running != tt.running {
 			t.Errorf("%s: startCommandPid = %d, %v, want %d, %v", tt.name, pid, running, tt.pid, tt.running)
 		}
+	}
+}
+
+// newServeHarness is a harness whose catalog has template "web" with start command
+// "serve"; hold keeps the fake envd's processes running (mock.Options.HoldStartCommands).
+func newServeHarness(t *testing.T, opts mock.Options, hold bool) *harness {
+	t.Helper()
+	opts.HoldStartCommands = hold
+	h := newHarness(t, opts, nil)
+	if err := h.cat.Templates().Put(catalog.Template{ID: "web", Kind: catalog.KindTemplate, RootFSDir: "/srv/web",
+		StartCmd: "serve"}); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// pauseAndResume pauses sandbox id keeping its memory and resumes it.
+func pauseAndResume(t *testing.T, h *harness, id string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := h.o.Pause(ctx, id, sandbox.PauseOptions{KeepMemory: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := h.o.Connect(ctx, id, ConnectOptions{Timeout: time.Minute}); err != nil {
+		t.Fatal(err)
 	}
 }

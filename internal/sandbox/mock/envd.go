@@ -88,16 +88,16 @@ func (p processService) Start(ctx context.Context, req *connect.Request[processp
 	})
 	pid := uint32(len(p.e.starts))
 	p.e.mu.Unlock()
+	out := []byte("out of " + strings.Join(cfg.GetArgs(), " ") + "\n")
 	if p.e.hold {
-		return p.e.serveHeld(ctx, pid, req.Msg.GetTag(), []byte("out of "+strings.Join(cfg.GetArgs(), " ")+"\n"),
+		return p.e.serveHeld(ctx, pid, req.Msg.GetTag(), out,
 			func(ev *processpb.ProcessEvent) error { return stream.Send(&processpb.StartResponse{Event: ev}) })
 	}
 	// Then one line of output on each stream and a clean exit, so output capture can be
 	// tested.
 	events := []*processpb.ProcessEvent{
 		{Event: &processpb.ProcessEvent_Start{Start: &processpb.ProcessEvent_StartEvent{Pid: pid}}},
-		{Event: &processpb.ProcessEvent_Data{Data: &processpb.ProcessEvent_DataEvent{
-			Output: &processpb.ProcessEvent_DataEvent_Stdout{Stdout: []byte("out of " + strings.Join(cfg.GetArgs(), " ") + "\n")}}}},
+		dataEvent(out),
 		{Event: &processpb.ProcessEvent_Data{Data: &processpb.ProcessEvent_DataEvent{
 			Output: &processpb.ProcessEvent_DataEvent_Stderr{Stderr: []byte("err line")}}}},
 		{Event: &processpb.ProcessEvent_End{End: &processpb.ProcessEvent_EndEvent{ExitCode: 0, Exited: true, Status: "exit status 0"}}},

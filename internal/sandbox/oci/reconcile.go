@@ -177,8 +177,7 @@ func killCgroupProcs(dir string) {
 		return
 	}
 	// A frozen cgroup would keep killed processes from exiting.
-	_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0o644)
-	_ = os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0o644)
+	thaw(dir)
 	for _, f := range strings.Fields(string(raw)) {
 		if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
