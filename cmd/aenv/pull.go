@@ -248,14 +248,7 @@ func pullDirect(ctx context.Context, req install.Request, apiErr error) (catalog
 // pullBody turns the flags into the API request. Convert is sent only when given, so
 // the node picks its default (layered where its base template is).
 func pullBody(req install.Request, convertSet bool, platform string) api.TemplatePullRequest {
-	ref := req.Ref
-	// Layout and archive paths are read by the node, which does not share our cwd.
-	if src, err := image.ParseReference(ref); err == nil && src.Transport != image.Registry && !filepath.IsAbs(src.Path) {
-		if abs, err := filepath.Abs(src.Path); err == nil {
-			ref = strings.Replace(ref, src.Path, abs, 1)
-		}
-	}
-	b := api.TemplatePullRequest{Ref: ref}
+	b := api.TemplatePullRequest{Ref: nodeRef(req.Ref)}
 	str := func(s string) *string {
 		if s == "" {
 			return nil
@@ -282,6 +275,17 @@ func pullBody(req install.Request, convertSet bool, platform string) api.Templat
 		b.InsecureRegistries = &req.Pull.InsecureRegistries
 	}
 	return b
+}
+
+// nodeRef is ref as the node must read it: layout and archive paths are read by the
+// node, which does not share our cwd, so a relative one is made absolute.
+func nodeRef(ref string) string {
+	if src, err := image.ParseReference(ref); err == nil && src.Transport != image.Registry && !filepath.IsAbs(src.Path) {
+		if abs, err := filepath.Abs(src.Path); err == nil {
+			ref = strings.Replace(ref, src.Path, abs, 1)
+		}
+	}
+	return ref
 }
 
 // pullTemplate runs a pull on the node, rendering its progress stream with pr.
@@ -407,7 +411,7 @@ func pullDetached(cmd *cobra.Command, g *globals, req install.Request) error {
 	if err != nil {
 		return err
 	}
-	spec := build.Spec{FromImage: pullBody(req, false, "").Ref, StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}
+	spec := build.Spec{FromImage: nodeRef(req.Ref), StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}
 	return runBuild(cmd.Context(), c, cmd.ErrOrStderr(), buildRequest{name: name, spec: spec,
 		cpu: req.Resources.CPUCount, memory: req.Resources.MemoryMB, detach: true})
 }

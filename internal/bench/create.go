@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,22 @@ type CreateOptions struct {
 
 // maxErrors bounds how many distinct failure messages a Result keeps.
 const maxErrors = 5
+
+// addError appends msg to errs unless errs already holds it or holds maxErrors messages.
+func addError(errs []string, msg string) []string {
+	if len(errs) < maxErrors && !slices.Contains(errs, msg) {
+		errs = append(errs, msg)
+	}
+	return errs
+}
+
+// killDetached kills sandbox id with a context of its own: an interrupted run must not
+// leave sandboxes behind.
+func killDetached(ctx context.Context, c *Client, id string) error {
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	return c.Kill(kctx, id)
+}
 
 // Result is one measurement run.
 type Result struct {
@@ -129,10 +146,7 @@ func createAndRun(ctx context.Context, c *Client, o CreateOptions) sample {
 	if err == nil && res.ExitCode != 0 {
 		err = fmt.Errorf("%q in %s exited with %d: %s", o.Command, sb.ID, res.ExitCode, res.Stderr)
 	}
-	// Killed with a context of its own: an interrupted run must not leave sandboxes behind.
-	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-	defer cancel()
-	if kerr := c.Kill(kctx, sb.ID); kerr != nil {
+	if kerr := killDetached(ctx, c, sb.ID); kerr != nil {
 		err = errors.Join(err, kerr)
 	}
 	return sample{create: t1.Sub(t0), command: t2.Sub(t1), err: err}
@@ -141,14 +155,10 @@ func createAndRun(ctx context.Context, c *Client, o CreateOptions) sample {
 func summarizeRun(mode string, concurrency int, samples []sample, wall time.Duration) Result {
 	r := Result{Mode: mode, Concurrency: concurrency, N: len(samples), Wall: wall}
 	var total, create, command []time.Duration
-	seen := map[string]bool{}
 	for _, s := range samples {
 		if s.err != nil {
 			r.Failures++
-			if msg := s.err.Error(); !seen[msg] && len(r.Errors) < maxErrors {
-				seen[msg] = true
-				r.Errors = append(r.Errors, msg)
-			}
+			r.Errors = addError(r.Errors, s.err.Error())
 			continue
 		}
 		total = append(total, s.create+s.command)

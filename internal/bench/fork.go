@@ -57,17 +57,12 @@ func RunFork(ctx context.Context, c *Client, o ForkOptions) (ForkResult, error) 
 	if err != nil {
 		return ForkResult{}, fmt.Errorf("bench: source sandbox: %w", err)
 	}
-	defer func() {
-		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		_ = c.Kill(kctx, src.ID)
-	}()
+	defer func() { _ = killDetached(ctx, c, src.ID) }()
 	if _, err := c.Run(ctx, src, o.Command); err != nil {
 		return ForkResult{}, fmt.Errorf("bench: source sandbox: %w", err)
 	}
 	r := ForkResult{Count: o.Count, Runs: o.Runs}
 	var forks, all, children []time.Duration
-	seen := map[string]bool{}
 	for i := range o.Warmup + o.Runs {
 		s := forkOnce(ctx, c, src.ID, o)
 		if ctx.Err() != nil {
@@ -78,10 +73,7 @@ func RunFork(ctx context.Context, c *Client, o ForkOptions) (ForkResult, error) 
 		}
 		if s.err != nil {
 			r.Failures++
-			if msg := s.err.Error(); !seen[msg] && len(r.Errors) < maxErrors {
-				seen[msg] = true
-				r.Errors = append(r.Errors, msg)
-			}
+			r.Errors = addError(r.Errors, s.err.Error())
 		} else {
 			forks, all = append(forks, s.fork), append(all, s.all)
 			children = append(children, s.children...)

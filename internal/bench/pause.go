@@ -59,14 +59,9 @@ func RunPause(ctx context.Context, c *Client, o PauseOptions) (PauseResult, erro
 	if err != nil {
 		return PauseResult{}, fmt.Errorf("bench: sandbox: %w", err)
 	}
-	defer func() {
-		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		_ = c.Kill(kctx, sb.ID)
-	}()
+	defer func() { _ = killDetached(ctx, c, sb.ID) }()
 	r := PauseResult{N: o.N}
 	var pauses, resumes, commands []time.Duration
-	seen := map[string]bool{}
 	for i := range o.Warmup + o.N {
 		s := pauseOnce(ctx, c, sb, i, o)
 		if ctx.Err() != nil {
@@ -80,10 +75,7 @@ func RunPause(ctx context.Context, c *Client, o PauseOptions) (PauseResult, erro
 		}
 		if s.err != nil {
 			r.Failures++
-			if msg := s.err.Error(); !seen[msg] && len(r.Errors) < maxErrors {
-				seen[msg] = true
-				r.Errors = append(r.Errors, msg)
-			}
+			r.Errors = addError(r.Errors, s.err.Error())
 		} else {
 			pauses, resumes, commands = append(pauses, s.pause), append(resumes, s.resume), append(commands, s.command)
 		}

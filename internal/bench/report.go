@@ -39,7 +39,6 @@ func Combine(runs []Result) Result {
 	out.Command = median(func(r Result) Summary { return r.Command })
 	out.Wall = pick(func(r Result) time.Duration { return r.Wall })
 	rates := make([]float64, len(runs))
-	seen := map[string]bool{}
 	for i, r := range runs {
 		out.N += r.N
 		out.Failures += r.Failures
@@ -47,10 +46,7 @@ func Combine(runs []Result) Result {
 		out.Total.N, out.Create.N, out.Command.N = out.Total.N+r.Total.N, out.Create.N+r.Create.N, out.Command.N+r.Command.N
 		rates[i] = r.Rate
 		for _, e := range r.Errors {
-			if !seen[e] && len(out.Errors) < maxErrors {
-				seen[e] = true
-				out.Errors = append(out.Errors, e)
-			}
+			out.Errors = addError(out.Errors, e)
 		}
 	}
 	slices.Sort(rates)

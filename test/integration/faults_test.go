@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -61,10 +60,7 @@ func TestKill9MidSnapshotForkPause(t *testing.T) {
 			run(ctx, t, c, src, "echo v1 > /home/user/marker && head -c 64000000 /dev/urandom > /home/user/big")
 
 			err := tc.act(ctx, n, src.ID)
-			var se *bench.APIError
-			if errors.As(err, &se) && se.Status == http.StatusNotImplemented {
-				t.Skipf("the base template is not layered on this host: %v", err)
-			}
+			skipIfNotLayered(t, err)
 			if err == nil {
 				t.Fatalf("the operation answered although the node was to die at %s", tc.point)
 			}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -211,16 +210,9 @@ func TestLazyLayersOnSecondNode(t *testing.T) {
 	}
 
 	// Fork on B.
-	out, err := b.api(ctx, http.MethodPost, "/sandboxes/"+child.ID+"/fork", `{"count":2,"timeout":600}`, http.StatusCreated)
+	kids, err := cb.Fork(ctx, child.ID, 2, 600)
 	if err != nil {
 		t.Fatalf("fork on lazy layers: %v", err)
-	}
-	var kids []struct {
-		Sandbox *bench.Sandbox `json:"sandbox"`
-		Error   any            `json:"error"`
-	}
-	if err := json.Unmarshal(out, &kids); err != nil || len(kids) != 2 {
-		t.Fatalf("fork answer %s: %v", out, err)
 	}
 	b.observe()
 	for _, k := range kids {

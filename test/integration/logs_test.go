@@ -1,11 +1,8 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -131,36 +128,24 @@ func waitLog(ctx context.Context, t *testing.T, n *node, id, s string) {
 	}
 }
 
-// apiJSON sends one request to the node's API and decodes the answer into out; any other
-// status than want fails the test.
+// apiJSON sends one request to the node's API with in (unless nil) as its JSON body and
+// decodes the answer into out; any other status than want fails the test.
 func apiJSON(ctx context.Context, t *testing.T, n *node, method, path string, in any, want int, out any) {
 	t.Helper()
-	var body io.Reader
+	var body []byte
 	if in != nil {
-		raw, err := json.Marshal(in)
-		if err != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
 			t.Fatal(err)
 		}
-		body = bytes.NewReader(raw)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, n.url()+path, body)
+	raw, err := n.api(ctx, method, path, string(body), want)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("X-API-Key", n.key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != want {
-		t.Fatalf("%s %s: HTTP %d: %s", method, path, resp.StatusCode, raw)
-	}
 	if out != nil {
 		if err := json.Unmarshal(raw, out); err != nil {
-			t.Fatal(fmt.Errorf("%s %s: %w: %s", method, path, err, raw))
+			t.Fatalf("%s %s: %v: %s", method, path, err, raw)
 		}
 	}
 }

@@ -26,10 +26,7 @@ func TestSnapshotForkRefusals(t *testing.T) {
 	src := n.create(ctx, c)
 	run(ctx, t, c, src, "echo v1 > /home/user/marker")
 	if _, err := n.api(ctx, http.MethodPost, "/sandboxes/"+src.ID+"/fork", `{"count":1}`, http.StatusCreated); err != nil {
-		var se *bench.APIError
-		if errors.As(err, &se) && se.Status == http.StatusNotImplemented {
-			t.Skipf("the base template is not layered on this host: %v", err)
-		}
+		skipIfNotLayered(t, err)
 		t.Fatal(err)
 	}
 	killAll(ctx, t, c)

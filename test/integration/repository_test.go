@@ -163,9 +163,7 @@ func takeSnapshot(ctx context.Context, t testing.TB, n *node, id, name string) s
 		body = `{"name":"` + name + `"}`
 	}
 	out, err := n.api(ctx, http.MethodPost, "/sandboxes/"+id+"/snapshots", body, http.StatusCreated)
-	if se := (*bench.APIError)(nil); errors.As(err, &se) && se.Status == http.StatusNotImplemented {
-		t.Skipf("the base template is not layered on this host, so its sandboxes cannot be snapshotted: %v", err)
-	}
+	skipIfNotLayered(t, err)
 	if err != nil {
 		t.Fatalf("snapshot of %s: %v", id, err)
 	}
@@ -176,6 +174,16 @@ func takeSnapshot(ctx context.Context, t testing.TB, n *node, id, name string) s
 		t.Fatalf("snapshot answer %s: %v", out, err)
 	}
 	return info.SnapshotID
+}
+
+// skipIfNotLayered skips the test when err is the node's 501 for a sandbox on a base
+// template that is not layered on this host: it cannot be snapshotted, forked or paused
+// to disk.
+func skipIfNotLayered(t testing.TB, err error) {
+	t.Helper()
+	if se := (*bench.APIError)(nil); errors.As(err, &se) && se.Status == http.StatusNotImplemented {
+		t.Skipf("the base template is not layered on this host, so its sandboxes cannot be snapshotted, forked or paused to disk: %v", err)
+	}
 }
 
 // waitFor polls cond every 200 ms until it holds or d passes.

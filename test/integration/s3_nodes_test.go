@@ -77,13 +77,7 @@ func TestS3UnreachableMidPublish(t *testing.T) {
 	if rec, err := repo.GetRecord(ctx, repository.KindSnapshot, snapID); err == nil && rec.State == repository.StateComplete {
 		t.Fatal("the record was complete although the repository was down")
 	}
-	if !waitFor(2*time.Minute, func() bool {
-		rec, err := repo.GetRecord(ctx, repository.KindSnapshot, snapID)
-		return err == nil && rec.State == repository.StateComplete
-	}) {
-		t.Fatalf("the publication did not complete after the repository came back:\n%s", n.output())
-	}
-	requireCompleteRecord(ctx, t, repo, snapID)
+	waitComplete(ctx, t, repo, snapID)
 
 	killAll(ctx, t, c)
 	n.stop()
