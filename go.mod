@@ -19,6 +19,7 @@ require (
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/klauspost/compress v1.20.4
 	github.com/minio/minio-go/v7 v7.4.1
+	github.com/moby/sys/mountinfo v0.7.2
 	github.com/oapi-codegen/runtime v1.9.0
 	github.com/opencontainers/runtime-spec v1.2.0
 	github.com/pierrec/lz4/v4 v4.1.33

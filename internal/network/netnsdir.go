@@ -1,12 +1,12 @@
 package network
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -55,19 +55,15 @@ func prepareNetnsDir(dir string) error {
 
 // mountsBelow lists the mount points strictly below dir (this process's view).
 func mountsBelow(dir string) ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
 		return nil, fmt.Errorf("network: mountinfo: %w", err)
 	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
-			out = append(out, fields[4])
+	for _, m := range infos {
+		if m.Mountpoint != dir {
+			out = append(out, m.Mountpoint)
 		}
 	}
-	return out, sc.Err()
+	return out, nil
 }

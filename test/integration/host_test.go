@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // ownership is what a node's backend was seen to own: containers by id, with their sandbox
@@ -122,44 +123,18 @@ func runcList(t testing.TB, dataDir string) map[string]container {
 // mountsUnder lists mount points below dir, deepest first.
 func mountsUnder(t testing.TB, dir string) []string {
 	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMount(fields[4])
-		if strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
+	for _, m := range infos {
+		if m.Mountpoint != dir {
+			out = append(out, m.Mountpoint)
 		}
 	}
 	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return out
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // aenvNetns is the set of network namespaces named <prefix>-<n> on the host.

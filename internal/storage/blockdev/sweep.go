@@ -1,8 +1,6 @@
 package blockdev
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -304,32 +303,15 @@ type mountEntry struct {
 }
 
 func readMountinfo() ([]mountEntry, error) {
-	raw, err := os.ReadFile("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		return nil, fmt.Errorf("blockdev: mountinfo: %w", err)
 	}
-	var out []mountEntry
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, x := range fields {
-			if x == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 5 || len(fields) < sep+3 {
-			continue
-		}
-		dev, ok := parseDev(fields[2])
-		if !ok {
-			continue
-		}
-		out = append(out, mountEntry{dev: dev, dir: unescape(fields[4]), fstype: fields[sep+1], source: unescape(fields[sep+2])})
+	out := make([]mountEntry, 0, len(infos))
+	for _, m := range infos {
+		out = append(out, mountEntry{dev: unix.Mkdev(uint32(m.Major), uint32(m.Minor)), dir: m.Mountpoint, fstype: m.FSType, source: m.Source})
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // parseDev parses "major:minor".
@@ -359,9 +341,4 @@ func fuseMounts(root string) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-func unescape(s string) string {
-	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
-	return r.Replace(s)
 }
