@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -142,4 +144,34 @@ func crashChild(t *testing.T) {
 	<-g.puts
 	os.Stdout.WriteString("uploading\n")
 	select {} // killed here
+}
+
+// TestRestartRemovesTempFiles: temporary files a killed node left in the publisher's
+// state (an interrupted fetch, atomic writes of digests, records and journals) are
+// removed when the publisher opens again; the state files themselves stay.
+func TestRestartRemovesTempFiles(t *testing.T) {
+	remote, err := posixfs.Open(t.TempDir(), posixfs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(t, "node-a", remote, Options{})
+	n.pub.Close()
+	left := []string{"layers/.fetch-1", "digests/.tmp-2", "records/.tmp-3", "publishing/.tmp-4"}
+	kept := []string{"records/keep.json"}
+	for _, f := range append(left, kept...) {
+		if err := os.WriteFile(filepath.Join(n.state, f), []byte("{}"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.open(t, remote)
+	for _, f := range left {
+		if _, err := os.Stat(filepath.Join(n.state, f)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s after a restart: %v", f, err)
+		}
+	}
+	for _, f := range kept {
+		if _, err := os.Stat(filepath.Join(n.state, f)); err != nil {
+			t.Errorf("%s removed: %v", f, err)
+		}
+	}
 }

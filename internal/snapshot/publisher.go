@@ -257,7 +257,7 @@ func New(repo repository.Repository, cat CatalogStore, o Options) (*Publisher, e
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	for _, d := range []string{"publishing", "records", "digests", "layers"} {
+	for _, d := range stateDirs() {
 		if err := os.MkdirAll(filepath.Join(o.StateDir, d), 0o755); err != nil {
 			return nil, fmt.Errorf("snapshot: %w", err)
 		}
@@ -269,9 +269,12 @@ func New(repo repository.Repository, cat CatalogStore, o Options) (*Publisher, e
 	if ls, ok := repo.(localStore); ok {
 		p.local = ls
 	}
-	p.cleanLayerTmp()
+	p.cleanTmp()
 	return p, nil
 }
+
+// stateDirs are the directories of the publisher's state under Options.StateDir.
+func stateDirs() []string { return []string{"publishing", "records", "digests", "layers"} }
 
 func (p *Publisher) path(elem ...string) string {
 	return filepath.Join(append([]string{p.o.StateDir}, elem...)...)

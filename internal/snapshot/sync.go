@@ -252,12 +252,16 @@ func (p *Publisher) materialize(ctx context.Context, d repository.Digest) (strin
 	return path, nil
 }
 
-// cleanLayerTmp removes fetches a crash interrupted.
-func (p *Publisher) cleanLayerTmp() {
-	ents, _ := os.ReadDir(p.path("layers"))
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".") {
-			os.Remove(p.path("layers", e.Name()))
+// cleanTmp removes the temporary files a crash left in the publisher's state:
+// interrupted fetches (layers/.fetch-*) and atomic writes (writeFileAtomic's .tmp-*
+// in digests, records and publishing).
+func (p *Publisher) cleanTmp() {
+	for _, dir := range stateDirs() {
+		ents, _ := os.ReadDir(p.path(dir))
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".") {
+				os.Remove(p.path(dir, e.Name()))
+			}
 		}
 	}
 }
