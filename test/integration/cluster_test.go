@@ -137,10 +137,24 @@ func TestNodeJoinsCluster(t *testing.T) {
 	}
 	waitLookup(ctx, t, sc, sb.ID, codes.NotFound, "")
 
-	// A graceful stop marks the node draining: no placements while it goes away.
-	n.stop()
-	nodes, err = sc.ListNodes(ctx, &pb.ListNodesRequest{})
-	if err != nil || len(nodes.Nodes) != 1 || nodes.Nodes[0].State != pb.NodeState_NODE_STATE_DRAINING {
-		t.Fatalf("after the node stopped: %v, %v; want it draining", nodes, err)
+	// A graceful stop marks the node draining at once: no placements while it goes away.
+	stopped := make(chan error, 1)
+	go func() { stopped <- n.signal(syscall.SIGTERM, 90*time.Second) }()
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		nodes, err := sc.ListNodes(ctx, &pb.ListNodesRequest{})
+		if err == nil && len(nodes.Nodes) == 1 && nodes.Nodes[0].State == pb.NodeState_NODE_STATE_DRAINING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stopping node is not draining: %v, %v", nodes, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := sc.Place(ctx, &pb.PlaceRequest{}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("Place with the only node draining: %v, want ResourceExhausted", err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("stop the node: %v", err)
 	}
 }
