@@ -356,7 +356,7 @@ func (o *Orchestrator) discard(ctx context.Context, e *entry) {
 		o.discardCapture(ctx, c)
 		return
 	}
-	d, ok := o.backend.(PausedDiscarder)
+	d, ok := o.backend.(sandbox.PausedDiscarder)
 	if !ok {
 		return
 	}
