@@ -24,6 +24,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/image/install"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -124,7 +125,7 @@ func pullNode(t *testing.T) (string, *catalog.Catalog) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cat.Close() })
-	if err := cat.Templates().Put(catalog.Template{ID: baseTemplateID, Kind: catalog.KindTemplate, RootFSDir: t.TempDir()}); err != nil {
+	if err := cat.Templates().Put(catalog.Template{ID: node.BaseTemplateID, Kind: catalog.KindTemplate, RootFSDir: t.TempDir()}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cat.APIKeys().Add("test", testKey); err != nil {
@@ -149,7 +150,7 @@ func pullNode(t *testing.T) (string, *catalog.Catalog) {
 	}
 	t.Cleanup(builds.Close)
 	srv, err := server.New(server.Options{Orchestrator: orch, Auth: apikey.NewVerifier(cat.APIKeys()), Builds: builds,
-		Pulls:    &server.Puller{Templates: cat.Templates(), DataDir: data, CanConvert: func() bool { return layeredTemplate(cat, baseTemplateID) }},
+		Pulls:    &server.Puller{Templates: cat.Templates(), DataDir: data, CanConvert: func() bool { return node.LayeredTemplate(cat, node.BaseTemplateID) }},
 		Registry: reg})
 	if err != nil {
 		t.Fatal(err)
