@@ -103,4 +103,3 @@ func median(d []time.Duration) float64 {
 	slices.Sort(s)
 	return float64(s[len(s)/2].Microseconds()) / 1000
 }
-
