@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -43,6 +45,7 @@ type Config struct {
 	Proxy       Proxy      `toml:"proxy"`
 	Snapshot    Snapshot   `toml:"snapshot"`
 	Repository  Repository `toml:"repository"`
+	Cluster     Cluster    `toml:"cluster"`
 }
 
 // Sandbox holds lifecycle defaults and limits.
@@ -90,6 +93,42 @@ type Templates struct {
 	// snapshot, fork and pause to disk. Off: a directory template (overlayfs roots).
 	LayeredBase bool `toml:"layered_base"`
 }
+
+// Cluster joins the node to a cluster (docs/cluster.md). Scheduler empty: a lone node.
+type Cluster struct {
+	// Scheduler is the scheduler's gRPC address (host:port).
+	Scheduler string `toml:"scheduler"`
+	// NodeID names the node in the cluster. Empty: the host name.
+	NodeID string `toml:"node_id"`
+	// Advertise is the API URL gateways reach this node at. Empty: http:// + listen.
+	Advertise string `toml:"advertise"`
+	// CPUCount and MemoryMB are what the node offers to sandboxes (0: no limit); the
+	// sandbox slots are sandbox.max_sandboxes.
+	CPUCount int `toml:"cpu_count"`
+	MemoryMB int `toml:"memory_mb"`
+}
+
+func (cl Cluster) validate(bad func(key, format string, args ...any)) {
+	if cl.Scheduler != "" {
+		if h, p, err := net.SplitHostPort(cl.Scheduler); err != nil || h == "" || p == "" {
+			bad("cluster.scheduler", "%q is not host:port (e.g. 10.0.0.5:9090)", cl.Scheduler)
+		}
+	}
+	if cl.NodeID != "" && !nodeIDPattern.MatchString(cl.NodeID) {
+		bad("cluster.node_id", "%q must be 1-63 letters, digits, '-', '_' or '.'", cl.NodeID)
+	}
+	if cl.Advertise != "" {
+		u, err := url.Parse(cl.Advertise)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			bad("cluster.advertise", "%q is not an http(s)://host:port URL", cl.Advertise)
+		}
+	}
+	if cl.CPUCount < 0 || cl.MemoryMB < 0 {
+		bad("cluster", "cpu_count and memory_mb must not be negative")
+	}
+}
+
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 // Proxy configures sandbox traffic routing.
 type Proxy struct {
@@ -379,6 +418,7 @@ func (c *Config) Validate() error {
 	if c.Network.Bridge == "" || c.Network.Prefix == "" {
 		bad("network", "bridge and prefix must not be empty")
 	}
+	c.Cluster.validate(bad)
 	if c.Network.PoolSize < 0 {
 		bad("network.pool_size", "must not be negative, got %d", c.Network.PoolSize)
 	}

@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"bufio"
@@ -12,9 +12,10 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
-	"golang.org/x/sys/unix"
 )
 
 // openCatalog opens the node's catalog. A node killed with SIGKILL while one of its
