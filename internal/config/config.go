@@ -75,6 +75,12 @@ type Backend struct {
 	// removes every cgroup below it that the node does not know, so two nodes on one host
 	// need different parents.
 	CgroupParent string `toml:"cgroup_parent"`
+	// Accel is the microvm backend's acceleration: auto, tcg or kvm.
+	Accel string `toml:"accel"`
+	// GuestKernel and GuestInitrd are the microvm backend's guest kernel and initramfs;
+	// empty: vmlinux and initrd.img in the directory "microvm" next to envd (`make guest`).
+	GuestKernel string `toml:"guest_kernel"`
+	GuestInitrd string `toml:"guest_initrd"`
 }
 
 // Network configures the sandboxes' network slots. Like the cgroup parent, the bridge,
@@ -445,8 +451,19 @@ func (c *Config) Validate() error {
 	if !semver(c.Envd.Version) {
 		bad("envd.version", "%q is not a dotted version like 0.5.15 (the SDKs compare it)", c.Envd.Version)
 	}
-	if c.Backend.Kind != "oci" {
-		bad("backend.kind", "%q is not supported; use oci", c.Backend.Kind)
+	switch c.Backend.Kind {
+	case "oci":
+	case "microvm":
+		if !c.Templates.LayeredBase {
+			bad("templates.layered_base", "must be true with backend.kind = \"microvm\" (a VM boots layered templates only)")
+		}
+	default:
+		bad("backend.kind", "%q is not supported; use oci or microvm", c.Backend.Kind)
+	}
+	switch c.Backend.Accel {
+	case "auto", "tcg", "kvm":
+	default:
+		bad("backend.accel", "%q is not auto, tcg or kvm", c.Backend.Accel)
 	}
 	switch c.Backend.Runtime {
 	case "auto", "runc", "crun", "runsc":
