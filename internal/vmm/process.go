@@ -62,6 +62,7 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	}
 	cmd := exec.Command(cfg.Binary, cfg.Args()...)
 	cmd.Stdout, cmd.Stderr = out, out
+	cmd.ExtraFiles = cfg.tapFiles()
 	// Its own process group: a signal to the group also ends the shell and cat of an
 	// exec: migration, and the node's terminal signals do not reach the VM.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

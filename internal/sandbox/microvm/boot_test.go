@@ -21,11 +21,9 @@ func TestDiskSurvivesReboot(t *testing.T) {
 	ctx := context.Background()
 	old := i.PID()
 	i.mu.Lock()
-	proc := i.proc
+	vm := i.vm
 	i.mu.Unlock()
-	if err := proc.kill(ctx); err != nil {
-		t.Fatal(err)
-	}
+	vm.Kill()
 	if err := b.startQEMU(ctx, i); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/vmm"
 )
 
 // Instance is one sandbox VM.
@@ -30,7 +31,7 @@ type Instance struct {
 	mu      sync.Mutex
 	slot    *network.Slot
 	disk    *rootfs.Disk
-	proc    *vmProc
+	vm      *vmm.Machine
 	stopped bool
 	// cpu is the last CPU-time sample, for Stats' usage between two calls.
 	cpu cpuSample
@@ -55,10 +56,10 @@ func (i *Instance) Endpoint() sandbox.Endpoint {
 func (i *Instance) PID() int {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	if i.proc == nil {
+	if i.vm == nil {
 		return 0
 	}
-	return i.proc.pid
+	return i.vm.PID()
 }
 
 // ConsoleLog is the path of the guest's serial console log (boot diagnostics).
@@ -84,22 +85,20 @@ func (i *Instance) Fork(context.Context, []sandbox.ForkSpec) ([]sandbox.ForkResu
 	return nil, fmt.Errorf("%w: fork", ErrUnsupported)
 }
 
-// Stop implements sandbox.Instance: QEMU is killed by pid, then its disk, network slot, RAM
-// file and directory are released. Idempotent; after an error a second Stop retries what
-// is left.
+// Stop implements sandbox.Instance: QEMU's process group is killed, then its disk, network
+// slot, RAM file and directory are released. Idempotent; after an error a second Stop
+// retries what is left.
 func (i *Instance) Stop(ctx context.Context) error {
 	i.stopMu.Lock()
 	defer i.stopMu.Unlock()
 	i.mu.Lock()
-	proc, disk, slot := i.proc, i.disk, i.slot
+	vm, disk, slot := i.vm, i.disk, i.slot
 	i.stopped = true
 	i.mu.Unlock()
 	var errs []error
-	if proc != nil {
-		if err := proc.kill(ctx); err != nil {
-			// The disk and slot are still in use: keep them for a retry.
-			return err
-		}
+	if vm != nil {
+		// Killed, not shut down: the sandbox's disk is discarded with it.
+		vm.Kill()
 	}
 	if disk != nil {
 		if err := disk.Close(); err != nil {
@@ -138,12 +137,12 @@ func (i *Instance) Stop(ctx context.Context) error {
 func (i *Instance) Stats(ctx context.Context) (sandbox.Stats, error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	if i.stopped || i.proc == nil || i.proc.exited() {
+	if i.stopped || i.vm == nil || exited(i.vm) {
 		return sandbox.Stats{}, fmt.Errorf("%w: %s", sandbox.ErrGone, i.id)
 	}
 	now := time.Now()
 	s := sandbox.Stats{Timestamp: now, CPUCount: i.res.CPUCount, MemTotal: int64(i.res.MemoryMB) << 20}
-	if ticks, rss, err := procUsage(i.proc.pid); err == nil {
+	if ticks, rss, err := procUsage(i.vm.PID()); err == nil {
 		s.MemUsed = rss
 		if prev := i.cpu; !prev.at.IsZero() && now.After(prev.at) {
 			secs := float64(ticks-prev.ticks) / clockTicks
@@ -187,4 +186,13 @@ func procUsage(pid int) (ticks uint64, rss int64, err error) {
 	sy, _ := strconv.ParseUint(string(f[12]), 10, 64)
 	pages, _ := strconv.ParseInt(string(f[21]), 10, 64)
 	return ut + sy, pages * int64(os.Getpagesize()), nil
+}
+
+func exited(m *vmm.Machine) bool {
+	select {
+	case <-m.Exited():
+		return true
+	default:
+		return false
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
+	"github.com/aenv-dev/aenv/internal/vmm"
 )
 
 // Names inside a sandbox's directory.
@@ -20,11 +21,12 @@ const (
 	pidFileName = "qemu.pid"
 	qmpSock     = "qmp.sock"
 	consoleLog  = "console.log"
+	qemuLog     = "qemu.log"
 )
 
 // Launch implements sandbox.Backend: a fresh sandbox boots the template's layered root on
-// a writable upper of its own. It returns once QEMU answers on its QMP socket; the guest
-// is still booting (the orchestrator waits for envd).
+// a writable upper of its own. It returns once QEMU's monitor answers; the guest is still
+// booting (the orchestrator waits for envd).
 func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {
 	if !idRE.MatchString(plan.SandboxID) {
 		return nil, fmt.Errorf("microvm: invalid sandbox id %q", plan.SandboxID)
@@ -140,7 +142,9 @@ func (b *Backend) boot(ctx context.Context, inst *Instance, layers []stack.Layer
 }
 
 // startQEMU boots inst's VM on its slot and disk: a new tap in the slot, the guest's
-// command line, QEMU, and its QMP socket.
+// command line, QEMU (returning once its monitor answers). Device order (disk, then NIC)
+// is fixed: a migration stream only loads into a VM with the same devices in the same
+// order.
 func (b *Backend) startQEMU(ctx context.Context, inst *Instance) error {
 	inst.mu.Lock()
 	slot, disk := inst.slot, inst.disk
@@ -151,51 +155,27 @@ func (b *Backend) startQEMU(ctx context.Context, inst *Instance) error {
 	}
 	// QEMU holds the tap from here on; ours must not keep the interface alive.
 	defer nic.tap.Close()
-	spec := vmSpec{
-		qemu: b.cfg.QEMU, accel: b.cfg.Accel, kernel: b.cfg.Kernel, initrd: b.initrd,
-		cpus: inst.res.CPUCount, memMB: inst.res.MemoryMB, ramFile: inst.ramFile, disk: disk.Path(), nic: nic,
-		pidFile: filepath.Join(inst.dir, pidFileName), qmp: filepath.Join(inst.dir, qmpSock),
-		console: filepath.Join(inst.dir, consoleLog),
-	}
 	params := bootParams{
 		ip: netip.PrefixFrom(slot.IP, slot.PrefixLen), gateway: slot.Gateway, hostname: hostname(inst.id),
 		dns: b.dns, envdPort: b.cfg.EnvdPort,
 	}
-	if b.cfg.Accel == AccelTCG {
-		params.tscKHz = b.cfg.TSCKHz
+	cfg := vmm.Config{
+		Binary: b.cfg.QEMU, Accel: b.accel, CPUs: inst.res.CPUCount, TSCKHz: b.cfg.TSCKHz,
+		Memory: vmm.Memory{SizeMiB: inst.res.MemoryMB, Path: inst.ramFile, Share: true},
+		Kernel: b.cfg.Kernel, Initrd: b.initrd, Cmdline: params.cmdline(),
+		ConsoleLog: filepath.Join(inst.dir, consoleLog), QMPSocket: filepath.Join(inst.dir, qmpSock),
+		PIDFile: filepath.Join(inst.dir, pidFileName), LogFile: filepath.Join(inst.dir, qemuLog),
+		Drives: []vmm.Drive{{ID: "root", Path: disk.Path()}},
+		NICs:   []vmm.NIC{{ID: "n0", MAC: nic.mac.String(), TapFile: nic.tap}},
 	}
-	spec.cmdline = params.cmdline()
-	// A previous QEMU's socket would satisfy waitSocket at once.
-	_ = os.Remove(spec.qmp)
-	proc, err := startVM(spec)
+	m, err := vmm.Start(ctx, cfg)
 	if err != nil {
-		return err
+		return fmt.Errorf("microvm: %w", err)
 	}
 	inst.mu.Lock()
-	inst.proc = proc
+	inst.vm = m
 	inst.mu.Unlock()
-	return waitSocket(ctx, proc, spec.qmp)
-}
-
-// waitSocket waits until QEMU has created its QMP socket (it is then past argument and
-// device setup), or fails with QEMU's error output when it exits first.
-func waitSocket(ctx context.Context, p *vmProc, path string) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return nil
-		}
-		select {
-		case <-p.done:
-			return fmt.Errorf("microvm: qemu exited at start: %v", p.err)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(2 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return errors.New("microvm: qemu created no QMP socket in 30 s")
-		}
-	}
+	return nil
 }
 
 func hostname(id string) string {
