@@ -58,6 +58,11 @@ type Sandbox struct {
 	DefaultDiskMB    int      `toml:"default_disk_mb"`
 	MaxSandboxes     int      `toml:"max_sandboxes"`
 	ShutdownAction   string   `toml:"shutdown_action"`
+	// CPUOvercommit bounds one sandbox's cpuCount at host CPUs × this (0: no limit).
+	CPUOvercommit float64 `toml:"cpu_overcommit"`
+	// MemoryOvercommit bounds the memory that sandboxes holding resources commit together
+	// (and so one sandbox's memoryMB) at host memory × this (0: no limit).
+	MemoryOvercommit float64 `toml:"memory_overcommit"`
 }
 
 // Envd configures the in-sandbox daemon.
@@ -442,6 +447,12 @@ func (c *Config) Validate() error {
 	}
 	if s.MaxSandboxes < 0 {
 		bad("sandbox.max_sandboxes", "must not be negative, got %d", s.MaxSandboxes)
+	}
+	if s.CPUOvercommit < 0 || s.CPUOvercommit > 1000 {
+		bad("sandbox.cpu_overcommit", "must be between 0 (no limit) and 1000, got %g", s.CPUOvercommit)
+	}
+	if s.MemoryOvercommit < 0 || s.MemoryOvercommit > 1000 {
+		bad("sandbox.memory_overcommit", "must be between 0 (no limit) and 1000, got %g", s.MemoryOvercommit)
 	}
 	switch s.ShutdownAction {
 	case "pause", "stop", "keep":
