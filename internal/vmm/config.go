@@ -51,16 +51,15 @@ type HostForward struct {
 	GuestPort int
 }
 
-// NIC is a virtio-net device with either a tap device (by name, created by the caller; or
-// an open tap queue, for a tap in another network namespace than QEMU's) or user-mode
+// NIC is a virtio-net device on a tap device (by name, or an open queue descriptor for a
+// tap in another network namespace, both created by the caller) or on user-mode
 // networking with host forwards.
 type NIC struct {
 	ID  string
 	MAC string // "" lets QEMU choose
 	Tap string
-	// TapFile is an open tap queue (TUNSETIFF done, IFF_VNET_HDR set) that QEMU inherits
-	// (-netdev tap,fd=N). The caller may close its copy once Start returns; a tap that is
-	// not persistent then lives exactly as long as QEMU.
+	// TapFile is an open tap queue QEMU inherits (-netdev tap,fd=N); the caller may close
+	// its copy once Start returns.
 	TapFile *os.File
 	User    bool
 	Forward []HostForward
@@ -206,6 +205,17 @@ func (n NIC) validate() error {
 // written twice.
 func optValue(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 
+// extraFiles are the descriptors QEMU inherits, in the order Args numbers them.
+func (c *Config) extraFiles() []*os.File {
+	var fs []*os.File
+	for _, n := range c.NICs {
+		if n.TapFile != nil {
+			fs = append(fs, n.TapFile)
+		}
+	}
+	return fs
+}
+
 // Args is QEMU's command line (without the binary). It does not validate; Start does.
 func (c *Config) Args() []string {
 	a := []string{
@@ -250,7 +260,7 @@ func (c *Config) Args() []string {
 		}
 		a = append(a, "-drive", drive, "-device", "virtio-blk-device,drive="+d.ID)
 	}
-	fd := 3 // the first of ExtraFiles (tapFiles)
+	fd := 3 // inherited descriptors (ExtraFiles) start after stdin, stdout, stderr
 	for _, n := range c.NICs {
 		var nd string
 		switch {
@@ -290,15 +300,4 @@ func onOff(b bool) string {
 		return "on"
 	}
 	return "off"
-}
-
-// tapFiles are the descriptors QEMU inherits, in the order Args numbers them.
-func (c *Config) tapFiles() []*os.File {
-	var out []*os.File
-	for _, n := range c.NICs {
-		if n.TapFile != nil {
-			out = append(out, n.TapFile)
-		}
-	}
-	return out
 }

@@ -21,9 +21,11 @@ func TestDiskSurvivesReboot(t *testing.T) {
 	ctx := context.Background()
 	old := i.PID()
 	i.mu.Lock()
-	vm := i.vm
+	proc := i.proc
 	i.mu.Unlock()
-	vm.Kill()
+	if err := proc.kill(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.startQEMU(ctx, i); err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
-	"github.com/aenv-dev/aenv/internal/vmm"
 )
 
 // Instance is one sandbox VM.
@@ -28,10 +27,12 @@ type Instance struct {
 	// stopMu serialises Stop (and, later, snapshots) against each other.
 	stopMu sync.Mutex
 
-	mu      sync.Mutex
-	slot    *network.Slot
-	disk    *rootfs.Disk
-	vm      *vmm.Machine
+	mu   sync.Mutex
+	slot *network.Slot
+	disk *rootfs.Disk
+	proc *vmProc
+	// mem is how the VM holds its memory (memory snapshots, snapshot.go).
+	mem     memState
 	stopped bool
 	// cpu is the last CPU-time sample, for Stats' usage between two calls.
 	cpu cpuSample
@@ -56,49 +57,36 @@ func (i *Instance) Endpoint() sandbox.Endpoint {
 func (i *Instance) PID() int {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	if i.vm == nil {
+	if i.proc == nil {
 		return 0
 	}
-	return i.vm.PID()
+	return i.proc.pid
 }
 
 // ConsoleLog is the path of the guest's serial console log (boot diagnostics).
 func (i *Instance) ConsoleLog() string { return i.dir + "/" + consoleLog }
-
-// Pause implements sandbox.Instance (not yet: it needs memory snapshots).
-func (i *Instance) Pause(context.Context, sandbox.PauseOptions) (sandbox.PausedState, error) {
-	return nil, fmt.Errorf("%w: pause", ErrUnsupported)
-}
 
 // Resume implements sandbox.Instance: nothing pauses in place.
 func (i *Instance) Resume(context.Context) error {
 	return fmt.Errorf("%w: %s is not paused in place", sandbox.ErrGone, i.id)
 }
 
-// Snapshot implements sandbox.Instance (not yet).
-func (i *Instance) Snapshot(context.Context) (sandbox.Captured, error) {
-	return nil, fmt.Errorf("%w: snapshot", ErrUnsupported)
-}
-
-// Fork implements sandbox.Instance (not yet).
-func (i *Instance) Fork(context.Context, []sandbox.ForkSpec) ([]sandbox.ForkResult, error) {
-	return nil, fmt.Errorf("%w: fork", ErrUnsupported)
-}
-
-// Stop implements sandbox.Instance: QEMU's process group is killed, then its disk, network
-// slot, RAM file and directory are released. Idempotent; after an error a second Stop
-// retries what is left.
+// Stop implements sandbox.Instance: QEMU is killed by pid, then its disk, network slot, RAM
+// file and directory are released. Idempotent; after an error a second Stop retries what
+// is left.
 func (i *Instance) Stop(ctx context.Context) error {
 	i.stopMu.Lock()
 	defer i.stopMu.Unlock()
 	i.mu.Lock()
-	vm, disk, slot := i.vm, i.disk, i.slot
+	proc, disk, slot := i.proc, i.disk, i.slot
 	i.stopped = true
 	i.mu.Unlock()
 	var errs []error
-	if vm != nil {
-		// Killed, not shut down: the sandbox's disk is discarded with it.
-		vm.Kill()
+	if proc != nil {
+		if err := proc.kill(ctx); err != nil {
+			// The disk and slot are still in use: keep them for a retry.
+			return err
+		}
 	}
 	if disk != nil {
 		if err := disk.Close(); err != nil {
@@ -137,12 +125,12 @@ func (i *Instance) Stop(ctx context.Context) error {
 func (i *Instance) Stats(ctx context.Context) (sandbox.Stats, error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	if i.stopped || i.vm == nil || exited(i.vm) {
+	if i.stopped || i.proc == nil || i.proc.exited() {
 		return sandbox.Stats{}, fmt.Errorf("%w: %s", sandbox.ErrGone, i.id)
 	}
 	now := time.Now()
 	s := sandbox.Stats{Timestamp: now, CPUCount: i.res.CPUCount, MemTotal: int64(i.res.MemoryMB) << 20}
-	if ticks, rss, err := procUsage(i.vm.PID()); err == nil {
+	if ticks, rss, err := procUsage(i.proc.pid); err == nil {
 		s.MemUsed = rss
 		if prev := i.cpu; !prev.at.IsZero() && now.After(prev.at) {
 			secs := float64(ticks-prev.ticks) / clockTicks
@@ -186,13 +174,4 @@ func procUsage(pid int) (ticks uint64, rss int64, err error) {
 	sy, _ := strconv.ParseUint(string(f[12]), 10, 64)
 	pages, _ := strconv.ParseInt(string(f[21]), 10, 64)
 	return ut + sy, pages * int64(os.Getpagesize()), nil
-}
-
-func exited(m *vmm.Machine) bool {
-	select {
-	case <-m.Exited():
-		return true
-	default:
-		return false
-	}
 }

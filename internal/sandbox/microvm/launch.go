@@ -12,7 +12,6 @@ import (
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
-	"github.com/aenv-dev/aenv/internal/vmm"
 )
 
 // Names inside a sandbox's directory.
@@ -25,8 +24,8 @@ const (
 )
 
 // Launch implements sandbox.Backend: a fresh sandbox boots the template's layered root on
-// a writable upper of its own. It returns once QEMU's monitor answers; the guest is still
-// booting (the orchestrator waits for envd).
+// a writable upper of its own. It returns once QEMU answers on its QMP socket; the guest
+// is still booting (the orchestrator waits for envd).
 func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {
 	if !idRE.MatchString(plan.SandboxID) {
 		return nil, fmt.Errorf("microvm: invalid sandbox id %q", plan.SandboxID)
@@ -38,7 +37,7 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 	switch plan.Kind {
 	case sandbox.LaunchFresh:
 	case sandbox.LaunchFromSnapshot, sandbox.LaunchResume:
-		return nil, fmt.Errorf("%w: launch kind %d (snapshots are not implemented yet)", ErrUnsupported, plan.Kind)
+		return b.launchCaptured(ctx, plan)
 	default:
 		return nil, fmt.Errorf("microvm: unknown launch kind %d", plan.Kind)
 	}
@@ -142,9 +141,7 @@ func (b *Backend) boot(ctx context.Context, inst *Instance, layers []stack.Layer
 }
 
 // startQEMU boots inst's VM on its slot and disk: a new tap in the slot, the guest's
-// command line, QEMU (returning once its monitor answers). Device order (disk, then NIC)
-// is fixed: a migration stream only loads into a VM with the same devices in the same
-// order.
+// command line, QEMU, and its QMP socket.
 func (b *Backend) startQEMU(ctx context.Context, inst *Instance) error {
 	inst.mu.Lock()
 	slot, disk := inst.slot, inst.disk
@@ -155,27 +152,30 @@ func (b *Backend) startQEMU(ctx context.Context, inst *Instance) error {
 	}
 	// QEMU holds the tap from here on; ours must not keep the interface alive.
 	defer nic.tap.Close()
+	spec := b.vmSpec(inst, disk.Path(), nic)
 	params := bootParams{
 		ip: netip.PrefixFrom(slot.IP, slot.PrefixLen), gateway: slot.Gateway, hostname: hostname(inst.id),
 		dns: b.dns, envdPort: b.cfg.EnvdPort,
 	}
-	cfg := vmm.Config{
-		Binary: b.cfg.QEMU, Accel: b.accel, CPUs: inst.res.CPUCount, TSCKHz: b.cfg.TSCKHz,
-		Memory: vmm.Memory{SizeMiB: inst.res.MemoryMB, Path: inst.ramFile, Share: true},
-		Kernel: b.cfg.Kernel, Initrd: b.initrd, Cmdline: params.cmdline(),
-		ConsoleLog: filepath.Join(inst.dir, consoleLog), QMPSocket: filepath.Join(inst.dir, qmpSock),
-		PIDFile: filepath.Join(inst.dir, pidFileName), LogFile: filepath.Join(inst.dir, qemuLog),
-		Drives: []vmm.Drive{{ID: "root", Path: disk.Path()}},
-		NICs:   []vmm.NIC{{ID: "n0", MAC: nic.mac.String(), TapFile: nic.tap}},
-	}
-	m, err := vmm.Start(ctx, cfg)
+	spec.cmdline = params.cmdline()
+	proc, err := startVM(ctx, spec, nil)
 	if err != nil {
-		return fmt.Errorf("microvm: %w", err)
+		return err
 	}
 	inst.mu.Lock()
-	inst.vm = m
+	inst.proc = proc
 	inst.mu.Unlock()
 	return nil
+}
+
+// vmSpec is inst's machine: the same for a boot and every restore of its snapshots.
+func (b *Backend) vmSpec(inst *Instance, disk string, nic *guestNIC) vmSpec {
+	return vmSpec{
+		qemu: b.cfg.QEMU, accel: string(b.accel), tscKHz: b.cfg.TSCKHz, kernel: b.cfg.Kernel, initrd: b.initrd,
+		cpus: inst.res.CPUCount, memMB: inst.res.MemoryMB, ramFile: inst.ramFile, disk: disk, nic: nic,
+		pidFile: filepath.Join(inst.dir, pidFileName), qmp: filepath.Join(inst.dir, qmpSock),
+		console: filepath.Join(inst.dir, consoleLog), log: filepath.Join(inst.dir, qemuLog),
+	}
 }
 
 func hostname(id string) string {
