@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/sandbox/mock"
 	"github.com/aenv-dev/aenv/internal/server"
+	"github.com/aenv-dev/aenv/internal/server/api"
 )
 
 const testKey = "e2b_0123456789abcdef0123456789abcdef01234567"
@@ -344,5 +346,24 @@ func TestNotFoundHintNamesTheListing(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.hint) {
 			t.Errorf("aenv %v: %v; want a hint naming %q", tc.args, err, tc.hint)
 		}
+	}
+}
+
+func TestUserTemplatesHidesImageImports(t *testing.T) {
+	in := []api.Template{
+		{TemplateID: "img-0123abcd"},
+		{TemplateID: "img-4567", Aliases: []string{"python"}},
+		{TemplateID: "t1", Aliases: []string{"my-app"}},
+		{TemplateID: "base"},
+	}
+	var got []string
+	for _, tpl := range userTemplates(in) {
+		got = append(got, tpl.TemplateID)
+	}
+	if want := []string{"img-4567", "t1", "base"}; !slices.Equal(got, want) {
+		t.Fatalf("listed %v, want %v", got, want)
+	}
+	if len(in) != 4 || in[0].TemplateID != "img-0123abcd" {
+		t.Fatal("userTemplates changed its input")
 	}
 }
