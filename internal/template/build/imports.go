@@ -2,7 +2,6 @@ package build
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -30,7 +29,7 @@ func (s *Service) importImage(ctx context.Context, img *image.Image, id, ref str
 	dir := filepath.Join(s.cfg.DataDir, install.TemplatesDir, id)
 	if t, err := s.tpls.Get(id); err == nil {
 		if _, err := os.Stat(t.RootFSDir); err == nil {
-			if !layered || isLayered(t) {
+			if !layered || t.Layered() {
 				logf("info", fmt.Sprintf("base: image %s already imported as %s", img.Digest, id))
 				return t, nil
 			}
@@ -62,7 +61,7 @@ func (s *Service) importImage(ctx context.Context, img *image.Image, id, ref str
 // import in the catalog.
 func (s *Service) registerImport(ctx context.Context, img *image.Image, built *image.Built, id, ref string,
 	store *image.Store, progress image.ProgressFunc, logf func(level, msg string)) (catalog.Template, error) {
-	var obd json.RawMessage
+	var obd *catalog.LayerStack
 	if s.convertImages() {
 		size := s.cfg.ImageDiskMB
 		if size <= 0 {
@@ -73,9 +72,7 @@ func (s *Service) registerImport(ctx context.Context, img *image.Image, built *i
 		if err != nil {
 			return catalog.Template{}, fmt.Errorf("convert %s into layers: %w", ref, err)
 		}
-		if obd, err = json.Marshal(res); err != nil {
-			return catalog.Template{}, err
-		}
+		obd = res.Stack()
 		logf("info", fmt.Sprintf("base: %d layers (%d converted now, the rest shared)", len(res.Layers), res.Converted))
 	}
 	t, err := image.Register(s.tpls, built, image.RegisterOptions{ID: id, Overlaybd: obd})
@@ -92,5 +89,5 @@ func (s *Service) convertImages() bool {
 		return s.cfg.ConvertImages()
 	}
 	t, err := s.tpls.Get("base")
-	return err == nil && isLayered(t)
+	return err == nil && t.Layered()
 }
