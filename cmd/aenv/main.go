@@ -63,6 +63,7 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(
 		newServeCmd(),
 		newSchedulerCmd(),
+		newGatewayCmd(),
 		newStartCmd(g),
 		newListCmd(g),
 		newInfoCmd(g),

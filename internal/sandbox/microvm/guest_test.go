@@ -33,11 +33,11 @@ func TestParseCPUMHz(t *testing.T) {
 
 func TestCmdline(t *testing.T) {
 	p := bootParams{
-		tscKHz: 2600000, ip: netip.MustParsePrefix("10.89.40.2/24"), gateway: netip.MustParseAddr("10.89.40.1"),
+		tscKHz: 2600000, ip: netip.MustParsePrefix("10.91.7.2/24"), gateway: netip.MustParseAddr("10.91.7.1"),
 		hostname: "sbx", dns: []string{"1.1.1.1", "8.8.8.8"}, envdPort: 49983,
 	}
 	got := p.cmdline()
-	for _, want := range []string{"console=ttyS0", "tsc_early_khz=2600000", "aenv.ip=10.89.40.2/24", "aenv.gw=10.89.40.1",
+	for _, want := range []string{"console=ttyS0", "tsc_early_khz=2600000", "aenv.ip=10.91.7.2/24", "aenv.gw=10.91.7.1",
 		"aenv.hostname=sbx", "aenv.dns=1.1.1.1,8.8.8.8", "aenv.port=49983", "panic=1"} {
 		if !strings.Contains(" "+got+" ", " "+want+" ") {
 			t.Errorf("cmdline %q lacks %q", got, want)

@@ -28,7 +28,7 @@ import (
 const (
 	testBridge = "aenvmvt0"
 	testPrefix = "aenvmv"
-	testSubnet = "10.89.40.0/24"
+	testSubnet = "10.91.7.0/24"
 	// testMemMB keeps guests small: touching guest memory under TCG is slow.
 	testMemMB = 192
 	// templateMB is the test template's ext4 size.

@@ -3,10 +3,14 @@ package microvm
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
@@ -50,6 +54,22 @@ ip -4 -o addr show eth0 | awk '{print $4}'; df -m / | awk 'NR==2{print $2}'; ech
 	}
 	if _, _, code := sh(t, i, "exit 7"); code != 7 {
 		t.Errorf("exit code %d, want 7", code)
+	}
+	// The guest clock follows envd's /init timestamp forward (as after a restore).
+	ahead := time.Now().Add(time.Hour).UTC()
+	body := fmt.Sprintf(`{"timestamp":%q}`, ahead.Format(time.RFC3339Nano))
+	ep := i.Endpoint()
+	resp, err := http.Post(fmt.Sprintf("http://%s:%d/init", ep.Host, ep.EnvdPort), "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("/init: %s", resp.Status)
+	}
+	guest, _ := strconv.ParseInt(strings.TrimSpace(mustSh(t, i, "date +%s")), 10, 64)
+	if d := guest - ahead.Unix(); d < -2 || d > 60 {
+		t.Errorf("guest clock %d, /init set it to %d", guest, ahead.Unix())
 	}
 	st, err := i.Stats(context.Background())
 	if err != nil {
