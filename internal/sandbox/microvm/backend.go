@@ -202,10 +202,6 @@ func (c *Config) sandboxesDir() string { return filepath.Join(c.DataDir, "sandbo
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "microvm" }
 
-// Capabilities implements sandbox.Backend. Snapshots, pause and fork come with the
-// memory-snapshot primitives; until then sandboxes only launch fresh and stop.
-func (b *Backend) Capabilities() sandbox.Capabilities { return sandbox.Capabilities{} }
-
 // Close releases the network pool's warm slots. Running sandboxes keep running; a
 // restart's Reconcile removes them.
 func (b *Backend) Close(ctx context.Context) error { return b.pool.Close(ctx) }
@@ -214,16 +210,6 @@ func (b *Backend) Close(ctx context.Context) error { return b.pool.Close(ctx) }
 func (b *Backend) Pool() *network.Pool { return b.pool }
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
-
-// DecodePaused implements sandbox.Backend; nothing pauses yet.
-func (b *Backend) DecodePaused(raw []byte) (sandbox.PausedState, error) {
-	return nil, fmt.Errorf("%w: paused state %q", ErrUnsupported, raw)
-}
-
-// DecodeCaptured implements sandbox.Backend; nothing is captured yet.
-func (b *Backend) DecodeCaptured(raw []byte) (sandbox.Captured, error) {
-	return nil, fmt.Errorf("%w: capture %q", ErrUnsupported, raw)
-}
 
 // savedState is written into the sandbox directory at launch, for Reconcile and humans.
 type savedState struct {
