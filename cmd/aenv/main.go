@@ -62,6 +62,7 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.apiKey, "api-key", "", "API key (default $AENV_API_KEY, then aenv login (its saved key), then the local node's admin.key)")
 	root.AddCommand(
 		newServeCmd(),
+		newDataplaneCmd(),
 		newStartCmd(g),
 		newListCmd(g),
 		newInfoCmd(g),

@@ -104,8 +104,15 @@ func serve(ctx context.Context, cfg config.Config) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
 		return fmt.Errorf("create the data directory: %w", err)
 	}
-	// Bind first so a port conflict fails before anything is started.
-	ln, err := net.Listen("tcp", cfg.Listen)
+	// The catalog first: a predecessor killed half-way (a zombie still holding the port and
+	// the catalog) is cleared there, and only then is the port bound.
+	cat, err := openCatalog(ctx, cfg.DataDir, filepath.Join(cfg.DataDir, catalogFile), log)
+	if err != nil {
+		return fmt.Errorf("%w (is another `aenv serve` using %s?)", err, cfg.DataDir)
+	}
+	defer cat.Close()
+	// Bind before anything is started, so a port conflict fails early.
+	ln, err := listen(ctx, cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (set --listen or AENV_LISTEN)", cfg.Listen, err)
 	}
@@ -117,12 +124,6 @@ func serve(ctx context.Context, cfg config.Config) error {
 		}
 		defer stop()
 	}
-
-	cat, err := openCatalog(ctx, cfg.DataDir, filepath.Join(cfg.DataDir, catalogFile), log)
-	if err != nil {
-		return fmt.Errorf("%w (is another `aenv serve` using %s?)", err, cfg.DataDir)
-	}
-	defer cat.Close()
 
 	boot, err := apikey.Bootstrap(ctx, cat.APIKeys(), cfg.DataDir, cfg.APIKey)
 	if err != nil {
@@ -153,6 +154,14 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 	defer repo.Close()
 
+	var dp *nodeDataPlane
+	var dpc oci.DataPlane
+	if cfg.Backend.DataPlane {
+		if dp, err = startDataPlane(ctx, cfg, log); err != nil {
+			return err
+		}
+		dpc = dp.Client
+	}
 	backend, err := oci.New(ctx, oci.Config{
 		DataDir:         filepath.Join(cfg.DataDir, "oci"),
 		EnvdPath:        envd,
@@ -161,6 +170,7 @@ func serve(ctx context.Context, cfg config.Config) error {
 		CgroupParent:    cfg.Backend.CgroupParent,
 		SnapshotQuiesce: cfg.Snapshot.Quiesce,
 		LayerResolver:   repo.layers,
+		DataPlane:       dpc,
 		Network: network.Config{
 			Bridge:   cfg.Network.Bridge,
 			Subnet:   cfg.Network.Subnet,
@@ -180,6 +190,9 @@ func serve(ctx context.Context, cfg config.Config) error {
 		defer cancel()
 		if err := backend.Close(cctx); err != nil {
 			log.Warn("close the oci backend", "err", err)
+		}
+		if dp != nil {
+			dp.stopIfIdle(cctx)
 		}
 	}()
 
@@ -210,6 +223,17 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 	if err := orch.Start(ctx); err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
+	}
+	if dp != nil {
+		wctx, stopWatch := context.WithCancel(ctx)
+		defer stopWatch()
+		go dp.watch(wctx, backend.OnDataPlane, func(ids []string) {
+			lctx := context.WithoutCancel(wctx)
+			if err := backend.DataPlaneLost(lctx); err != nil {
+				log.Warn("drop warm containers on layered roots", "err", err)
+			}
+			orch.DropLost(lctx, ids, "data plane died")
+		})
 	}
 	if err := pub.Start(ctx); err != nil {
 		return fmt.Errorf("start the snapshot publisher: %w", err)

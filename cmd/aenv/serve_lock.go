@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -23,7 +24,8 @@ import (
 // and the half-exited process keeps the catalog's file lock. When the holder is such a
 // dying process, its FUSE connections under the data directory are aborted, which
 // fails the stuck requests and lets it exit, and the open is tried again. A live holder
-// (another `aenv serve`) is never touched.
+// (another `aenv serve`) is never touched, and neither are the disks the data plane
+// serves (it is alive: what waits on them gets its answer).
 func openCatalog(ctx context.Context, dataDir, path string, log *slog.Logger) (*catalog.Catalog, error) {
 	cat, err := catalog.Open(path)
 	if !errors.Is(err, catalog.ErrLocked) {
@@ -35,7 +37,7 @@ func openCatalog(ctx context.Context, dataDir, path string, log *slog.Logger) (*
 	}
 	log.Warn("the catalog is held by a node that was killed but cannot exit (a thread waits on its own FUSE mount); "+
 		"aborting its FUSE connections", "pid", pid)
-	if _, serr := blockdev.SweepLoops(ctx, dataDir); serr != nil {
+	if _, serr := blockdev.SweepLoops(ctx, dataDir, dataPlaneDirs(ctx, dataDir)...); serr != nil {
 		log.Warn("sweep the dead node's block devices", "err", serr)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -102,4 +104,21 @@ func statState(stat string) byte {
 		return 0
 	}
 	return stat[i+2]
+}
+
+// listen binds addr. A predecessor that openCatalog saw exit may hold the port a moment
+// longer (its sockets close as its last thread exits), so EADDRINUSE is retried briefly.
+func listen(ctx context.Context, addr string) (net.Listener, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ln, err := net.Listen("tcp", addr)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
+			return ln, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
