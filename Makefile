@@ -5,7 +5,7 @@ BIN := bin
 DATA_DIR ?= /var/lib/aenv
 export CGO_ENABLED ?= 0
 
-.PHONY: all deps build binaries base serve test unit e2e lint gen check-generated clean
+.PHONY: all deps build binaries base guest serve test unit e2e lint gen check-generated clean
 
 all: build
 
@@ -20,7 +20,12 @@ binaries:
 base: binaries
 	$(BIN)/aenv template build-base --out $(BIN)/base-rootfs
 
-build: binaries base
+# The microvm backend's guest: Debian's cloud kernel as a PVH vmlinux and a busybox initramfs
+# (fetched with apt-get download into a cache; skipped when bin/microvm is up to date).
+guest:
+	@scripts/microvm-guest.sh $(BIN)/microvm
+
+build: binaries base guest
 
 serve: deps build
 	$(BIN)/aenv serve --data-dir $(DATA_DIR) --envd $(BIN)/envd --base-rootfs $(BIN)/base-rootfs

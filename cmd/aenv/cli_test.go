@@ -60,8 +60,8 @@ func TestParseKV(t *testing.T) {
 	}
 }
 
-// node runs the real server, orchestrator and catalog over the mock backend.
-func node(t *testing.T) (string, *catalog.Catalog) {
+// mockNode runs the real server, orchestrator and catalog over the mock backend.
+func mockNode(t *testing.T) (string, *catalog.Catalog) {
 	t.Helper()
 	cat, err := catalog.Open(filepath.Join(t.TempDir(), "aenv.db"))
 	if err != nil {
@@ -113,7 +113,7 @@ func aenv(t *testing.T, url string, args ...string) (string, string, error) {
 }
 
 func TestCLIAgainstNode(t *testing.T) {
-	url, _ := node(t)
+	url, _ := mockNode(t)
 	id, _, err := aenv(t, url, "start", "-d", "--metadata", "owner=a b", "--timeout", "10m", "--env", "X=1")
 	if err != nil {
 		t.Fatal(err)
@@ -179,7 +179,7 @@ func TestCLIAgainstNode(t *testing.T) {
 }
 
 func TestCLIErrorsSayWhatToDo(t *testing.T) {
-	url, _ := node(t)
+	url, _ := mockNode(t)
 	t.Setenv("AENV_URL", url)
 	root := newRootCmd()
 	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
@@ -197,7 +197,7 @@ func TestCLIErrorsSayWhatToDo(t *testing.T) {
 }
 
 func TestKeysThroughAPIWhenCatalogIsBusy(t *testing.T) {
-	url, cat := node(t)
+	url, cat := mockNode(t)
 	// The node holds the catalog's lock, as a running `aenv serve` does.
 	dataDir := filepath.Dir(cat.Path())
 	out, _, err := aenv(t, url, "keys", "create", "ci", "--data-dir", dataDir)
@@ -266,7 +266,7 @@ func TestKeyFallsBackToAdminKeyFile(t *testing.T) {
 }
 
 func TestLoginWritesPrivateCredentials(t *testing.T) {
-	url, _ := node(t)
+	url, _ := mockNode(t)
 	cfgHome := t.TempDir()
 	t.Setenv("XDG_CONFIG_HOME", cfgHome)
 	t.Setenv("AENV_URL", "")

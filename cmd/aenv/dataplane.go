@@ -65,15 +65,6 @@ func newDataplaneCmd() *cobra.Command {
 	return cmd
 }
 
-// dataplaneCommand is how a node starts its data plane: this very binary.
-func dataplaneCommand(dir string) ([]string, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	return []string{exe, "dataplane", "--dir", dir}, nil
-}
-
 // defaultLogConfig is the log settings from AENV_* variables (the node passes its
 // environment to the data plane it starts).
 func defaultLogConfig() config.Config {

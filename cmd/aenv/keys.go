@@ -12,11 +12,12 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/server/api"
 )
 
 // catalogFile is the node's catalog inside its data directory.
-const catalogFile = "aenv.db"
+const catalogFile = node.CatalogFile
 
 // keyStore is where `aenv keys` acts: the node's catalog when it can be opened (the node
 // is stopped, or this is a fresh data dir), otherwise the running node's API.

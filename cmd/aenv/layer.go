@@ -111,7 +111,7 @@ func layerCommitCmd() *cobra.Command {
 			if _, err := os.Lstat(args[1]); err == nil {
 				return fmt.Errorf("%s already exists", args[1])
 			}
-			l, err := lsmt.OpenRW(args[0], index)
+			l, err := lsmt.OpenRWWith(args[0], index, lsmt.OpenOptions{ReadOnly: !seal})
 			if err != nil {
 				return err
 			}
@@ -272,6 +272,9 @@ type layerInfo struct {
 	Entries     int             `json:"entries"`
 	Padding     int             `json:"padding_entries"`
 	Index       []indexEntryOut `json:"index,omitempty"`
+	// Torn lists index entries whose data never reached the data file (a crash
+	// before sync); a writable open drops them.
+	Torn []int `json:"torn_entries,omitempty"`
 }
 
 type zfileInfo struct {
@@ -338,12 +341,16 @@ func inspect(path, index string) (*layerInfo, error) {
 		if index == "" {
 			index = indexPathFor(path)
 		}
-		rw, rerr := lsmt.OpenRW(path, index)
+		rw, rerr := lsmt.OpenRWWith(path, index, lsmt.OpenOptions{ReadOnly: true})
 		if rerr != nil {
-			return nil, err
+			if errors.Is(rerr, os.ErrNotExist) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w (as a writable layer: %w)", err, rerr)
 		}
 		defer rw.Close()
 		info.Kind = "rw"
+		info.Torn = rw.TornEntries()
 		info.Header = rw.Header()
 		info.VirtualSize = info.Header.VirtualSize
 		ms := rw.Mappings()
@@ -402,6 +409,9 @@ func printInfo(w io.Writer, info *layerInfo) {
 	}
 	fmt.Fprintf(w, "uuid:          %s\nparent:        %s\nuser_tag:      %q\n", orNone(h.UUID), orNone(h.ParentUUID), h.UserTag)
 	fmt.Fprintf(w, "virtual_size:  %d\nentries:       %d valid, %d padding\n", info.VirtualSize, info.Entries, info.Padding)
+	if len(info.Torn) > 0 {
+		fmt.Fprintf(w, "torn:          %d entries point past the data file (never synced), numbers %v; a writable open drops them\n", len(info.Torn), info.Torn)
+	}
 	for _, e := range info.Index {
 		z := ""
 		if e.Zeroed {
@@ -450,23 +460,7 @@ func layerCatCmd() *cobra.Command {
 				}
 				n = l
 			}
-			w := cmd.OutOrStdout()
-			buf := make([]byte, 4<<20)
-			for done := uint64(0); done < n; {
-				k := min(uint64(len(buf)), n-done)
-				got, err := r.ReadAt(buf[:k], int64(off+done))
-				if got < int(k) && err == nil {
-					err = io.ErrUnexpectedEOF
-				}
-				if err != nil && !(errors.Is(err, io.EOF) && got == int(k)) {
-					return fmt.Errorf("read at %d: %w", off+done, err)
-				}
-				if _, err := w.Write(buf[:k]); err != nil {
-					return err
-				}
-				done += k
-			}
-			return nil
+			return catRange(cmd.Context(), newCatWriter(cmd.OutOrStdout()), r, off, n)
 		},
 	}
 	c.Flags().StringVar(&offset, "offset", "0", "start offset in bytes")
@@ -483,15 +477,9 @@ func openForCat(ctx context.Context, path string) (virtualReader, uint64, func()
 		if err != nil {
 			return nil, 0, nil, err
 		}
-		// Reading must not create an upper: include it only when it exists.
-		if m.Upper != nil {
-			if _, err := os.Stat(filepath.Join(m.Dir, m.Upper.Data)); err != nil && !filepath.IsAbs(m.Upper.Data) {
-				m.Upper = nil
-			} else if _, err := os.Stat(m.Upper.Data); err != nil && filepath.IsAbs(m.Upper.Data) {
-				m.Upper = nil
-			}
-		}
-		s, err := stack.Open(ctx, m, stack.Options{})
+		// Reading must change nothing: no upper is created, an existing one is
+		// opened read-only.
+		s, err := stack.Open(ctx, m, stack.Options{ReadOnly: true})
 		if err != nil {
 			return nil, 0, nil, err
 		}

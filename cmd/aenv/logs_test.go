@@ -22,7 +22,7 @@ import (
 // start command's end is in the logs.
 func logsNode(t *testing.T) (string, *client, string) {
 	t.Helper()
-	url, cat := node(t)
+	url, cat := mockNode(t)
 	if err := cat.Templates().Put(catalog.Template{ID: "web", Kind: catalog.KindTemplate, RootFSDir: t.TempDir(),
 		StartCmd: "serve"}); err != nil {
 		t.Fatal(err)

@@ -63,6 +63,7 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(
 		newServeCmd(),
 		newDataplaneCmd(),
+		newSchedulerCmd(),
 		newStartCmd(g),
 		newListCmd(g),
 		newInfoCmd(g),

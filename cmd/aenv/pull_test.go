@@ -24,6 +24,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/image/install"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -33,11 +34,24 @@ import (
 )
 
 func pullTestLayout(t *testing.T) string {
+	return layoutOf(t, layoutFile{"hello", "hi", 0o644}, layoutFile{"bin/sh", "#!", 0o755},
+		layoutFile{"etc/passwd", "root:x:0:0::/root:/bin/sh\n", 0o644})
+}
+
+type layoutFile struct {
+	name, body string
+	mode       int64
+}
+
+// layoutOf writes a one-layer image of files to an OCI layout.
+func layoutOf(t *testing.T, files ...layoutFile) string {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	tw.WriteHeader(&tar.Header{Name: "hello", Mode: 0o644, Size: 2, Typeflag: tar.TypeReg})
-	tw.Write([]byte("hi"))
+	for _, f := range files {
+		tw.WriteHeader(&tar.Header{Name: f.name, Mode: f.mode, Size: int64(len(f.body)), Typeflag: tar.TypeReg})
+		tw.Write([]byte(f.body))
+	}
 	tw.Close()
 	b := buf.Bytes()
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
@@ -124,7 +138,7 @@ func pullNode(t *testing.T) (string, *catalog.Catalog) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cat.Close() })
-	if err := cat.Templates().Put(catalog.Template{ID: baseTemplateID, Kind: catalog.KindTemplate, RootFSDir: t.TempDir()}); err != nil {
+	if err := cat.Templates().Put(catalog.Template{ID: node.BaseTemplateID, Kind: catalog.KindTemplate, RootFSDir: t.TempDir()}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cat.APIKeys().Add("test", testKey); err != nil {
@@ -149,7 +163,7 @@ func pullNode(t *testing.T) (string, *catalog.Catalog) {
 	}
 	t.Cleanup(builds.Close)
 	srv, err := server.New(server.Options{Orchestrator: orch, Auth: apikey.NewVerifier(cat.APIKeys()), Builds: builds,
-		Pulls:    &server.Puller{Templates: cat.Templates(), DataDir: data, CanConvert: func() bool { return layeredTemplate(cat, baseTemplateID) }},
+		Pulls:    &server.Puller{Templates: cat.Templates(), DataDir: data, CanConvert: func() bool { return node.LayeredTemplate(cat, node.BaseTemplateID) }},
 		Registry: reg})
 	if err != nil {
 		t.Fatal(err)
@@ -208,6 +222,8 @@ func TestPullThroughNode(t *testing.T) {
 		{[]string{"pull", "127.0.0.1:1/nobody:v1", "--name", "x"}, "connection refused"},
 		{[]string{"pull", ref, "--docker-config", "/dev/null"}, "--docker-config"},
 		{[]string{"pull", ref, "--name", "x", "--user", "ghost"}, `unknown user: "ghost" has no account`},
+		{[]string{"pull", "oci:" + layoutOf(t, layoutFile{"etc/passwd", "root:x:0:0::/root:/bin/sh\n", 0o644}), "--name", "x"},
+			"no /bin/sh"},
 	} {
 		if _, _, err := aenv(t, url, tc.args...); err == nil || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("aenv %q: err = %v, want it to mention %q", tc.args, err, tc.msg)

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,30 +9,14 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
 	"github.com/aenv-dev/aenv/internal/apikey"
-	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/config"
-	"github.com/aenv-dev/aenv/internal/network"
-	"github.com/aenv-dev/aenv/internal/orchestrator"
-	"github.com/aenv-dev/aenv/internal/rootfs"
-	"github.com/aenv-dev/aenv/internal/sandbox"
-	"github.com/aenv-dev/aenv/internal/sandbox/oci"
-	"github.com/aenv-dev/aenv/internal/server"
-	"github.com/aenv-dev/aenv/internal/template/base"
-	"github.com/aenv-dev/aenv/internal/template/build"
-	"github.com/aenv-dev/aenv/internal/template/layered"
+	"github.com/aenv-dev/aenv/internal/node"
 )
-
-// baseTemplateID is the template the SDKs create from by default.
-const baseTemplateID = "base"
 
 func newServeCmd() *cobra.Command {
 	var (
@@ -100,19 +82,13 @@ func newLogger(cfg config.Config) *slog.Logger {
 func serve(ctx context.Context, cfg config.Config) error {
 	log := newLogger(cfg)
 	slog.SetDefault(log)
-	// Sandbox roots (in user namespaces) must traverse the data dir to their rootfs.
-	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
-		return fmt.Errorf("create the data directory: %w", err)
+	// Bind before anything is started, so a port conflict fails early; but only once a
+	// predecessor killed half-way (a zombie still holding the port and the catalog) has
+	// been cleared.
+	if err := node.ClearStaleHolder(ctx, cfg.DataDir, log); err != nil {
+		return err
 	}
-	// The catalog first: a predecessor killed half-way (a zombie still holding the port and
-	// the catalog) is cleared there, and only then is the port bound.
-	cat, err := openCatalog(ctx, cfg.DataDir, filepath.Join(cfg.DataDir, catalogFile), log)
-	if err != nil {
-		return fmt.Errorf("%w (is another `aenv serve` using %s?)", err, cfg.DataDir)
-	}
-	defer cat.Close()
-	// Bind before anything is started, so a port conflict fails early.
-	ln, err := listen(ctx, cfg.Listen)
+	ln, err := node.Listen(ctx, cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (set --listen or AENV_LISTEN)", cfg.Listen, err)
 	}
@@ -125,160 +101,15 @@ func serve(ctx context.Context, cfg config.Config) error {
 		defer stop()
 	}
 
-	boot, err := apikey.Bootstrap(ctx, cat.APIKeys(), cfg.DataDir, cfg.APIKey)
+	n, err := node.Open(ctx, cfg, node.Options{Logger: log})
 	if err != nil {
 		return err
 	}
-	switch {
-	case boot.Explicit:
-		log.Info("API key from AENV_API_KEY is active")
-		if !apikey.E2BCompatible(cfg.APIKey) {
-			log.Warn("AENV_API_KEY is not e2b_ + lowercase hex: the E2B Python SDK rejects it unless E2B_VALIDATE_API_KEY=false")
-		}
-	case boot.Created:
-		fmt.Fprintf(os.Stderr, "aenv: generated the admin API key; it is in %s (export E2B_API_KEY=$(cat %[1]s))\n", boot.Path)
-	case boot.Path != "":
-		fmt.Fprintf(os.Stderr, "aenv: the admin API key is in %s\n", boot.Path)
-	}
+	defer n.Close(ctx)
+	announceAPIKey(n.APIKey, cfg, log)
 
-	envd, err := findEnvd(cfg.Envd.Path)
-	if err != nil {
-		return err
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	repo, err := openRepository(ctx, cfg, reg, log)
-	if err != nil {
-		return err
-	}
-	defer repo.Close()
-
-	var dp *nodeDataPlane
-	var dpc oci.DataPlane
-	if cfg.Backend.DataPlane {
-		if dp, err = startDataPlane(ctx, cfg, log); err != nil {
-			return err
-		}
-		dpc = dp.Client
-	}
-	backend, err := oci.New(ctx, oci.Config{
-		DataDir:         filepath.Join(cfg.DataDir, "oci"),
-		EnvdPath:        envd,
-		Runtime:         cfg.Backend.Runtime,
-		Logger:          log.With("component", "oci"),
-		CgroupParent:    cfg.Backend.CgroupParent,
-		SnapshotQuiesce: cfg.Snapshot.Quiesce,
-		LayerResolver:   repo.layers,
-		DataPlane:       dpc,
-		Network: network.Config{
-			Bridge:   cfg.Network.Bridge,
-			Subnet:   cfg.Network.Subnet,
-			Prefix:   cfg.Network.Prefix,
-			PoolSize: cfg.Network.PoolSize,
-		},
-	})
-	if err != nil {
-		if errors.Is(err, oci.ErrNoRuntime) {
-			return fmt.Errorf("no OCI runtime can start a container on this host: %w "+
-				"(install runc: `apt-get install runc`, run as root, or choose one with backend.runtime / AENV_BACKEND_RUNTIME)", err)
-		}
-		return fmt.Errorf("start the oci backend: %w", err)
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if err := backend.Close(cctx); err != nil {
-			log.Warn("close the oci backend", "err", err)
-		}
-		if dp != nil {
-			dp.stopIfIdle(cctx)
-		}
-	}()
-
-	// The publisher closes after the orchestrator's shutdown (which unpins) and before
-	// the backend and the catalog its sync writes to.
-	var orch *orchestrator.Orchestrator
-	pub, pins, err := openPublisher(cfg, cat, repo, log, func() *orchestrator.Orchestrator { return orch })
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
-
-	orch, err = orchestrator.New(orchestrator.Config{
-		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration,
-		MaxTimeout:     cfg.Sandbox.MaxTimeout.Duration,
-		DefaultResources: sandbox.Resources{
-			CPUCount: cfg.Sandbox.DefaultCPU, MemoryMB: cfg.Sandbox.DefaultMemoryMB, DiskSizeMB: cfg.Sandbox.DefaultDiskMB,
-		},
-		MaxSandboxes:     cfg.Sandbox.MaxSandboxes,
-		EnvdReadyTimeout: cfg.Envd.ReadyTimeout.Duration,
-		EnvdVersion:      cfg.Envd.Version,
-		ShutdownAction:   orchestrator.ShutdownAction(cfg.Sandbox.ShutdownAction),
-		Registerer:       reg,
-		Logger:           log,
-	}, backend, cat, orchestrator.WithTemplateRootFS(rootfs.TemplateRootFS), orchestrator.WithPublisher(pub, pins))
-	if err != nil {
-		return err
-	}
-	if err := orch.Start(ctx); err != nil {
-		return fmt.Errorf("reconcile sandboxes: %w", err)
-	}
-	if dp != nil {
-		wctx, stopWatch := context.WithCancel(ctx)
-		defer stopWatch()
-		go dp.watch(wctx, backend.OnDataPlane, func(ids []string) {
-			lctx := context.WithoutCancel(wctx)
-			if err := backend.DataPlaneLost(lctx); err != nil {
-				log.Warn("drop warm containers on layered roots", "err", err)
-			}
-			orch.DropLost(lctx, ids, "data plane died")
-		})
-	}
-	if err := pub.Start(ctx); err != nil {
-		return fmt.Errorf("start the snapshot publisher: %w", err)
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-		defer cancel()
-		if err := orch.Shutdown(sctx); err != nil {
-			log.Error("shutdown sandboxes", "err", err)
-		}
-	}()
-
-	if err := ensureBaseTemplate(ctx, cat, cfg, log); err != nil {
-		return err
-	}
-
-	// Builds run in sandboxes of this node; Close cancels running ones (they end in error).
-	builds, err := build.New(build.Config{DataDir: cfg.DataDir, Publisher: pub, Logger: log, Registerer: reg}, orch, cat.Templates())
-	if err != nil {
-		return fmt.Errorf("start the template builder: %w", err)
-	}
-	defer builds.Close()
-
-	// `aenv pull` goes through here while the node holds the catalog lock.
-	pulls := &server.Puller{Templates: cat.Templates(), DataDir: cfg.DataDir,
-		CanConvert: func() bool { return layeredTemplate(cat, baseTemplateID) },
-		Publisher:  pub, InUse: orch.UsesRootFSDir, Retired: builds.Retired, Log: log}
-	srv, err := server.New(server.Options{
-		Orchestrator:     orch,
-		Builds:           builds,
-		Pulls:            pulls,
-		Auth:             apikey.NewVerifier(cat.APIKeys()),
-		Keys:             cat.APIKeys(),
-		Domains:          cfg.Proxy.Domains,
-		Registry:         reg,
-		DefaultTimeout:   cfg.Sandbox.DefaultTimeout.Duration,
-		DefaultTimeoutV1: cfg.Sandbox.DefaultTimeoutV1.Duration,
-		MaxTimeout:       cfg.Sandbox.MaxTimeout.Duration,
-		Logger:           log,
-	})
-	if err != nil {
-		return err
-	}
 	httpSrv := &http.Server{
-		Handler: srv,
+		Handler: n.Handler,
 		// No read/write timeouts: envd streams (background commands, PTYs) live for hours.
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -286,8 +117,7 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- httpSrv.Serve(ln) }()
-	log.Info("aenv serving", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "runtime", backend.Runtime(),
-		"userns", backend.UserNamespaces())
+	log.Info("aenv serving", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "backend", n.Backend.Name())
 	fmt.Fprintf(os.Stderr, "aenv: serving on http://%s\n", ln.Addr())
 	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
 		log.Warn("the API is reachable from the network over plain HTTP; put a TLS-terminating proxy in front", "listen", ln.Addr().String())
@@ -306,6 +136,21 @@ func serve(ctx context.Context, cfg config.Config) error {
 		httpSrv.Close()
 	}
 	return nil
+}
+
+// announceAPIKey tells the operator where the admin API key is.
+func announceAPIKey(boot apikey.Bootstrapped, cfg config.Config, log *slog.Logger) {
+	switch {
+	case boot.Explicit:
+		log.Info("API key from AENV_API_KEY is active")
+		if !apikey.E2BCompatible(cfg.APIKey) {
+			log.Warn("AENV_API_KEY is not e2b_ + lowercase hex: the E2B Python SDK rejects it unless E2B_VALIDATE_API_KEY=false")
+		}
+	case boot.Created:
+		fmt.Fprintf(os.Stderr, "aenv: generated the admin API key; it is in %s (export E2B_API_KEY=$(cat %[1]s))\n", boot.Path)
+	case boot.Path != "":
+		fmt.Fprintf(os.Stderr, "aenv: the admin API key is in %s\n", boot.Path)
+	}
 }
 
 // serveDebug serves net/http/pprof on addr until stop is called. It uses its own mux, not
@@ -332,144 +177,4 @@ func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
 		log.Warn("the pprof debug listener is reachable from the network; profiles reveal memory contents", "listen", ln.Addr().String())
 	}
 	return func() { srv.Close() }, nil
-}
-
-// findEnvd resolves the envd binary: the configured path, else "envd" next to aenv.
-func findEnvd(path string) (string, error) {
-	if path == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return "", fmt.Errorf("locate envd: %w (pass --envd)", err)
-		}
-		path = filepath.Join(filepath.Dir(exe), "envd")
-	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return "", err
-	}
-	fi, err := os.Stat(abs)
-	if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		return "", fmt.Errorf("envd binary %s is missing or not executable (build it with `make binaries`, or pass --envd / set AENV_ENVD_PATH)", abs)
-	}
-	return abs, nil
-}
-
-// ensureBaseTemplate makes sure the "base" template exists, so Sandbox.create() with the
-// SDK's default template works on a fresh node: it installs the prebuilt rootfs given by
-// templates.base_rootfs (copied into the data dir, so the node does not depend on a build
-// tree) or builds one from the host's static binaries. It then makes the layered form of
-// that rootfs (one sealed ext4 layer), so base sandboxes run on block roots that can be
-// snapshotted, forked and paused to disk; where that cannot be made (no mkfs.ext4) base
-// stays a directory template and those operations answer 501.
-func ensureBaseTemplate(ctx context.Context, cat *catalog.Catalog, cfg config.Config, log *slog.Logger) error {
-	dir := filepath.Join(cfg.DataDir, "templates", baseTemplateID, "rootfs")
-	t, err := cat.Templates().Get(baseTemplateID)
-	switch {
-	case err == nil && base.Built(t.RootFSDir):
-		dir = t.RootFSDir
-	case err == nil || errors.Is(err, catalog.ErrNotFound):
-		if err == nil {
-			// Missing, or built by an older aenv: sandboxes already running keep the old
-			// tree's inodes, new ones get the new build.
-			log.Warn("base template's rootfs is missing or outdated; reinstalling it", "dir", t.RootFSDir)
-		}
-		if err := installBaseRootFS(ctx, cfg, dir, log); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("look up the base template: %w", err)
-	}
-	var art json.RawMessage
-	if cfg.Templates.LayeredBase {
-		art = layeredBase(ctx, cfg, dir, log)
-	}
-	if t.RootFSDir == dir && bytes.Equal(t.Artifact, art) {
-		return nil
-	}
-	if err := cat.Templates().Put(catalog.Template{
-		ID:             baseTemplateID,
-		Kind:           catalog.KindTemplate,
-		RootFSDir:      dir,
-		DefaultUser:    "user",
-		DefaultWorkdir: "/home/user",
-		Artifact:       art,
-		CreatedAt:      t.CreatedAt,
-	}); err != nil {
-		return fmt.Errorf("register the base template: %w", err)
-	}
-	log.Info("base template ready", "dir", dir, "layered", art != nil)
-	return nil
-}
-
-// installBaseRootFS puts a finished base rootfs at dir.
-func installBaseRootFS(ctx context.Context, cfg config.Config, dir string, log *slog.Logger) error {
-	if src := cfg.Templates.BaseRootFS; src != "" {
-		if !base.Built(src) {
-			return fmt.Errorf("--base-rootfs %s is not a finished base build (run `aenv template build-base --out %[1]s`)", src)
-		}
-		if err := copyTree(ctx, src, dir); err != nil {
-			return fmt.Errorf("install the base rootfs from %s: %w", src, err)
-		}
-		return nil
-	}
-	log.Info("building the base template", "dir", dir)
-	if err := base.Build(ctx, base.Options{Out: dir}); err != nil {
-		return fmt.Errorf("build the base template: %w (or pass --base-rootfs)", err)
-	}
-	return nil
-}
-
-// layeredBase returns the base template's layered artifact (made once per rootfs version
-// and disk size, and checked to mount through FUSE and a loop device on this host), or
-// nil, with a warning, where it cannot be made or used.
-func layeredBase(ctx context.Context, cfg config.Config, dir string, log *slog.Logger) json.RawMessage {
-	out := filepath.Join(cfg.DataDir, "templates", baseTemplateID, "layered")
-	res, err := layered.Build(ctx, dir, out, cfg.Sandbox.DefaultDiskMB)
-	if err == nil {
-		err = layered.Verify(ctx, res.Manifest, filepath.Join(out, ".verify"))
-	}
-	if err != nil {
-		log.Warn("base template stays a directory template: snapshot, fork and pause to disk of its sandboxes are unavailable",
-			"err", err)
-		return nil
-	}
-	if res.Built {
-		log.Info("built the layered base template", "dir", out, "elapsed", res.Elapsed.Round(time.Millisecond))
-	}
-	return res.Artifact
-}
-
-// copyTree copies src to dst with `cp -a` (ownership, modes, links and devices as they
-// are), through a temporary sibling so dst is either complete or absent.
-func copyTree(ctx context.Context, src, dst string) error {
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return err
-	}
-	tmp := dst + ".tmp"
-	if err := os.RemoveAll(tmp); err != nil {
-		return err
-	}
-	if out, err := exec.CommandContext(ctx, "cp", "-a", src, tmp).CombinedOutput(); err != nil {
-		os.RemoveAll(tmp)
-		return fmt.Errorf("cp -a: %w: %s", err, out)
-	}
-	if err := os.RemoveAll(dst); err != nil {
-		return err
-	}
-	return os.Rename(tmp, dst)
-}
-
-// layeredTemplate reports whether template id runs on layered block roots, which is
-// what makes converting pulled images worth its cost on this node.
-func layeredTemplate(cat *catalog.Catalog, id string) bool {
-	t, err := cat.Templates().Get(id)
-	if err != nil {
-		return false
-	}
-	var a struct {
-		Overlaybd *struct {
-			Layers []json.RawMessage `json:"layers"`
-		} `json:"overlaybd"`
-	}
-	return json.Unmarshal(t.Artifact, &a) == nil && a.Overlaybd != nil && len(a.Overlaybd.Layers) > 0
 }

@@ -167,7 +167,7 @@ func TestSnapshotAndForkCLI(t *testing.T) {
 }
 
 func TestSnapshotCLIWhereUnsupported(t *testing.T) {
-	url, _ := node(t) // the mock without snapshot support answers 501
+	url, _ := mockNode(t) // the mock without snapshot support answers 501
 	id := strings.TrimSpace(mustAenv(t, url, "start", "-d"))
 	for _, args := range [][]string{{"snapshot", "create", id}, {"fork", id, "-n", "2"}} {
 		_, _, err := aenv(t, url, args...)

@@ -41,6 +41,7 @@ func run() error {
 		group       = flag.String("group", "/etc/group", "group file supplementary groups are read from")
 		grace       = flag.Duration("shutdown-grace", 5*time.Second, "on SIGTERM/SIGINT, how long processes get before SIGKILL")
 		subreaper   = flag.Bool("subreaper", true, "when not PID 1, adopt and reap orphaned descendants (PR_SET_CHILD_SUBREAPER)")
+		setClock    = flag.Bool("set-clock", false, "let POST /init set the system clock forward from its timestamp (VM guests)")
 		verbose     = flag.Bool("v", false, "log every request")
 		version     = flag.Bool("version", false, "print the envd protocol version and exit")
 	)
@@ -87,6 +88,7 @@ func run() error {
 		Waiter:   waiter,
 		Logger:   log,
 		RunDir:   runDir,
+		SetClock: *setClock,
 	})
 	var handler http.Handler = srv
 	if *verbose {

@@ -221,8 +221,13 @@ type CommandResult struct {
 // through envd's process.Process/Start stream via the node's proxy, and returns once the
 // end event arrives.
 func (c *Client) Run(ctx context.Context, sb Sandbox, cmdline string) (CommandResult, error) {
+	return c.RunAs(ctx, sb, "", cmdline)
+}
+
+// RunAs is Run as user (the sandbox's default user when empty).
+func (c *Client) RunAs(ctx context.Context, sb Sandbox, user, cmdline string) (CommandResult, error) {
 	envd := envdclient.New(c.http, c.base, envdclient.WithSandbox(sb.ID, envdPort), envdclient.WithAccessToken(sb.Token))
-	p, err := envd.Start(ctx, envdclient.Command{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmdline}})
+	p, err := envd.Start(ctx, envdclient.Command{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmdline}, User: user})
 	if errors.Is(err, envdclient.ErrNoStart) {
 		return CommandResult{}, fmt.Errorf("%q in %s: stream ended without an end event", cmdline, sb.ID)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -235,10 +236,21 @@ func (d *RemoteDisk) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	err := d.c.Close(ctx, d.info.Dir)
-	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, os.ErrNotExist) {
+	if err == nil || errors.Is(err, ErrNotFound) || gone(err) {
 		return nil
 	}
 	return err
+}
+
+// gone reports whether err means no data plane answers any more (none listens, or the
+// one that did died during the call).
+func gone(err error) bool {
+	for _, e := range []error{syscall.ECONNREFUSED, os.ErrNotExist, io.EOF, io.ErrUnexpectedEOF, syscall.ECONNRESET, syscall.EPIPE} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // BeginSnapshot starts a snapshot on a connection of its own; the data plane ends it if

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/aenv-dev/aenv/internal/envd/files"
 	"github.com/aenv-dev/aenv/internal/envd/state"
 )
@@ -50,7 +52,11 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 	if req.Timestamp != nil {
 		in.Timestamp = *req.Timestamp
 	}
-	if s.defaults.Apply(in) && s.cfg.RunDir != "" {
+	applied := s.defaults.Apply(in)
+	if applied && s.cfg.SetClock && req.Timestamp != nil {
+		s.setClock(*req.Timestamp)
+	}
+	if applied && s.cfg.RunDir != "" {
 		for _, k := range []string{"E2B_SANDBOX_ID", "E2B_TEMPLATE_ID"} {
 			if v, ok := req.EnvVars[k]; ok {
 				_ = os.MkdirAll(s.cfg.RunDir, 0o755)
@@ -61,4 +67,20 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Envd-Version", Version)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// setClock moves the system clock forward to ts when it is behind. It never moves it back:
+// ts was taken before the request was sent, so a clock that is ahead by less than the
+// request's latency is right.
+func (s *Server) setClock(ts time.Time) {
+	now := time.Now()
+	if !ts.After(now) {
+		return
+	}
+	tv := unix.NsecToTimeval(ts.UnixNano())
+	if err := unix.Settimeofday(&tv); err != nil {
+		s.cfg.Logger.Warn("envd: set clock", "behind", ts.Sub(now), "err", err)
+		return
+	}
+	s.cfg.Logger.Info("envd: clock set", "was_behind", ts.Sub(now))
 }

@@ -31,6 +31,10 @@ type Config struct {
 	RunDir string
 	// DiskPath is the filesystem /metrics reports (default "/").
 	DiskPath string
+	// SetClock makes /init set the system clock from the request's timestamp when the
+	// clock is behind it: a VM's clock lags after a restore by the snapshot's age (and
+	// starts from the RTC's whole seconds at boot). Containers share the host's clock.
+	SetClock bool
 }
 
 // Server is envd's HTTP handler.

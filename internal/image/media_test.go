@@ -33,7 +33,8 @@ func TestLayerEncodings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw := static.NewLayer(tarOf(t, ent{name: "raw", body: "r"}), types.OCIUncompressedLayer)
+	raw := static.NewLayer(tarOf(t, ent{name: "raw", body: "r"}, ent{name: "bin/sh", body: "#!", mode: 0o755},
+		ent{name: "etc/passwd", body: "root:x:0:0::/root:/bin/sh\n"}), types.OCIUncompressedLayer)
 	img, err := mutate.AppendLayers(empty.Image, gz, zs, raw)
 	if err != nil {
 		t.Fatal(err)

@@ -1,15 +1,15 @@
 package image
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path"
-	"strconv"
+	"slices"
 	"strings"
+
+	"github.com/aenv-dev/aenv/internal/image/unpack"
 )
 
 // DefaultUser is the account the E2B SDKs and envd run commands as; its home
@@ -24,16 +24,35 @@ const EnvdMountpoint = ".aenv/envd"
 // E2B's images and most distributions' first user).
 const firstUID = 1000
 
-// prepareRootFS makes an unpacked image usable as a sandbox root: the
-// directories every container runtime mounts over, the envd mount point, and
-// the default user with its home. All edits go through os.Root, so links in
-// the image cannot redirect them outside the rootfs. It returns the user's uid.
-func prepareRootFS(rootfs, user string) (int, error) {
-	r, err := os.OpenRoot(rootfs)
+// ErrUnusableImage marks an image that cannot be a sandbox root (no /etc/passwd, no
+// /bin/sh, no place for the default user's home, account files envd cannot read): the
+// template is refused when it is pulled or built, never at create.
+var ErrUnusableImage = errors.New("the image cannot run sandboxes")
+
+// PrepareVersion names what PrepareRootFS does; converted images key their last layer
+// (the one PrepareRootFS writes) on it, so bump it when PrepareRootFS's output changes.
+const PrepareVersion = "aenv-prepare-1"
+
+// runtimeMounts are the directories every sandbox runtime mounts over; nothing the
+// image keeps there is visible in a sandbox.
+var runtimeMounts = []string{"proc", "sys", "dev"}
+
+// PrepareRootFS makes an image's root (an unpacked directory, or a converted image's
+// mounted filesystem) usable as a sandbox root: the directories every container runtime
+// mounts over, the envd mount point, and the account user (uid 1000 when free, else the
+// next free one; home /home/<user> owned by it; login shell bash when the image has one,
+// else sh) unless the image has it. Every edit goes through os.Root with chroot
+// semantics for links, so links in the image cannot redirect them outside root. It
+// returns the user's uid; an image that cannot run sandboxes is ErrUnusableImage.
+func PrepareRootFS(root, user string) (int, error) {
+	r, err := os.OpenRoot(root)
 	if err != nil {
 		return 0, err
 	}
 	defer r.Close()
+	if !executable(r, "bin/sh") {
+		return 0, fmt.Errorf("%w: it has no /bin/sh, which envd runs commands with", ErrUnusableImage)
+	}
 	for _, d := range []struct {
 		p    string
 		mode fs.FileMode
@@ -63,179 +82,112 @@ func prepareRootFS(rootfs, user string) (int, error) {
 	return ensureUser(r, user)
 }
 
-// ensureUser adds user to /etc/passwd, /etc/group (and /etc/shadow when the
-// image has one) unless it exists, and creates its home owned by it.
+// executable reports whether p (root-relative) resolves inside r to an executable file.
+func executable(r *os.Root, p string) bool {
+	rel, err := unpack.Resolve(r, p)
+	if err != nil {
+		return false
+	}
+	fi, err := r.Lstat(rel)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
+}
+
+// accountsFile reads /etc/<name> with links resolved as in the sandbox.
+func accountsFile(r *os.Root, name string) (accounts, error) {
+	rel, err := unpack.Resolve(r, "etc/"+name)
+	if err != nil {
+		return accounts{}, fmt.Errorf("%w: /etc/%s: %v", ErrUnusableImage, name, err)
+	}
+	return readAccounts(r, rel)
+}
+
+// ensureUser adds user to /etc/passwd, /etc/group (and /etc/shadow when the image has
+// one) unless it has a usable entry, and makes its home.
 func ensureUser(r *os.Root, user string) (int, error) {
-	passwd, err := readOptional(r, "etc/passwd")
+	passwd, err := accountsFile(r, "passwd")
 	if err != nil {
 		return 0, err
 	}
-	group, err := readOptional(r, "etc/group")
+	if !passwd.exist {
+		return 0, fmt.Errorf("%w: it has no /etc/passwd, so no user (not even root) can run commands", ErrUnusableImage)
+	}
+	group, err := accountsFile(r, "group")
 	if err != nil {
 		return 0, err
+	}
+	if acct, ok := passwd.lookup(user, false); ok {
+		if !path.IsAbs(acct.home) {
+			return acct.uid, nil // the image's own account; envd uses its home as it is
+		}
+		return acct.uid, makeHome(r, acct.home, acct.uid, acct.gid, false)
+	}
+	used, gids := passwd.ids(2), group.ids(2)
+	uid := firstUID
+	for used[uid] || gids[uid] {
+		uid++
+	}
+	gid, hasGroup := group.groupID(user)
+	if !hasGroup {
+		gid = uid
+	}
+	shell := "/bin/sh"
+	if executable(r, "bin/bash") {
+		shell = "/bin/bash"
 	}
 	home := "/home/" + user
-	uid, gid, found := lookupUser(passwd, user)
-	if found {
-		if h := userHome(passwd, user); h != "" {
-			home = h
-		}
-	} else {
-		used := ids(passwd, 2)
-		gids := ids(group, 2)
-		uid = firstUID
-		for used[uid] || gids[uid] {
-			uid++
-		}
-		gid = uid
-		if g, ok := lookupGroup(group, user); ok {
-			gid = g
-		}
-		shell := "/bin/sh"
-		if _, err := r.Stat("bin/bash"); err == nil {
-			shell = "/bin/bash"
-		}
-		if err := appendLine(r, "etc/passwd", passwd, fmt.Sprintf("%s:x:%d:%d::%s:%s", user, uid, gid, home, shell)); err != nil {
+	if err := passwd.add(r, fmt.Sprintf("%s:x:%d:%d::%s:%s", user, uid, gid, home, shell)); err != nil {
+		return 0, err
+	}
+	if !hasGroup {
+		if err := group.add(r, fmt.Sprintf("%s:x:%d:", user, gid)); err != nil {
 			return 0, err
 		}
-		if _, ok := lookupGroup(group, user); !ok {
-			if err := appendLine(r, "etc/group", group, fmt.Sprintf("%s:x:%d:", user, gid)); err != nil {
-				return 0, err
-			}
-		}
-		if shadow, err := r.ReadFile("etc/shadow"); err == nil && !hasEntry(shadow, user) {
-			if err := appendLine(r, "etc/shadow", shadow, user+":*:19000:0:99999:7:::"); err != nil {
-				return 0, err
-			}
+	}
+	shadow, err := accountsFile(r, "shadow")
+	if err != nil {
+		return 0, err
+	}
+	if shadow.exist && !shadow.has(user) {
+		if err := shadow.add(r, user+":*:19000:0:99999:7:::"); err != nil {
+			return 0, err
 		}
 	}
-	h := strings.TrimPrefix(path.Clean(home), "/")
-	if h == "" || h == "." {
-		return uid, nil
+	return uid, makeHome(r, home, uid, gid, true)
+}
+
+// makeHome makes the directory home (absolute, resolved as in the sandbox) when it is
+// missing, owned by uid:gid; own also gives an existing one to uid:gid (a new account's
+// home the image already had).
+func makeHome(r *os.Root, home string, uid, gid int, own bool) error {
+	h, err := unpack.Resolve(r, home)
+	if err != nil {
+		return fmt.Errorf("%w: home %s: %v", ErrUnusableImage, home, err)
 	}
-	if _, err := r.Lstat(h); errors.Is(err, fs.ErrNotExist) {
+	top, _, _ := strings.Cut(h, "/")
+	if h == "" || slices.Contains(runtimeMounts, top) {
+		return fmt.Errorf("%w: home %s resolves to /%s, which is not the image's to keep", ErrUnusableImage, home, h)
+	}
+	fi, err := r.Lstat(h)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		if err := r.MkdirAll(h, 0o755); err != nil {
-			return 0, fmt.Errorf("rootfs: home %s: %w", home, err)
+			return fmt.Errorf("%w: home %s cannot be made (is /home read-only or not a directory?): %v", ErrUnusableImage, home, err)
 		}
 		if err := r.Chmod(h, 0o755); err != nil {
-			return 0, err
+			return fmt.Errorf("rootfs: home %s: %w", home, err)
 		}
-		if os.Geteuid() == 0 {
-			if err := r.Lchown(h, uid, gid); err != nil {
-				return 0, fmt.Errorf("rootfs: home %s: %w", home, err)
-			}
+		own = true
+	case err != nil:
+		return fmt.Errorf("rootfs: home %s: %w", home, err)
+	case !fi.IsDir():
+		return fmt.Errorf("%w: home %s is not a directory", ErrUnusableImage, home)
+	}
+	if own && os.Geteuid() == 0 {
+		if err := r.Lchown(h, uid, gid); err != nil {
+			return fmt.Errorf("rootfs: home %s: %w", home, err)
 		}
-	}
-	return uid, nil
-}
-
-func readOptional(r *os.Root, p string) ([]byte, error) {
-	b, err := r.ReadFile(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("rootfs: read /%s: %w", p, err)
-	}
-	return b, nil
-}
-
-func appendLine(r *os.Root, p string, old []byte, line string) error {
-	var buf bytes.Buffer
-	buf.Write(old)
-	if len(old) > 0 && old[len(old)-1] != '\n' {
-		buf.WriteByte('\n')
-	}
-	buf.WriteString(line + "\n")
-	mode := fs.FileMode(0o644)
-	if fi, err := r.Stat(p); err == nil {
-		mode = fi.Mode().Perm()
-	}
-	// Replace rather than append in place: the file may be a hard link shared
-	// with another path in the image.
-	tmp := p + ".aenv-tmp"
-	if err := r.WriteFile(tmp, buf.Bytes(), mode); err != nil {
-		return fmt.Errorf("rootfs: write /%s: %w", p, err)
-	}
-	if err := r.Rename(tmp, p); err != nil {
-		r.Remove(tmp)
-		return fmt.Errorf("rootfs: write /%s: %w", p, err)
 	}
 	return nil
-}
-
-func fields(b []byte, fn func(f []string) bool) {
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		if !fn(strings.Split(line, ":")) {
-			return
-		}
-	}
-}
-
-func lookupUser(passwd []byte, user string) (uid, gid int, ok bool) {
-	fields(passwd, func(f []string) bool {
-		if len(f) >= 4 && f[0] == user {
-			u, e1 := strconv.Atoi(f[2])
-			g, e2 := strconv.Atoi(f[3])
-			if e1 == nil && e2 == nil {
-				uid, gid, ok = u, g, true
-				return false
-			}
-		}
-		return true
-	})
-	return uid, gid, ok
-}
-
-func userHome(passwd []byte, user string) (home string) {
-	fields(passwd, func(f []string) bool {
-		if len(f) >= 6 && f[0] == user {
-			home = f[5]
-			return false
-		}
-		return true
-	})
-	return home
-}
-
-func lookupGroup(group []byte, name string) (gid int, ok bool) {
-	fields(group, func(f []string) bool {
-		if len(f) >= 3 && f[0] == name {
-			if g, err := strconv.Atoi(f[2]); err == nil {
-				gid, ok = g, true
-				return false
-			}
-		}
-		return true
-	})
-	return gid, ok
-}
-
-func hasEntry(b []byte, name string) (found bool) {
-	fields(b, func(f []string) bool {
-		found = f[0] == name
-		return !found
-	})
-	return found
-}
-
-// ids collects the numeric field col of an /etc/passwd- or group-style file.
-func ids(b []byte, col int) map[int]bool {
-	out := map[int]bool{}
-	fields(b, func(f []string) bool {
-		if len(f) > col {
-			if n, err := strconv.Atoi(f[col]); err == nil {
-				out[n] = true
-			}
-		}
-		return true
-	})
-	return out
 }
 
 // AccountName resolves an image's USER (a name or a uid, optionally with ":group") to the
@@ -252,17 +204,10 @@ func AccountName(rootfs, user string) (string, bool, error) {
 		return "", false, err
 	}
 	defer r.Close()
-	passwd, err := readOptional(r, "etc/passwd")
+	passwd, err := accountsFile(r, "passwd")
 	if err != nil {
 		return "", false, err
 	}
-	var name string
-	fields(passwd, func(f []string) bool {
-		if len(f) >= 3 && f[0] != "" && (f[0] == u || f[2] == u) {
-			name = f[0]
-			return false
-		}
-		return true
-	})
-	return name, name != "", nil
+	acct, ok := passwd.lookup(u, true)
+	return acct.name, ok, nil
 }

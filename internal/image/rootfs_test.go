@@ -3,6 +3,7 @@ package image
 import (
 	"archive/tar"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,30 +16,53 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 )
 
+// TestEnsureUser: the account `user` is added when the image has no usable entry for it
+// (uid 1000 when free, else the next; bash when the image has it, else sh; home owned by
+// it), and an image's own entry is kept. Lines envd would skip (too few fields, a
+// non-numeric id) do not count as the account.
 func TestEnsureUser(t *testing.T) {
+	const root0 = "root:x:0:0::/root:/bin/sh\n"
 	cases := []struct {
 		name          string
 		passwd, group string
+		files         map[string]string // extra files; "->x" makes a symlink to x, "/" a directory
 		wantUID       int
 		wantPasswd    string // a line that must be in /etc/passwd afterwards
 		wantGroupLine string
 		wantHome      string
 	}{
-		{name: "fresh", passwd: "root:x:0:0::/root:/bin/sh\n", group: "root:x:0:\n", wantUID: 1000,
+		{name: "fresh", passwd: root0, group: "root:x:0:\n", wantUID: 1000,
 			wantPasswd: "user:x:1000:1000::/home/user:/bin/sh", wantGroupLine: "user:x:1000:", wantHome: "home/user"},
-		{name: "uid-1000-taken", passwd: "root:x:0:0::/root:/bin/sh\nubuntu:x:1000:1000::/home/ubuntu:/bin/bash\n",
+		{name: "uid-1000-taken", passwd: root0 + "ubuntu:x:1000:1000::/home/ubuntu:/bin/bash\n",
 			group: "root:x:0:\nubuntu:x:1000:\n", wantUID: 1001,
 			wantPasswd: "user:x:1001:1001::/home/user:/bin/sh", wantGroupLine: "user:x:1001:", wantHome: "home/user"},
-		{name: "exists", passwd: "root:x:0:0::/root:/bin/sh\nuser:x:2000:2000::/work:/bin/sh", group: "user:x:2000:\n",
+		{name: "gid-1000-taken", passwd: root0, group: "docker:x:1000:\n", wantUID: 1001,
+			wantPasswd: "user:x:1001:1001::/home/user:/bin/sh", wantGroupLine: "user:x:1001:", wantHome: "home/user"},
+		{name: "exists", passwd: root0 + "user:x:2000:2000::/work:/bin/sh", group: "user:x:2000:\n",
 			wantUID: 2000, wantPasswd: "user:x:2000:2000::/work:/bin/sh", wantGroupLine: "user:x:2000:", wantHome: "work"},
-		{name: "no-passwd", wantUID: 1000, wantPasswd: "user:x:1000:1000::/home/user:/bin/sh",
-			wantGroupLine: "user:x:1000:", wantHome: "home/user"},
-		{name: "group-exists", passwd: "root:x:0:0::/root:/bin/sh\n", group: "user:x:500:\n", wantUID: 1000,
+		{name: "group-exists", passwd: root0, group: "user:x:500:\n", wantUID: 1000,
 			wantPasswd: "user:x:1000:500::/home/user:/bin/sh", wantGroupLine: "user:x:500:", wantHome: "home/user"},
+		{name: "bash through an absolute link (usr-merged)", passwd: root0,
+			files:   map[string]string{"usr/bin/bash": "#!", "bin": "->/usr/bin", "usr/bin/sh": "->dash", "usr/bin/dash": "#!"},
+			wantUID: 1000, wantPasswd: "user:x:1000:1000::/home/user:/bin/bash", wantGroupLine: "user:x:1000:", wantHome: "home/user"},
+		{name: "home shipped without the account", passwd: root0, files: map[string]string{"home/user/": "/"},
+			wantUID: 1000, wantPasswd: "user:x:1000:1000::/home/user:/bin/sh", wantGroupLine: "user:x:1000:", wantHome: "home/user"},
+		{name: "home through an absolute link", passwd: root0, files: map[string]string{"home": "->/var/home", "var/home/": "/"},
+			wantUID: 1000, wantPasswd: "user:x:1000:1000::/home/user:/bin/sh", wantGroupLine: "user:x:1000:", wantHome: "var/home/user"},
+		{name: "hostile: six-field entry", passwd: root0 + "user:x:1000:1000::/home/user\n", wantUID: 1001,
+			wantPasswd: "\nuser:x:1001:1001::/home/user:/bin/sh\n", wantGroupLine: "user:x:1001:", wantHome: "home/user"},
+		{name: "hostile: non-numeric ids", passwd: root0 + "user:x:abc:-1::/:/bin/sh\nx:x:99999999999:0::/:/bin/sh\n",
+			wantUID: 1000, wantPasswd: "\nuser:x:1000:1000::/home/user:/bin/sh\n", wantGroupLine: "user:x:1000:", wantHome: "home/user"},
+		{name: "hostile: comments, blank lines, no final newline", passwd: "#user:x:0:0::/:/bin/sh\n\n\x00:x:1000:1000:::\nroot:x:0:0::/root:/bin/sh",
+			wantUID: 1001, wantPasswd: "/bin/sh\nuser:x:1001:1001::/home/user:/bin/sh\n", wantGroupLine: "user:x:1001:", wantHome: "home/user"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			root := t.TempDir()
+			writeTree(t, root, c.files)
+			if c.files["bin"] == "" {
+				writeTree(t, root, map[string]string{"bin/sh": "#!"})
+			}
 			os.MkdirAll(filepath.Join(root, "etc"), 0o755)
 			if c.passwd != "" {
 				os.WriteFile(filepath.Join(root, "etc/passwd"), []byte(c.passwd), 0o644)
@@ -46,7 +70,7 @@ func TestEnsureUser(t *testing.T) {
 			if c.group != "" {
 				os.WriteFile(filepath.Join(root, "etc/group"), []byte(c.group), 0o644)
 			}
-			uid, err := prepareRootFS(root, DefaultUser)
+			uid, err := PrepareRootFS(root, DefaultUser)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,7 +85,7 @@ func TestEnsureUser(t *testing.T) {
 			if c.passwd != "" && !strings.HasPrefix(string(p), c.passwd) {
 				t.Errorf("existing entries changed:\n%s", p)
 			}
-			fi, err := os.Stat(filepath.Join(root, c.wantHome))
+			fi, err := os.Lstat(filepath.Join(root, c.wantHome))
 			if err != nil || !fi.IsDir() {
 				t.Fatalf("home: %v", err)
 			}
@@ -75,6 +99,88 @@ func TestEnsureUser(t *testing.T) {
 	}
 }
 
+// TestPrepareRootFSRefuses: an image that cannot run sandboxes is refused with
+// ErrUnusableImage and a message naming why, and no account is added.
+func TestPrepareRootFSRefuses(t *testing.T) {
+	const root0 = "root:x:0:0::/root:/bin/sh\n"
+	for _, c := range []struct {
+		name  string
+		files map[string]string
+		want  string
+	}{
+		{"no /etc/passwd", map[string]string{"bin/sh": "#!"}, "no /etc/passwd"},
+		{"no /bin/sh", map[string]string{"etc/passwd": root0, "bin/bash": "#!"}, "no /bin/sh"},
+		{"/bin/sh not executable", map[string]string{"etc/passwd": root0, "bin/sh": "-"}, "no /bin/sh"},
+		{"/bin/sh a dangling link", map[string]string{"etc/passwd": root0, "bin/sh": "->/nowhere"}, "no /bin/sh"},
+		{"/bin/sh a link loop", map[string]string{"etc/passwd": root0, "bin/sh": "->/bin/sh"}, "no /bin/sh"},
+		{"/home a file", map[string]string{"etc/passwd": root0, "bin/sh": "#!", "home": "-"}, "home /home/user"},
+		{"/home into /proc", map[string]string{"etc/passwd": root0, "bin/sh": "#!", "home": "->/proc/1"}, "home /home/user"},
+		{"/home/user a file", map[string]string{"etc/passwd": root0, "bin/sh": "#!", "home/user": "-"}, "not a directory"},
+		{"/etc/passwd a directory", map[string]string{"etc/passwd/": "/", "bin/sh": "#!"}, "not a regular file"},
+		{"passwd line too long", map[string]string{"etc/passwd": root0 + "x:" + strings.Repeat("a", 70<<10) + "\n", "bin/sh": "#!"}, "line 2"},
+		{"group line too long", map[string]string{"etc/passwd": root0, "etc/group": strings.Repeat("g", 70<<10), "bin/sh": "#!"}, "/etc/group line 1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			writeTree(t, root, c.files)
+			before, _ := os.ReadFile(filepath.Join(root, "etc/passwd"))
+			_, err := PrepareRootFS(root, DefaultUser)
+			if !errors.Is(err, ErrUnusableImage) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want ErrUnusableImage naming %q", err, c.want)
+			}
+			if after, _ := os.ReadFile(filepath.Join(root, "etc/passwd")); c.name != "/home a file" && c.name != "/home into /proc" &&
+				c.name != "/home/user a file" && string(after) != string(before) {
+				t.Errorf("/etc/passwd changed by a refusal:\n%s", after)
+			}
+		})
+	}
+}
+
+// TestAccountName: an image's USER resolves by name or uid to a usable entry only.
+func TestAccountName(t *testing.T) {
+	root := t.TempDir()
+	writeTree(t, root, map[string]string{"etc/passwd": "root:x:0:0::/root:/bin/sh\nbad:x:1001:1001::/h\n" +
+		"app:x:1002:1002::/srv:/bin/sh\n"})
+	for _, c := range []struct {
+		user, want string
+		ok         bool
+	}{{"app", "app", true}, {"1002", "app", true}, {"1002:1002", "app", true}, {"0", "root", true},
+		{"12345", "", false}, {"bad", "", false}, {"1001", "", false}, {"", "", false}} {
+		got, ok, err := AccountName(root, c.user)
+		if err != nil || got != c.want || ok != c.ok {
+			t.Errorf("AccountName(%q) = %q %v %v, want %q %v", c.user, got, ok, err, c.want, c.ok)
+		}
+	}
+}
+
+// writeTree makes files under root: "/" a directory, "->x" a symlink to x, "-" a plain
+// file, anything else an executable file with that content.
+func writeTree(t *testing.T, root string, files map[string]string) {
+	t.Helper()
+	for name, body := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		switch {
+		case body == "/":
+			err = os.MkdirAll(p, 0o755)
+		case strings.HasPrefix(body, "->"):
+			err = os.Symlink(body[2:], p)
+		case body == "-":
+			err = os.WriteFile(p, nil, 0o644)
+		case strings.HasPrefix(name, "etc/"):
+			err = os.WriteFile(p, []byte(body), 0o644)
+		default:
+			err = os.WriteFile(p, []byte(body), 0o755)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestEnsureUserLinkOut: an image whose /etc/passwd links outside its root
 // must not make the build write there.
 func TestEnsureUserLinkOut(t *testing.T) {
@@ -84,7 +190,7 @@ func TestEnsureUserLinkOut(t *testing.T) {
 	root := filepath.Join(top, "root")
 	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
 	os.Symlink(outside, filepath.Join(root, "etc/passwd"))
-	_, err := prepareRootFS(root, DefaultUser)
+	_, err := PrepareRootFS(root, DefaultUser)
 	if err == nil {
 		t.Error("prepareRootFS followed /etc/passwd out of the root without error")
 	}

@@ -108,7 +108,7 @@ func BuildTemplate(ctx context.Context, img *Image, dir string, o BuildOptions) 
 		progress(Progress{Phase: PhaseApply, Layer: n + 1, Layers: len(img.Layers), Digest: l.Digest,
 			Done: applied, Total: applied, Final: true})
 	}
-	uid, err := prepareRootFS(rootfs, o.User)
+	uid, err := PrepareRootFS(rootfs, o.User)
 	if err != nil {
 		return nil, err
 	}

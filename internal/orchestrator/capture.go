@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
 // CaptureSandbox seals a running sandbox's root filesystem into layers the way Snapshot
@@ -51,7 +52,7 @@ func (o *Orchestrator) captureSandbox(ctx context.Context, id string) (json.RawM
 // referenced. Layers that sandboxes or other captures still use stay until they are
 // free. A backend without captures to discard makes it a no-op.
 func (o *Orchestrator) DiscardCapture(ctx context.Context, raw json.RawMessage) error {
-	if _, ok := o.backend.(SnapshotDiscarder); !ok || len(raw) == 0 {
+	if _, ok := o.backend.(sandbox.SnapshotDiscarder); !ok || len(raw) == 0 {
 		return nil
 	}
 	c, err := o.backend.DecodeCaptured(raw)

@@ -5,16 +5,8 @@ import (
 	"encoding/json"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/sandbox"
 )
-
-// CaptureReconciler is implemented by backends that keep their captures on the node
-// (the OCI backend's capture records and sealed layers). At Start the orchestrator
-// passes every artifact it still references, catalog entries and sandbox records, and
-// the backend frees the captures none of them names: a node killed between a capture
-// and its registration (a snapshot, a fork's fan-out, a pause to disk) leaves them.
-type CaptureReconciler interface {
-	ReconcileCaptures(ctx context.Context, referenced []json.RawMessage) error
-}
 
 // publicationKnower is the part of *snapshot.Publisher that tells which catalog entries
 // it has seen (published, journaled, in flight or synced).
@@ -25,7 +17,7 @@ type publicationKnower interface {
 // reconcileCaptures runs at Start, after the records were loaded (and those that did
 // not survive dropped): the backend keeps only the captures that something references.
 func (o *Orchestrator) reconcileCaptures(ctx context.Context) {
-	r, ok := o.backend.(CaptureReconciler)
+	r, ok := o.backend.(sandbox.CaptureReconciler)
 	if !ok {
 		return
 	}

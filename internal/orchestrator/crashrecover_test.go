@@ -23,6 +23,8 @@ type reconcilingBackend struct {
 	calls [][]json.RawMessage
 }
 
+var _ sandbox.CaptureReconciler = (*reconcilingBackend)(nil)
+
 func (b *reconcilingBackend) ReconcileCaptures(_ context.Context, referenced []json.RawMessage) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()

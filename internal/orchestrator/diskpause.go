@@ -56,16 +56,9 @@ func (o *Orchestrator) doDiskPause(ctx context.Context, e *entry, p *op, inst sa
 	return true, nil
 }
 
-// capturedStopper is an instance that can stop faster once its state is captured: its
-// processes are gone when StopAfterCapture returns, and what it held is released in
-// the background (the OCI backend: unmounts, runtime state, network slot).
-type capturedStopper interface {
-	StopAfterCapture(ctx context.Context) error
-}
-
 // stopCaptured stops inst after a pause to disk captured it.
 func stopCaptured(ctx context.Context, inst sandbox.Instance) error {
-	if s, ok := inst.(capturedStopper); ok {
+	if s, ok := inst.(sandbox.CapturedStopper); ok {
 		return s.StopAfterCapture(ctx)
 	}
 	return inst.Stop(ctx)
@@ -173,7 +166,7 @@ func (o *Orchestrator) toDisk(ctx context.Context, e *entry) error {
 		// Memory is now right and disk is stale; the resume that follows persists again.
 		o.log.Error("record cold-boot conversion", "sandbox", e.rec.ID, "err", err)
 	}
-	if d, ok := o.backend.(PausedDiscarder); ok && prevPaused != nil {
+	if d, ok := o.backend.(sandbox.PausedDiscarder); ok && prevPaused != nil {
 		if err := d.DiscardPaused(ctx, e.rec.ID, prevPaused); err != nil {
 			o.log.Error("discard paused state", "sandbox", e.rec.ID, "err", err)
 		}

@@ -356,7 +356,7 @@ func (o *Orchestrator) discard(ctx context.Context, e *entry) {
 		o.discardCapture(ctx, c)
 		return
 	}
-	d, ok := o.backend.(PausedDiscarder)
+	d, ok := o.backend.(sandbox.PausedDiscarder)
 	if !ok {
 		return
 	}
@@ -401,7 +401,7 @@ func (o *Orchestrator) Endpoint(ctx context.Context, id string, autoResume bool)
 		if e.rec.State == StatePaused {
 			if !autoResume || !e.rec.AutoResume {
 				o.mu.Unlock()
-				return sandbox.Endpoint{}, nil, fmt.Errorf("%w: %s is paused", ErrNotRunning, id)
+				return sandbox.Endpoint{}, nil, fmt.Errorf("%w: %s", ErrPaused, id)
 			}
 			octx, cancel := o.opContext(ctx)
 			_, err := o.resumeLocked(octx, e, o.cfg.DefaultTimeout, false)

@@ -293,7 +293,7 @@ func TestEndpoint(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if _, _, err := h.o.Endpoint(ctx, plain.ID, true); !errors.Is(err, ErrNotRunning) {
+			if _, _, err := h.o.Endpoint(ctx, plain.ID, true); !errors.Is(err, ErrNotRunning) || !errors.Is(err, ErrPaused) {
 				t.Fatalf("paused without autoResume: %v", err)
 			}
 			if _, _, err := h.o.Endpoint(ctx, auto.ID, false); !errors.Is(err, ErrNotRunning) {

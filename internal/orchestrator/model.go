@@ -24,6 +24,7 @@ package orchestrator
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -37,6 +38,9 @@ var (
 	ErrTemplateNotFound = errors.New("template not found")              // 404 on create
 	ErrNotRunning       = errors.New("sandbox is not running")          // 502 on the proxy path
 	ErrCapacity         = errors.New("node is out of sandbox capacity") // 503
+	// ErrPaused: the sandbox is paused and this request may not resume it (409 on the proxy
+	// path, as E2B answers). It is also an ErrNotRunning.
+	ErrPaused = fmt.Errorf("%w: the sandbox is paused", ErrNotRunning)
 	// ErrUnsupported: the backend cannot do this (Capabilities say so); 501.
 	ErrUnsupported = errors.New("not supported by this node's sandbox backend")
 )

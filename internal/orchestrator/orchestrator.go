@@ -125,13 +125,6 @@ func WithTemplateRootFS(f TemplateRootFS) Option { return func(o *Orchestrator) 
 // WithEnvdClient replaces the HTTP client used for envd /health and /init.
 func WithEnvdClient(c *http.Client) Option { return func(o *Orchestrator) { o.envd = c } }
 
-// PausedDiscarder is implemented by backends whose paused state lives outside the
-// instance (files of a VM snapshot): Kill of a paused sandbox that has no live instance
-// calls it so nothing is left behind. Backends that pause in place need not implement it.
-type PausedDiscarder interface {
-	DiscardPaused(ctx context.Context, sandboxID string, ps sandbox.PausedState) error
-}
-
 // recordStore is where sandbox records are persisted (the catalog's Sandboxes store;
 // tests wrap it to inject write failures).
 type recordStore interface {
@@ -250,14 +243,6 @@ func (o *Orchestrator) Capabilities() sandbox.Capabilities { return o.backend.Ca
 
 // BackendName is the name of the backend sandboxes run on.
 func (o *Orchestrator) BackendName() string { return o.backend.Name() }
-
-// SnapshotDiscarder is implemented by backends whose captures hold resources (sealed
-// layers, memory images): the orchestrator calls it when it no longer references a
-// capture (snapshot deleted, fork fan-out done, sandbox resumed from or killed while
-// paused to disk). The backend frees only what no live instance or other capture uses.
-type SnapshotDiscarder interface {
-	DiscardSnapshot(ctx context.Context, c sandbox.Captured) error
-}
 
 // Backend is the backend sandboxes run on.
 func (o *Orchestrator) Backend() sandbox.Backend { return o.backend }

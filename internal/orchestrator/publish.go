@@ -163,7 +163,7 @@ func (o *Orchestrator) DiscardTemplate(ctx context.Context, t catalog.Template) 
 	if t.Kind != catalog.KindSnapshot || len(t.Artifact) == 0 {
 		return
 	}
-	if _, ok := o.backend.(SnapshotDiscarder); !ok || (t.Backend != "" && t.Backend != o.backend.Name()) {
+	if _, ok := o.backend.(sandbox.SnapshotDiscarder); !ok || (t.Backend != "" && t.Backend != o.backend.Name()) {
 		return
 	}
 	c, err := o.backend.DecodeCaptured(t.Artifact)
@@ -175,18 +175,11 @@ func (o *Orchestrator) DiscardTemplate(ctx context.Context, t catalog.Template) 
 	o.discardCapture(ctx, c)
 }
 
-// WarmForgetter is a backend that keeps pre-started containers per template root
-// (*oci.Backend).
-type WarmForgetter interface {
-	// ForgetTemplate stops the warm containers of root (and of roots whose files are gone).
-	ForgetTemplate(ctx context.Context, root sandbox.RootFS) error
-}
-
 // ForgetWarm tells the backend that template t was deleted or replaced by a new version,
 // so the warm containers it keeps for t's root stop now instead of holding the old
 // layers or directory (and their disk space, mounts and loop devices) until pushed out.
 func (o *Orchestrator) ForgetWarm(ctx context.Context, t catalog.Template) {
-	f, ok := o.backend.(WarmForgetter)
+	f, ok := o.backend.(sandbox.WarmForgetter)
 	if !ok || t.Kind != catalog.KindTemplate {
 		return
 	}

@@ -208,7 +208,7 @@ func (o *Orchestrator) captureFailed(ctx context.Context, e *entry, p *op, err e
 
 // discardCapture tells the backend a capture is no longer referenced by the orchestrator.
 func (o *Orchestrator) discardCapture(ctx context.Context, c sandbox.Captured) {
-	d, ok := o.backend.(SnapshotDiscarder)
+	d, ok := o.backend.(sandbox.SnapshotDiscarder)
 	if !ok || c == nil {
 		return
 	}

@@ -9,10 +9,12 @@
 package rootfs
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -29,9 +31,9 @@ import (
 // ErrNotExt4 means the stack does not hold an ext4 filesystem.
 var ErrNotExt4 = errors.New("rootfs: device holds no ext4 filesystem")
 
-// Disk is a layer stack served as a file: in this process (dataplane.Local) or by the
-// data-plane daemon (dataplane.Client), which keeps serving it when this process dies.
-type Disk interface {
+// ServedDisk is a layer stack served as a file: in this process (dataplane.Local) or by
+// the data-plane daemon (dataplane.Client), which keeps serving it when this process dies.
+type ServedDisk interface {
 	Dir() string
 	Path() string
 	Size() int64
@@ -41,7 +43,7 @@ type Disk interface {
 }
 
 // Opener opens a disk for a root.
-type Opener func(ctx context.Context, spec dataplane.Spec) (Disk, error)
+type Opener func(ctx context.Context, spec dataplane.Spec) (ServedDisk, error)
 
 // Spec describes one block root.
 type Spec struct {
@@ -74,7 +76,7 @@ type Spec struct {
 // Block is a mounted block root. Close releases it; the upper's files stay in Dir.
 type Block struct {
 	dir     string
-	disk    Disk
+	disk    ServedDisk
 	loop    *blockdev.Loop
 	target  string
 	log     *slog.Logger
@@ -101,7 +103,7 @@ func Open(ctx context.Context, spec Spec) (b *Block, err error) {
 	open := spec.Open
 	if open == nil || !allPaths(spec.Lowers) {
 		local := dataplane.Local{Resolver: spec.Resolver}
-		open = func(ctx context.Context, s dataplane.Spec) (Disk, error) { return local.OpenDisk(ctx, s) }
+		open = func(ctx context.Context, s dataplane.Spec) (ServedDisk, error) { return local.OpenDisk(ctx, s) }
 	}
 	disk, err := open(ctx, ds)
 	if err != nil {
@@ -113,7 +115,7 @@ func Open(ctx context.Context, spec Spec) (b *Block, err error) {
 			err = errors.Join(err, b.Close())
 		}
 	}()
-	fsSize, err := ext4Size(disk.Path())
+	fsSize, err := ext4SizeOfFile(disk.Path())
 	if err != nil {
 		return b, err
 	}
@@ -153,7 +155,7 @@ func allPaths(ls []stack.LayerRef) bool {
 // Adopt takes over a root a previous process opened and that still runs: disk is served
 // by the data plane, its file is attached to a loop device and the filesystem is mounted
 // at target. A filesystem left frozen (the previous process died in a snapshot) is thawed.
-func Adopt(disk Disk, target string) (*Block, error) {
+func Adopt(disk ServedDisk, target string) (*Block, error) {
 	dev, err := blockdev.MountedDevice(target)
 	if err != nil {
 		return nil, fmt.Errorf("rootfs: adopt %s: %w", target, err)
@@ -300,9 +302,10 @@ func grow(ctx context.Context, dev string) error {
 	return nil
 }
 
-// ext4Size reads the filesystem size from the ext4 superblock in the device file. It reads
-// with O_DIRECT so no page of the file stays cached beside the loop device's direct I/O.
-func ext4Size(path string) (uint64, error) {
+// ext4SizeOfFile reads the filesystem size from the ext4 superblock in the device file.
+// It reads with O_DIRECT so no page of the file stays cached beside the loop device's
+// direct I/O.
+func ext4SizeOfFile(path string) (uint64, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("rootfs: read superblock: %w", err)
@@ -312,7 +315,15 @@ func ext4Size(path string) (uint64, error) {
 	if _, err := unix.Pread(fd, buf, 0); err != nil {
 		return 0, fmt.Errorf("rootfs: read superblock: %w", err)
 	}
-	sb := buf[1024:2048]
+	return ext4Size(bytes.NewReader(buf))
+}
+
+// ext4Size reads the filesystem size from the ext4 superblock at offset 1024 of r.
+func ext4Size(r io.ReaderAt) (uint64, error) {
+	sb := make([]byte, 1024)
+	if _, err := r.ReadAt(sb, 1024); err != nil {
+		return 0, fmt.Errorf("rootfs: read superblock: %w", err)
+	}
 	if binary.LittleEndian.Uint16(sb[0x38:]) != 0xEF53 {
 		return 0, ErrNotExt4
 	}

@@ -76,7 +76,7 @@ func BenchmarkRootIO(b *testing.B) {
 			spec := Spec{Dir: filepath.Join(dir, "s"), Lowers: []stack.LayerRef{base}, Target: filepath.Join(dir, "s", "root")}
 			if served == "dataplane" {
 				c := startDataPlane(b)
-				spec.Open = func(ctx context.Context, s dataplane.Spec) (Disk, error) { return c.Open(ctx, s) }
+				spec.Open = func(ctx context.Context, s dataplane.Spec) (ServedDisk, error) { return c.Open(ctx, s) }
 			}
 			blk := open(b, spec)
 			if blk.OutOfProcess() != (served == "dataplane") {

@@ -253,7 +253,7 @@ func (f *fakeOrch) Endpoint(_ context.Context, id string, autoResume bool) (sand
 	}
 	if sb.State == orchestrator.StatePaused {
 		if !autoResume || !sb.AutoResume {
-			return sandbox.Endpoint{}, nil, fmt.Errorf("sandbox %q is paused: %w", id, orchestrator.ErrNotRunning)
+			return sandbox.Endpoint{}, nil, fmt.Errorf("sandbox %q: %w", id, orchestrator.ErrPaused)
 		}
 		sb.State = orchestrator.StateRunning
 	}

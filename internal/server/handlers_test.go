@@ -55,6 +55,9 @@ func (e *env) doWith(method, path, body string, hdr map[string]string) *httptest
 	}
 	for k, v := range hdr {
 		req.Header.Set(k, v)
+		if k == "Host" {
+			req.Host = v
+		}
 	}
 	rec := httptest.NewRecorder()
 	e.srv.ServeHTTP(rec, req)

@@ -144,14 +144,14 @@ func TestRealOrchestratorPagingAndPausedProxy(t *testing.T) {
 	}
 	wantError(t, e.do("GET", "/v2/sandboxes?nextToken=garbage", ""), 400, "")
 
-	// A paused sandbox without autoResume answers 502 on the proxy, never hangs.
+	// A paused sandbox without autoResume answers E2B's 409 on the proxy, never hangs.
 	rec := e.do("POST", "/v2/sandboxes", `{"templateID":"base"}`)
 	var sb struct{ SandboxID string }
 	json.Unmarshal(rec.Body.Bytes(), &sb)
 	if rec := e.do("POST", "/sandboxes/"+sb.SandboxID+"/pause", ""); rec.Code != 204 {
 		t.Fatalf("pause: %d %s", rec.Code, rec.Body)
 	}
-	wantGone(t, e.doWith("GET", "/health", "", envdHeaders(sb.SandboxID, "")), sb.SandboxID)
+	wantPaused(t, e.doWith("GET", "/health", "", envdHeaders(sb.SandboxID, "")), sb.SandboxID)
 
 	// With autoResume the proxy resumes it transparently.
 	rec = e.do("POST", "/v2/sandboxes", `{"templateID":"base","autoResume":{"enabled":true}}`)

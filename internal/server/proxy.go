@@ -28,6 +28,10 @@ const (
 	headerSandboxPort  = "E2b-Sandbox-Port"
 	headerAccessToken  = "X-Access-Token"
 	headerTrafficToken = "E2b-Traffic-Access-Token"
+	// AgentENV's names for the routing headers, accepted as aliases so its users can switch
+	// without changing clients.
+	headerAgentenvID   = "X-Agentenv-Sandbox-Id"
+	headerAgentenvPort = "X-Agentenv-Target-Port"
 )
 
 // envdInternalPaths are envd endpoints only the node may call (init, pause hooks); the proxy
@@ -182,6 +186,8 @@ func rewrite(pr *httputil.ProxyRequest) {
 	h := pr.Out.Header
 	h.Del(headerSandboxID)
 	h.Del(headerSandboxPort)
+	h.Del(headerAgentenvID)
+	h.Del(headerAgentenvPort)
 	h.Del(headerTrafficToken)
 	// The API key never travels into a sandbox, and a user port never sees the envd token.
 	h.Del("X-API-Key")
@@ -209,20 +215,39 @@ func writeGone(w http.ResponseWriter, id, msg string) {
 	writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": msg, "code": http.StatusBadGateway})
 }
 
-func hasSandboxHeaders(r *http.Request) bool {
-	return r.Header.Get(headerSandboxID) != "" || r.Header.Get(headerSandboxPort) != ""
+// writePaused is E2B's answer for a paused sandbox that traffic may not resume (it was
+// created without autoResume).
+func writePaused(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusConflict, map[string]any{
+		"sandboxId": id, "message": "The sandbox is paused", "code": http.StatusConflict, "canAutoResume": false,
+	})
 }
 
-// byHeader routes by E2b-Sandbox-Id / E2b-Sandbox-Port, keeping the path as sent.
+func hasSandboxHeaders(r *http.Request) bool {
+	return headerValue(r, headerSandboxID, headerAgentenvID) != "" ||
+		headerValue(r, headerSandboxPort, headerAgentenvPort) != ""
+}
+
+// headerValue is the E2B header, or AgentENV's alias when the E2B one is absent.
+func headerValue(r *http.Request, e2b, alias string) string {
+	if v := r.Header.Get(e2b); v != "" {
+		return v
+	}
+	return r.Header.Get(alias)
+}
+
+// byHeader routes by E2b-Sandbox-Id / E2b-Sandbox-Port (or AgentENV's aliases), keeping the
+// path as sent, less a leading /proxy: AgentENV users point the SDK at $URL/proxy
+// (E2B_SANDBOX_URL), and its requests then carry both the prefix and the headers.
 func (p *sandboxProxy) byHeader(w http.ResponseWriter, r *http.Request) {
-	id := r.Header.Get(headerSandboxID)
-	portStr := r.Header.Get(headerSandboxPort)
+	id := headerValue(r, headerSandboxID, headerAgentenvID)
+	portStr := headerValue(r, headerSandboxPort, headerAgentenvPort)
 	if id == "" {
-		writeError(w, http.StatusBadRequest, "Missing header: %s", headerSandboxID)
+		writeError(w, http.StatusBadRequest, "Missing header: %s (or %s)", headerSandboxID, headerAgentenvID)
 		return
 	}
 	if portStr == "" {
-		writeError(w, http.StatusBadRequest, "Missing header: %s", headerSandboxPort)
+		writeError(w, http.StatusBadRequest, "Missing header: %s (or %s)", headerSandboxPort, headerAgentenvPort)
 		return
 	}
 	port, err := parsePort(portStr)
@@ -230,7 +255,14 @@ func (p *sandboxProxy) byHeader(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid %s header: %v", headerSandboxPort, err)
 		return
 	}
-	p.forward(w, r, target{id: id, port: port, path: r.URL.Path, rawPath: r.URL.RawPath})
+	t := target{id: id, port: port, path: r.URL.Path, rawPath: r.URL.RawPath}
+	if rest, ok := strings.CutPrefix(t.path, "/proxy"); ok && (rest == "" || rest[0] == '/') {
+		t.path = "/" + strings.TrimPrefix(rest, "/")
+		if t.rawPath != "" {
+			t.rawPath = "/" + strings.TrimPrefix(strings.TrimPrefix(t.rawPath, "/proxy"), "/")
+		}
+	}
+	p.forward(w, r, t)
 }
 
 // byPath routes /proxy/{id}/{port}/{rest...} to /{rest...} on that port; the escaped form of
@@ -314,6 +346,8 @@ func (p *sandboxProxy) forward(w http.ResponseWriter, r *http.Request, t target)
 		switch {
 		case errors.Is(err, orchestrator.ErrNotFound):
 			writeGone(w, t.id, "The sandbox was not found")
+		case errors.Is(err, orchestrator.ErrPaused):
+			writePaused(w, t.id)
 		case errors.Is(err, orchestrator.ErrNotRunning):
 			writeGone(w, t.id, "The sandbox is not running: "+err.Error())
 		default:

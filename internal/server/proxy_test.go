@@ -119,6 +119,51 @@ func TestProxyHeaderRouting(t *testing.T) {
 	wantUpstream(t, rec, ch)
 }
 
+// AgentENV users set E2B_SANDBOX_URL=$URL/proxy: the SDK's requests carry the /proxy prefix
+// and the routing headers, E2B's or AgentENV's names. The prefix is stripped, nothing of the
+// routing reaches the sandbox, and the envd rules still apply after the strip.
+func TestProxyAgentenvCompat(t *testing.T) {
+	e, ch, port := proxyEnv(t)
+	agentenv := func(id, port, token string) map[string]string {
+		return map[string]string{"X-Agentenv-Sandbox-Id": id, "X-Agentenv-Target-Port": port, "X-Access-Token": token}
+	}
+	tests := []struct {
+		name, method, path string
+		hdr                map[string]string
+		wantPath, wantRaw  string
+	}{
+		{"e2b headers, prefix", "POST", "/proxy/process.Process/Start", envdHeaders("sb1", "tok1"), "/process.Process/Start", ""},
+		{"e2b headers, bare prefix", "GET", "/proxy", envdHeaders("sb1", "tok1"), "/", ""},
+		{"agentenv headers, prefix", "GET", "/proxy/health", agentenv("sb1", "49983", ""), "/health", ""},
+		{"agentenv headers, no prefix", "POST", "/filesystem.Filesystem/Stat", agentenv("sb1", "49983", "tok1"), "/filesystem.Filesystem/Stat", ""},
+		{"agentenv headers, user port, escaped path", "GET", "/proxy/a/b%2Fc", agentenv("sb1", strconv.Itoa(port), ""), "/a/b/c", "/a/b%2Fc"},
+		{"not a prefix", "GET", "/proxyfoo", agentenv("sb1", strconv.Itoa(port), ""), "/proxyfoo", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := wantUpstream(t, e.doWith(tt.method, tt.path, "", tt.hdr), ch)
+			if s.Path != tt.wantPath || s.RawPath != tt.wantRaw {
+				t.Fatalf("upstream path = %q (raw %q), want %q (raw %q)", s.Path, s.RawPath, tt.wantPath, tt.wantRaw)
+			}
+			for _, h := range []string{"X-Agentenv-Sandbox-Id", "X-Agentenv-Target-Port", "E2b-Sandbox-Id", "E2b-Sandbox-Port"} {
+				if s.Header.Get(h) != "" {
+					t.Fatalf("routing header %s reached the sandbox", h)
+				}
+			}
+		})
+	}
+	wantError(t, e.doWith("POST", "/proxy/init", "", envdHeaders("sb1", "tok1")), 403, "internal")
+	wantError(t, e.doWith("POST", "/proxy/process.Process/List", "", agentenv("sb1", "49983", "")), 401, "X-Access-Token")
+	wantError(t, e.doWith("GET", "/proxy/health", "", map[string]string{"X-Agentenv-Sandbox-Id": "sb1"}), 400, "X-Agentenv-Target-Port")
+	wantError(t, e.doWith("GET", "/proxy/health", "", map[string]string{"X-Agentenv-Target-Port": "49983"}), 400, "X-Agentenv-Sandbox-Id")
+	wantGone(t, e.doWith("GET", "/proxy/health", "", agentenv("nope", "49983", "")), "nope")
+	select {
+	case s := <-ch:
+		t.Fatalf("rejected request reached upstream: %+v", s)
+	default:
+	}
+}
+
 func TestProxyEnvdAuth(t *testing.T) {
 	e, ch, _ := proxyEnv(t)
 	tests := []struct {
@@ -178,10 +223,35 @@ func TestProxyGoneSandbox(t *testing.T) {
 	e, _, _ := proxyEnv(t)
 	wantGone(t, e.doWith("GET", "/health", "", envdHeaders("nope", "")), "nope")
 	wantGone(t, e.doWith("GET", "/health", "", envdHeaders("gone", "")), "gone")
-	// Paused without autoResume: 502, never a hang.
-	e.orch.add(&orchestrator.Sandbox{ID: "zz", State: orchestrator.StatePaused})
-	wantGone(t, e.doWith("GET", "/health", "", envdHeaders("zz", "")), "zz")
 	wantGone(t, e.doWith("GET", "/proxy/nope/8080/", "", nil), "nope")
+}
+
+// A paused sandbox without autoResume answers E2B's 409 on every routing mode, never a hang.
+func TestProxyPausedSandbox(t *testing.T) {
+	e, _, _ := proxyEnv(t, func(o *Options) { o.Domains = []string{"sb.test"} })
+	e.orch.add(&orchestrator.Sandbox{ID: "zz", State: orchestrator.StatePaused, EnvdAccessToken: "t"})
+	for name, rec := range map[string]*httptest.ResponseRecorder{
+		"header": e.doWith("GET", "/health", "", envdHeaders("zz", "")),
+		"path":   e.doWith("GET", "/proxy/zz/8080/x", "", nil),
+		"host":   e.doWith("GET", "/x", "", map[string]string{"Host": "8080-zz.sb.test"}),
+	} {
+		t.Run(name, func(t *testing.T) { wantPaused(t, rec, "zz") })
+	}
+}
+
+func wantPaused(t *testing.T, rec *httptest.ResponseRecorder, id string) {
+	t.Helper()
+	if rec.Code != http.StatusConflict {
+		t.Fatalf("status = %d, want 409: %s", rec.Code, rec.Body)
+	}
+	var body map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatalf("body is not JSON: %s", rec.Body)
+	}
+	want := map[string]any{"sandboxId": id, "message": "The sandbox is paused", "code": float64(409), "canAutoResume": false}
+	if fmt.Sprint(body) != fmt.Sprint(want) {
+		t.Fatalf("body = %v, want %v", body, want)
+	}
 }
 
 func TestProxyAutoResume(t *testing.T) {

@@ -280,7 +280,8 @@ func (r *replacing) Put(t catalog.Template) error {
 func pullStatus(err error) int {
 	switch {
 	case errors.Is(err, catalog.ErrInvalid), errors.Is(err, image.ErrBadReference),
-		errors.Is(err, image.ErrUnsupportedSource), errors.Is(err, image.ErrPlatform), errors.Is(err, install.ErrUnknownUser):
+		errors.Is(err, image.ErrUnsupportedSource), errors.Is(err, image.ErrPlatform), errors.Is(err, install.ErrUnknownUser),
+		errors.Is(err, image.ErrUnusableImage):
 		return http.StatusBadRequest
 	case errors.Is(err, image.ErrUnauthorized):
 		return http.StatusUnauthorized

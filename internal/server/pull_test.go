@@ -38,8 +38,11 @@ func pullImage(t *testing.T, body string) v1.Image {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	for _, f := range []struct{ name, body string }{{"app", body}, {"etc/passwd", "root:x:0:0::/root:/bin/sh\n"}} {
-		tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.body)), Typeflag: tar.TypeReg})
+	for _, f := range []struct {
+		name, body string
+		mode       int64
+	}{{"app", body, 0o644}, {"etc/passwd", "root:x:0:0::/root:/bin/sh\n", 0o644}, {"bin/sh", "#!", 0o755}} {
+		tw.WriteHeader(&tar.Header{Name: f.name, Mode: f.mode, Size: int64(len(f.body)), Typeflag: tar.TypeReg})
 		tw.Write([]byte(f.body))
 	}
 	tw.Close()

@@ -179,6 +179,17 @@ func TestTemplateBuildFlow(t *testing.T) {
 	if again := decode[api.TemplateRequestResponseV3](t, rec); again.TemplateID != tid || again.BuildID == bid {
 		t.Errorf("second request: %s", rec.Body)
 	}
+	// A template whose builds all failed (or never ran) can be deleted, by id or name,
+	// and is gone from GET, the list and the build status.
+	if rec = e.do("DELETE", "/templates/my-app", ""); rec.Code != http.StatusNoContent {
+		t.Fatalf("delete an unbuilt template: %d %s", rec.Code, rec.Body)
+	}
+	wantError(t, e.do("GET", "/templates/"+tid, ""), 404, "not found")
+	wantError(t, e.do("GET", "/templates/"+tid+"/builds/"+bid+"/status", ""), 404, "not found")
+	if list := decode[[]api.Template](t, e.do("GET", "/templates", "")); len(list) != 1 {
+		t.Errorf("list after delete: %+v", list)
+	}
+	wantError(t, e.do("DELETE", "/templates/"+tid, ""), 404, "not found")
 }
 
 func TestTemplateEndpoints(t *testing.T) {

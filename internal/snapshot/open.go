@@ -64,7 +64,7 @@ func OpenRepositories(ctx context.Context, cfg config.Config) (*nodecache.Cache,
 }
 
 // ConfigOptions are the publisher options the node config sets; the caller
-// adds InUse, OnRemoved and Logger.
+// adds Logger (and hands the node's users to Start).
 func ConfigOptions(cfg config.Config, nodeID string) Options {
 	return Options{
 		NodeID:       nodeID,

@@ -78,7 +78,7 @@ func TestBackgroundSync(t *testing.T) {
 	remote := posixBackend().open(t)
 	a := newNode(t, "node-a", remote, Options{})
 	nb := newNode(t, "node-b", remote, Options{SyncInterval: 20 * time.Millisecond})
-	if err := nb.pub.Start(ctx); err != nil {
+	if err := nb.pub.Start(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	files, _ := stackLayers(t, t.TempDir(), 1, 9)

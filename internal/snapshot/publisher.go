@@ -280,10 +280,26 @@ func (p *Publisher) path(elem ...string) string {
 	return filepath.Join(append([]string{p.o.StateDir}, elem...)...)
 }
 
+// Users is what sync asks of the sandboxes of this node
+// (*orchestrator.Orchestrator, which itself publishes through the publisher,
+// so it exists only after the publisher and is handed over at Start).
+type Users interface {
+	// UsesTemplate reports whether a sandbox on this node runs on a template
+	// or snapshot (Options.InUse).
+	UsesTemplate(id string) bool
+	// DiscardTemplate is told of an entry sync removed (Options.OnRemoved).
+	DiscardTemplate(ctx context.Context, t catalog.Template)
+}
+
 // Start resumes the publications a previous run left unfinished and starts
 // the background loop (sync with jitter, compaction, retries of failed
 // publications). It returns once the resumed publications are queued.
-func (p *Publisher) Start(ctx context.Context) error {
+// users, when not nil, replaces Options.InUse and OnRemoved; nothing syncs
+// in the background before Start.
+func (p *Publisher) Start(ctx context.Context, users Users) error {
+	if users != nil {
+		p.o.InUse, p.o.OnRemoved = users.UsesTemplate, users.DiscardTemplate
+	}
 	if _, err := p.Resume(ctx); err != nil {
 		return err
 	}

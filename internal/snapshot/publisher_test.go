@@ -226,7 +226,7 @@ func TestRestartResumesPendingPublication(t *testing.T) {
 	}
 
 	n.open(t, remote) // restart, repository reachable
-	if err := n.pub.Start(ctx); err != nil {
+	if err := n.pub.Start(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "resumed publication", func() bool {

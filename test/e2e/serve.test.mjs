@@ -114,6 +114,47 @@ test('SDK flow: create, commands, files, list, timeout, info, pause, connect, ki
   }
 })
 
+// AgentENV users point the SDK at $URL/proxy: every envd request then carries the /proxy prefix
+// and E2B's routing headers. AgentENV's own header names are aliases. A paused sandbox without
+// autoResume answers E2B's 409 through the proxy.
+test('AgentENV-style E2B_SANDBOX_URL=$URL/proxy, x-agentenv headers, paused 409', { timeout: 300_000 }, async (t) => {
+  if (skipIfUnavailable(t)) return
+  const sbx = await Sandbox.create({ timeoutMs: 120_000, sandboxUrl: `${node.url}/proxy`, envs: { MARK: 'agentenv' } })
+  try {
+    const r = await sbx.commands.run('echo $MARK')
+    assert.equal(r.stdout, 'agentenv\n')
+    await sbx.files.write('/home/user/a.txt', 'via /proxy')
+    assert.equal(await sbx.files.read('/home/user/a.txt'), 'via /proxy')
+    assert.equal(await sbx.isRunning(), true)
+
+    // AgentENV's header names reach envd (GET /envs needs the token, so the node's own
+    // routes cannot be what answers).
+    const res = await fetch(`${node.url}/envs`, {
+      headers: {
+        'x-agentenv-sandbox-id': sbx.sandboxId, 'x-agentenv-target-port': '49983',
+        'x-access-token': sbx.envdAccessToken ?? '',
+      },
+    })
+    assert.equal(res.status, 200, await res.clone().text())
+    assert.equal((await res.json()).MARK, 'agentenv')
+
+    assert.equal(await sbx.betaPause(), true)
+    const paused = await fetch(`${node.url}/proxy/health`, {
+      headers: { 'e2b-sandbox-id': sbx.sandboxId, 'e2b-sandbox-port': '49983' },
+    })
+    assert.equal(paused.status, 409)
+    assert.deepEqual(await paused.json(),
+      { sandboxId: sbx.sandboxId, message: 'The sandbox is paused', code: 409, canAutoResume: false })
+    // Connect reports the status only ("[unknown] HTTP 409"), never a hang or a 502.
+    await assert.rejects(sbx.commands.run('true'), (err) => {
+      assert.match(String(err?.message), /409/)
+      return true
+    })
+  } finally {
+    await Sandbox.kill(sbx.sandboxId).catch(() => {})
+  }
+})
+
 test('a bad API key is an AuthenticationError', async (t) => {
   if (skipIfUnavailable(t)) return
   const bad = { apiKey: 'e2b_' + '0'.repeat(40) }

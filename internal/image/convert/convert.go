@@ -47,6 +47,11 @@ type Options struct {
 	// Progress receives PhaseConvert reports (and download reports); may be nil.
 	Progress image.ProgressFunc
 	Log      *slog.Logger
+	// User, when set, adds a last layer of its own that makes the image a sandbox root
+	// exactly as an unpacked template directory is made one (image.PrepareRootFS: mount
+	// points, the envd mount point, the account User with its home when the image lacks
+	// it). An image that cannot be a sandbox root fails with image.ErrUnusableImage.
+	User string
 }
 
 // Result is an image's converted stack, bottom first: the empty ext4 base,
@@ -108,7 +113,10 @@ func Convert(ctx context.Context, img *image.Image, o Options) (*Result, error) 
 		key = chainKey(key, l.DiffID)
 		start := time.Now()
 		ref, made, err := cached(o.Dir, key, func(out string) error {
-			return convertLayer(ctx, o, res.Layers, l, out)
+			return convertLayer(ctx, o, res.Layers, out, func(mnt string) error {
+				_, err := image.ApplyLayer(ctx, o.Store, l, mnt)
+				return err
+			})
 		})
 		if err != nil {
 			return nil, fmt.Errorf("convert: layer %d (%s): %w", n+1, l.Digest, err)
@@ -120,6 +128,22 @@ func Convert(ctx context.Context, img *image.Image, o Options) (*Result, error) 
 		}
 		progress(image.Progress{Phase: image.PhaseConvert, Layer: n + 1, Layers: len(img.Layers), Digest: l.Digest,
 			Done: ref.Size, Total: ref.Size, Cached: !made, Final: true})
+	}
+	if o.User != "" {
+		key = chainKey(key, image.PrepareVersion+"\n"+o.User)
+		ref, made, err := cached(o.Dir, key, func(out string) error {
+			return convertLayer(ctx, o, res.Layers, out, func(mnt string) error {
+				_, err := image.PrepareRootFS(mnt, o.User)
+				return err
+			})
+		})
+		if err != nil {
+			return nil, fmt.Errorf("convert: prepare the sandbox root: %w", err)
+		}
+		res.Layers, res.Keys = append(res.Layers, ref), append(res.Keys, key)
+		if made {
+			res.Converted++
+		}
 	}
 	// The data-dir GC (install.GC) spares layers changed within its grace period: the
 	// caller has not registered this stack yet, and cached layers may be old.
@@ -217,9 +241,10 @@ func baseLayer(ctx context.Context, dir, out string, sizeMB int) error {
 	})
 }
 
-// convertLayer applies one OCI layer on top of lowers and writes the
-// resulting sealed layer, compressed, to out.
-func convertLayer(ctx context.Context, o Options, lowers []stack.LayerRef, l image.Layer, out string) (err error) {
+// convertLayer mounts the filesystem of lowers, changes it with apply (one OCI layer,
+// or the sandbox root preparation) and writes the resulting sealed layer, compressed,
+// to out.
+func convertLayer(ctx context.Context, o Options, lowers []stack.LayerRef, out string, apply func(mnt string) error) (err error) {
 	work, err := os.MkdirTemp(o.Dir, ".work-")
 	if err != nil {
 		return err
@@ -232,7 +257,7 @@ func convertLayer(ctx context.Context, o Options, lowers []stack.LayerRef, l ima
 		return err
 	}
 	defer st.Close()
-	if err := applyMounted(ctx, o, st, work, l); err != nil {
+	if err := applyMounted(ctx, st, work, apply); err != nil {
 		return err
 	}
 	sealed := filepath.Join(work, "sealed")
@@ -243,9 +268,9 @@ func convertLayer(ctx context.Context, o Options, lowers []stack.LayerRef, l ima
 	return compressSealed(sealed, out, ref.UUID)
 }
 
-// applyMounted exposes st as a block device, mounts its ext4 and applies the
-// layer onto it, undoing every step before returning.
-func applyMounted(ctx context.Context, o Options, st *stack.Stack, work string, l image.Layer) (err error) {
+// applyMounted exposes st as a block device, mounts its ext4 and runs apply on it,
+// undoing every step before returning.
+func applyMounted(ctx context.Context, st *stack.Stack, work string, apply func(mnt string) error) (err error) {
 	fm, err := blockdev.MountFile(ctx, filepath.Join(work, "fuse"), st, blockdev.MountOptions{})
 	if err != nil {
 		return err
@@ -283,7 +308,7 @@ func applyMounted(ctx context.Context, o Options, st *stack.Stack, work string, 
 			}
 		}
 	}()
-	if _, err := image.ApplyLayer(ctx, o.Store, l, mnt); err != nil {
+	if err := apply(mnt); err != nil {
 		return err
 	}
 	// Unmount now (flushing ext4) so the error, if any, is this layer's.

@@ -161,7 +161,7 @@ func TestGCSharedBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cat.Close()
-	base := tarLayer(t, map[string]string{"etc/passwd": "root:x:0:0::/root:/bin/sh\n", "bin/base": "base\n"})
+	base := tarLayer(t, map[string]string{"etc/passwd": "root:x:0:0::/root:/bin/sh\n", "bin/base": "base\n", "bin/sh": "#!"})
 	a := imageLayout(t, "a", "", base, tarLayer(t, map[string]string{"srv/a": "a\n"}))
 	b := imageLayout(t, "b", "", base, tarLayer(t, map[string]string{"srv/b": "b\n"}))
 	res := sandbox.Resources{DiskSizeMB: 64}
@@ -174,13 +174,14 @@ func TestGCSharedBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	la, lb := layersOf(t, ta), layersOf(t, tb)
-	if len(la) != 3 || la[0] != lb[0] || la[1] != lb[1] || la[2].Path == lb[2].Path {
+	// ext4, the shared base, the image's own layer, the sandbox root layer.
+	if len(la) != 4 || la[0] != lb[0] || la[1] != lb[1] || la[2].Path == lb[2].Path || la[3].Path == lb[3].Path {
 		t.Fatalf("stacks do not share their base: %+v / %+v", la, lb)
 	}
 	odir := filepath.Join(data, OverlaybdDir)
 	blobs := filepath.Join(data, ImagesDir, "layers", "sha256")
-	if n := len(files(t, odir, ".zfile")); n != 4 {
-		t.Fatalf("%d converted layers, want 4 (ext4, base, a, b)", n)
+	if n := len(files(t, odir, ".zfile")); n != 6 {
+		t.Fatalf("%d converted layers, want 6 (ext4, base, a, b and their sandbox root layers)", n)
 	}
 	// A crash's leftover conversion is garbage too.
 	if err := os.WriteFile(filepath.Join(odir, ".deadbeef.tmp"), []byte("x"), 0o644); err != nil {
@@ -198,15 +199,15 @@ func TestGCSharedBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := gcNow(t, cat, data)
-	gone(t, la[2])
+	gone(t, la[2], la[3])
 	exist(t, lb...)
-	if len(r.Layers) != 1 || len(r.Blobs) != 1 || len(files(t, blobs, "")) != 2 {
+	if len(r.Layers) != 2 || len(r.Blobs) != 1 || len(files(t, blobs, "")) != 2 {
 		t.Errorf("after deleting a: removed layers %v blobs %v; blobs left %v", r.Layers, r.Blobs, files(t, blobs, ""))
 	}
 
 	// A snapshot of a sandbox of b: its capture lists b's stack (the top layer by digest
 	// only, as once published) plus its own sealed layer.
-	capLayers := append(slices.Clone(lb[:2]), sandbox.LayerRef{Digest: lb[2].Digest, Size: lb[2].Size},
+	capLayers := append(slices.Clone(lb[:3]), sandbox.LayerRef{Digest: lb[3].Digest, Size: lb[3].Size},
 		sandbox.LayerRef{Path: filepath.Join(data, "oci", "layers", "snap.commit")})
 	capture, _ := json.Marshal(map[string]any{"version": 1, "backend": "oci", "id": "snap1", "layers": capLayers})
 	if err := cat.Templates().Put(catalog.Template{ID: "snap1", Kind: catalog.KindSnapshot, Backend: "oci", Artifact: capture}); err != nil {

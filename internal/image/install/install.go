@@ -122,7 +122,7 @@ func Run(ctx context.Context, ts Templates, r Request) (catalog.Template, error)
 			size = DefaultDiskMB
 		}
 		res, err := convert.Convert(ctx, img, convert.Options{Store: store, Dir: filepath.Join(r.DataDir, OverlaybdDir),
-			SizeMB: size, Progress: r.Progress})
+			SizeMB: size, Progress: r.Progress, User: image.DefaultUser})
 		if err != nil {
 			return catalog.Template{}, err
 		}

@@ -27,7 +27,7 @@ func ociLayout(t *testing.T) string {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	for _, f := range []struct{ name, body string }{{"bin/app", "#!/bin/sh\n"}, {"etc/passwd", "root:x:0:0::/root:/bin/sh\n"}} {
+	for _, f := range []struct{ name, body string }{{"bin/app", "#!/bin/sh\n"}, {"bin/sh", "#!"}, {"etc/passwd", "root:x:0:0::/root:/bin/sh\n"}} {
 		tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o755, Size: int64(len(f.body)), Typeflag: tar.TypeReg})
 		tw.Write([]byte(f.body))
 	}
@@ -137,7 +137,7 @@ func TestRunConvert(t *testing.T) {
 			} `json:"layers"`
 		} `json:"overlaybd"`
 	}
-	if err := json.Unmarshal(tpl.Artifact, &art); err != nil || art.Overlaybd.SizeMB != 64 || len(art.Overlaybd.Layers) != 2 {
+	if err := json.Unmarshal(tpl.Artifact, &art); err != nil || art.Overlaybd.SizeMB != 64 || len(art.Overlaybd.Layers) != 3 { // ext4, the image, the sandbox root
 		t.Fatalf("artifact = %s (%v)", tpl.Artifact, err)
 	}
 	for _, l := range art.Overlaybd.Layers {

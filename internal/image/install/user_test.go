@@ -3,12 +3,15 @@ package install
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/image"
+	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
 // TestRunDefaultUser: a pull makes the image's USER (a name or a uid, with or without a
@@ -40,7 +43,7 @@ func TestRunDefaultUser(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cat.Close()
-			ref := "oci:" + imageLayout(t, "img", c.imageUser, tarLayer(t, map[string]string{"etc/passwd": passwd}))
+			ref := "oci:" + imageLayout(t, "img", c.imageUser, tarLayer(t, map[string]string{"etc/passwd": passwd, "bin/sh": "#!"}))
 			tpl, err := Run(context.Background(), cat.Templates(), Request{Ref: ref, DataDir: data, Name: "u", User: c.flag})
 			if c.err != nil {
 				if !errors.Is(err, c.err) {
@@ -69,4 +72,60 @@ func TestRunDefaultUser(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRunRefusesUnusable: an image that cannot run sandboxes (no /etc/passwd, no
+// /bin/sh, a home that cannot be made, a hostile /etc/passwd) is refused at pull time,
+// converted or not, naming why, with nothing registered and no template directory left.
+func TestRunRefusesUnusable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: unpacking sets ownership")
+	}
+	passwd := "root:x:0:0::/root:/bin/sh\n"
+	for _, c := range []struct {
+		name  string
+		files map[string]string
+		want  string
+	}{
+		{"no passwd", map[string]string{"bin/sh": "#!"}, "no /etc/passwd"},
+		{"no sh", map[string]string{"etc/passwd": passwd, "bin/busybox": "#!"}, "no /bin/sh"},
+		{"home a file", map[string]string{"etc/passwd": passwd, "bin/sh": "#!", "home": ""}, "home /home/user"},
+		{"passwd line too long", map[string]string{"etc/passwd": passwd + strings.Repeat("x", 100<<10), "bin/sh": "#!"}, "line 2"},
+	} {
+		for _, conv := range []bool{false, true} {
+			if conv && !canConvert() {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/convert=%v", c.name, conv), func(t *testing.T) {
+				data := t.TempDir()
+				cat, err := catalog.Open(filepath.Join(data, "aenv.db"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer cat.Close()
+				ref := "oci:" + imageLayout(t, "img", "", tarLayer(t, c.files))
+				_, err = Run(context.Background(), cat.Templates(), Request{Ref: ref, DataDir: data, Name: "u", Convert: conv,
+					Resources: sandbox.Resources{DiskSizeMB: 32}})
+				if !errors.Is(err, image.ErrUnusableImage) || !strings.Contains(err.Error(), c.want) {
+					t.Fatalf("err = %v, want ErrUnusableImage naming %q", err, c.want)
+				}
+				if ts, _ := cat.Templates().List(catalog.KindTemplate); len(ts) != 0 {
+					t.Errorf("refused pull registered %d templates", len(ts))
+				}
+				if ents, _ := os.ReadDir(filepath.Join(data, TemplatesDir)); len(ents) != 0 {
+					t.Errorf("refused pull left %d template dirs", len(ents))
+				}
+			})
+		}
+	}
+}
+
+// canConvert reports whether this host can convert images (root, FUSE, loop devices).
+func canConvert() bool {
+	for _, p := range []string{"/dev/fuse", "/dev/loop-control"} {
+		if _, err := os.Stat(p); err != nil {
+			return false
+		}
+	}
+	return os.Geteuid() == 0
 }

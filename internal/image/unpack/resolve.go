@@ -114,3 +114,10 @@ func filterDots(cs []string) []string {
 	}
 	return out
 }
+
+// Resolve resolves rel inside root as a process chrooted into root would (symlinks
+// expanded, absolute targets restarting at root, ".." stopping there) and returns the
+// root-relative path with no symlink in it. Components that do not exist are kept.
+func Resolve(root *os.Root, rel string) (string, error) {
+	return resolveDir(root, strings.TrimPrefix(path.Clean("/"+rel), "/"))
+}

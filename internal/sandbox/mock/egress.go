@@ -7,8 +7,6 @@ import (
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
-var _ sandbox.EgressUpdater = (*Instance)(nil)
-
 // egressRecord is what UpdateEgress was last given, and how often it was called.
 type egressRecord struct {
 	last  sandbox.Egress

@@ -89,7 +89,14 @@ type Backend struct {
 	discardedSnaps []string
 }
 
-var _ sandbox.Backend = (*Backend)(nil)
+// The optional behaviours of the sandbox contract the mock has (the orchestrator's
+// unit tests rely on them being found).
+var (
+	_ sandbox.Backend           = (*Backend)(nil)
+	_ sandbox.PausedDiscarder   = (*Backend)(nil)
+	_ sandbox.SnapshotDiscarder = (*Backend)(nil)
+	_ sandbox.EgressUpdater     = (*Instance)(nil)
+)
 
 // New returns an empty mock backend.
 func New(o Options) *Backend {

@@ -223,7 +223,17 @@ type Backend struct {
 	layersMu sync.Mutex
 }
 
-var _ sandbox.Backend = (*Backend)(nil)
+// The optional behaviours of the sandbox contract this backend has: a renamed method
+// fails here instead of silently switching the behaviour off in the orchestrator.
+var (
+	_ sandbox.Backend           = (*Backend)(nil)
+	_ sandbox.PausedDiscarder   = (*Backend)(nil)
+	_ sandbox.SnapshotDiscarder = (*Backend)(nil)
+	_ sandbox.CaptureReconciler = (*Backend)(nil)
+	_ sandbox.WarmForgetter     = (*Backend)(nil)
+	_ sandbox.CapturedStopper   = (*Instance)(nil)
+	_ sandbox.EgressUpdater     = (*Instance)(nil)
+)
 
 // New probes the host (which runtime runs a container, whether user namespaces work),
 // creates the network pool and returns the backend. Call Reconcile before the first Launch

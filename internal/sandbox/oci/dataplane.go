@@ -31,7 +31,7 @@ func (b *Backend) diskOpener() rootfs.Opener {
 	if dp == nil {
 		return nil
 	}
-	return func(ctx context.Context, s dataplane.Spec) (rootfs.Disk, error) {
+	return func(ctx context.Context, s dataplane.Spec) (rootfs.ServedDisk, error) {
 		d, err := dp.Open(ctx, s)
 		if err != nil {
 			return nil, err

@@ -7,8 +7,6 @@ import (
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
-var _ sandbox.EgressUpdater = (*Instance)(nil)
-
 // UpdateEgress implements sandbox.EgressUpdater on the instance's network slot: outbound
 // NAT for AllowInternet, then the allow and deny destinations. It works on a sandbox
 // paused in place too (its slot stays); a stopped one has no slot and reports ErrGone.

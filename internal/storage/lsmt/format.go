@@ -54,6 +54,8 @@ var (
 	ErrSealed = errors.New("lsmt: layer is sealed")
 	// ErrClosed marks use of a closed layer.
 	ErrClosed = errors.New("lsmt: layer closed")
+	// ErrReadOnly marks a change to a layer opened read-only.
+	ErrReadOnly = errors.New("lsmt: layer opened read-only")
 )
 
 // Header is the HeaderTrailer struct shared by LSMT headers and trailers.

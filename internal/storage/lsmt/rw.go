@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -32,6 +33,10 @@ type RWLayer struct {
 	idxEOF  int64
 	pending []byte // buffered index entries not yet in the index file
 	closed  bool
+	// readOnly layers refuse every change, to either file.
+	readOnly bool
+	// torn lists the index entries (by number) whose data never reached the data file.
+	torn []int
 }
 
 // CreateOptions describe a new writable layer.
@@ -120,16 +125,43 @@ func CreateRW(dataPath, indexPath string, o CreateOptions) (*RWLayer, error) {
 	return l, nil
 }
 
-// OpenRW opens an existing writable layer, replaying its index file in order
-// (or rebuilding a sparse layer's index from the file's extents). A torn tail
-// left by a crash (a partial entry, or entries pointing past the data that
-// reached the disk) is dropped: those writes were never synced.
+// OpenOptions tune OpenRWWith.
+type OpenOptions struct {
+	// ReadOnly opens the layer without changing either file: torn index
+	// entries are skipped in memory only, and writes, discards and syncs fail
+	// with ErrReadOnly. Inspection and read-only tools use it.
+	ReadOnly bool
+}
+
+// OpenRW opens an existing writable layer for writing; see OpenRWWith.
 func OpenRW(dataPath, indexPath string) (*RWLayer, error) {
-	data, err := os.OpenFile(dataPath, os.O_RDWR, 0)
+	return OpenRWWith(dataPath, indexPath, OpenOptions{})
+}
+
+// OpenRWWith opens an existing writable layer, replaying its index file in
+// order (or rebuilding a sparse layer's index from the file's extents).
+//
+// An index entry whose data lies (partly) past the end of the data file is
+// torn: a host crash persisted the entry but not the data appended before it.
+// Only such entries are dropped, never the entries after them: writes that no
+// flush separated may reach a disk in any order, so losing exactly the torn
+// ones is a state a crashed disk can be in, and their data is not there to
+// keep. A writable open overwrites each torn entry in place with a padding
+// entry (readers, upstream's included, skip those) and syncs the index before
+// returning, so later appends can never be read through a stale entry; it
+// logs every dropped entry at error level. Anything else wrong with an entry
+// (inside the header, beyond the virtual size) refuses the layer, changing
+// nothing, as upstream does.
+func OpenRWWith(dataPath, indexPath string, o OpenOptions) (*RWLayer, error) {
+	flag := os.O_RDWR
+	if o.ReadOnly {
+		flag = os.O_RDONLY
+	}
+	data, err := os.OpenFile(dataPath, flag, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open layer: %w", err)
 	}
-	l, err := openRW(data, dataPath, indexPath)
+	l, err := openRW(data, dataPath, indexPath, o.ReadOnly)
 	if err != nil {
 		data.Close()
 		if l != nil && l.idx != nil {
@@ -140,7 +172,7 @@ func OpenRW(dataPath, indexPath string) (*RWLayer, error) {
 	return l, nil
 }
 
-func openRW(data *os.File, dataPath, indexPath string) (*RWLayer, error) {
+func openRW(data *os.File, dataPath, indexPath string, readOnly bool) (*RWLayer, error) {
 	st, err := data.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", dataPath, err)
@@ -163,16 +195,37 @@ func openRW(data *os.File, dataPath, indexPath string) (*RWLayer, error) {
 			}
 		}
 	}
-	l := &RWLayer{name: dataPath, dataPath: dataPath, data: data, header: h, index: NewMutableIndex()}
+	l := &RWLayer{name: dataPath, dataPath: dataPath, data: data, header: h, index: NewMutableIndex(), readOnly: readOnly}
 	if h.IsSparse() {
 		return l, l.rebuildSparse(st.Size())
 	}
 	l.indexPath = indexPath
 	l.eof = (st.Size() + SectorSize - 1) / SectorSize * SectorSize
-	if l.idx, err = os.OpenFile(indexPath, os.O_RDWR, 0); err != nil {
+	flag := os.O_RDWR
+	if readOnly {
+		flag = os.O_RDONLY
+	}
+	if l.idx, err = os.OpenFile(indexPath, flag, 0); err != nil {
 		return l, fmt.Errorf("open index: %w", err)
 	}
-	return l, l.replay(uint64(st.Size()))
+	if err := l.replay(uint64(st.Size())); err != nil {
+		return l, err
+	}
+	return l, l.dropTorn()
+}
+
+// dropPartialEntry truncates a partial last index entry (one append of whole
+// entries cut short by a crash: provably torn) on a writable open.
+func (l *RWLayer) dropPartialEntry(size int64) error {
+	if l.readOnly || size == l.idxEOF {
+		return nil
+	}
+	slog.Error("lsmt: dropped a partial index entry left by a crash", "index", l.indexPath,
+		"offset", l.idxEOF, "bytes", size-l.idxEOF)
+	if err := l.idx.Truncate(l.idxEOF); err != nil {
+		return fmt.Errorf("%s: drop partial entry: %w", l.indexPath, err)
+	}
+	return nil
 }
 
 func (l *RWLayer) replay(dataSize uint64) error {
@@ -200,25 +253,50 @@ func (l *RWLayer) replay(dataSize uint64) error {
 			continue
 		}
 		m.Tag = 0
-		if m.MOffset < HeaderSize/SectorSize || (!m.Zeroed && m.MEnd() > dataEnd) {
-			slog.Warn("lsmt: dropping torn index tail", "index", l.indexPath,
-				"entry", i, "offset", HeaderSize+i*entrySize, "dropped", n-i)
-			l.idxEOF = HeaderSize + int64(i*entrySize)
-			break
-		}
-		if h := l.header.VirtualSize; h > 0 && m.End() > (h+SectorSize-1)/SectorSize {
+		if vs := l.header.VirtualSize; vs > 0 && m.End() > (vs+SectorSize-1)/SectorSize {
 			return fmt.Errorf("%s: %w: index entry %d at offset %d: sectors [%d, %d) beyond virtual size %d",
-				l.indexPath, ErrFormat, i, HeaderSize+i*entrySize, m.Offset, m.End(), h)
+				l.indexPath, ErrFormat, i, HeaderSize+i*entrySize, m.Offset, m.End(), vs)
+		}
+		if !m.Zeroed && m.MOffset < HeaderSize/SectorSize {
+			return fmt.Errorf("%s: %w: index entry %d at offset %d: data sector %d lies inside the header",
+				l.indexPath, ErrFormat, i, HeaderSize+i*entrySize, m.MOffset)
+		}
+		if !m.Zeroed && m.MEnd() > dataEnd {
+			l.torn = append(l.torn, i)
+			continue
 		}
 		l.index.Insert(m)
 	}
-	if l.idxEOF != int64(len(raw)) {
-		if err := l.idx.Truncate(l.idxEOF); err != nil {
-			return fmt.Errorf("%s: drop torn tail: %w", l.indexPath, err)
+	return l.dropPartialEntry(int64(len(raw)))
+}
+
+// dropTorn reports the torn entries replay skipped and, on a writable open,
+// overwrites them with padding entries and syncs the index.
+func (l *RWLayer) dropTorn() error {
+	if len(l.torn) == 0 {
+		return nil
+	}
+	if l.readOnly {
+		slog.Warn("lsmt: layer has torn index entries (data never written); ignoring them, layer left unchanged",
+			"index", l.indexPath, "entries", len(l.torn), "first", l.torn[0])
+		return nil
+	}
+	for _, i := range l.torn {
+		if _, err := l.idx.WriteAt(invalidEntry[:], HeaderSize+int64(i*entrySize)); err != nil {
+			return fmt.Errorf("%s: drop torn entry %d: %w", l.indexPath, i, err)
 		}
+		slog.Error("lsmt: dropped a torn index entry: its data never reached the data file, so that write is lost",
+			"index", l.indexPath, "entry", i, "offset", HeaderSize+i*entrySize)
+	}
+	if err := l.idx.Sync(); err != nil {
+		return fmt.Errorf("%s: fsync after dropping torn entries: %w", l.indexPath, err)
 	}
 	return nil
 }
+
+// TornEntries lists, by number, the index entries that were dropped (or, read
+// only, skipped) at open because their data never reached the data file.
+func (l *RWLayer) TornEntries() []int { return slices.Clone(l.torn) }
 
 func (l *RWLayer) rebuildSparse(size int64) error {
 	fd := int(l.data.Fd())
@@ -318,6 +396,9 @@ func (l *RWLayer) checkOpen() error {
 
 // WriteAt writes p at virtual offset off; both must be 512-aligned.
 func (l *RWLayer) WriteAt(p []byte, off int64) (int, error) {
+	if l.readOnly {
+		return 0, fmt.Errorf("%s: %w", l.name, ErrReadOnly)
+	}
 	if off < 0 || off%SectorSize != 0 || len(p)%SectorSize != 0 {
 		return 0, fmt.Errorf("%s: write %d bytes at %d: %w", l.name, len(p), off, ErrAlignment)
 	}
@@ -427,6 +508,9 @@ func (l *RWLayer) flushLocked() error {
 // Discard makes [off, off+n) read as zeros without writing data: it appends
 // zeroed mappings (log-structured) or punches a hole (sparse).
 func (l *RWLayer) Discard(off, n int64) error {
+	if l.readOnly {
+		return fmt.Errorf("%s: %w", l.name, ErrReadOnly)
+	}
 	if off < 0 || n < 0 || off%SectorSize != 0 || n%SectorSize != 0 {
 		return fmt.Errorf("%s: discard %d bytes at %d: %w", l.name, n, off, ErrAlignment)
 	}
@@ -458,6 +542,9 @@ func (l *RWLayer) Discard(off, n int64) error {
 
 // Sync makes every completed write and discard durable.
 func (l *RWLayer) Sync() error {
+	if l.readOnly {
+		return fmt.Errorf("%s: %w", l.name, ErrReadOnly)
+	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -507,6 +594,9 @@ func (l *RWLayer) syncFiles() error {
 	}
 	return nil
 }
+
+// ReadOnly reports whether the layer was opened read-only.
+func (l *RWLayer) ReadOnly() bool { return l.readOnly }
 
 // Close flushes buffered index entries and closes the files without
 // sealing; the layer can be reopened with OpenRW.

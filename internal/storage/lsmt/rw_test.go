@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -263,6 +264,105 @@ func TestCrashTornTail(t *testing.T) {
 	}
 	if st, _ := os.Stat(i); (st.Size()-HeaderSize)%16 != 0 {
 		t.Fatal("torn tail not truncated")
+	}
+}
+
+// TestTornEntryKeepsLaterEntries: an entry whose data lies past the data file
+// is dropped alone (the entries after it survive); a read-only open changes
+// neither file, and a writable open neutralizes the entry durably.
+func TestTornEntryKeepsLaterEntries(t *testing.T) {
+	l, d, i := newRW(t)
+	for k := range 3 {
+		l.WriteAt(bytes.Repeat([]byte{byte(k + 1)}, 4096), int64(k)*4096)
+	}
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	idx, _ := os.ReadFile(i)
+	// Entry 1 now points far past the data file.
+	m := DecodeMapping(idx[HeaderSize+entrySize:])
+	m.MOffset = 1 << 40
+	EncodeMapping(idx[HeaderSize+entrySize:], m)
+	os.WriteFile(i, idx, 0o644)
+	dataBefore, _ := os.ReadFile(d)
+	want := func(l *RWLayer, k int, v byte) {
+		t.Helper()
+		got := make([]byte, 4096)
+		l.ReadAt(got, int64(k)*4096)
+		if !bytes.Equal(got, bytes.Repeat([]byte{v}, 4096)) {
+			t.Fatalf("block %d: got %d, want %d", k, got[0], v)
+		}
+	}
+	ro, err := OpenRWWith(d, i, OpenOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ro.TornEntries(); !slices.Equal(got, []int{1}) {
+		t.Fatalf("torn entries %v, want [1]", got)
+	}
+	want(ro, 0, 1)
+	want(ro, 1, 0)
+	want(ro, 2, 3)
+	if _, err := ro.WriteAt(make([]byte, 512), 0); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("write to read-only layer: %v", err)
+	}
+	if _, err := ro.Seal(); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("seal of read-only layer: %v", err)
+	}
+	ro.Close()
+	if b, _ := os.ReadFile(i); !bytes.Equal(b, idx) {
+		t.Fatal("read-only open changed the index file")
+	}
+	if b, _ := os.ReadFile(d); !bytes.Equal(b, dataBefore) {
+		t.Fatal("read-only open changed the data file")
+	}
+	rw, err := OpenRW(d, i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(rw, 2, 3)
+	// An append now lands where the torn entry pointed no more.
+	rw.WriteAt(bytes.Repeat([]byte{9}, 4096), 3*4096)
+	rw.Sync()
+	rw.Close()
+	if st, _ := os.Stat(i); st.Size() != int64(HeaderSize+4*entrySize) {
+		t.Fatalf("index is %d bytes, want %d (entries kept, one appended)", st.Size(), HeaderSize+4*entrySize)
+	}
+	again, err := OpenRW(d, i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if n := len(again.TornEntries()); n != 0 {
+		t.Fatalf("%d torn entries after the writable open neutralized them", n)
+	}
+	want(again, 0, 1)
+	want(again, 1, 0)
+	want(again, 2, 3)
+	want(again, 3, 9)
+}
+
+// TestCorruptEntryRefused: an entry that no crash can produce refuses the
+// layer and changes nothing, as upstream does.
+func TestCorruptEntryRefused(t *testing.T) {
+	l, d, i := newRW(t)
+	l.WriteAt(make([]byte, 4096), 0)
+	l.WriteAt(make([]byte, 4096), 4096)
+	l.Sync()
+	l.Close()
+	idx, _ := os.ReadFile(i)
+	m := DecodeMapping(idx[HeaderSize:])
+	m.MOffset = 2
+	EncodeMapping(idx[HeaderSize:], m)
+	os.WriteFile(i, idx, 0o644)
+	for _, ro := range []bool{true, false} {
+		if _, err := OpenRWWith(d, i, OpenOptions{ReadOnly: ro}); !errors.Is(err, ErrFormat) {
+			t.Fatalf("read-only %v: moffset inside the header: %v", ro, err)
+		}
+	}
+	if b, _ := os.ReadFile(i); !bytes.Equal(b, idx) {
+		t.Fatal("refused open changed the index file")
 	}
 }
 

@@ -30,6 +30,9 @@ func (l *RWLayer) Seal() (SealInfo, error) { return l.seal(true) }
 func (l *RWLayer) SealUnsynced() (SealInfo, error) { return l.seal(false) }
 
 func (l *RWLayer) seal(durable bool) (SealInfo, error) {
+	if l.readOnly {
+		return SealInfo{}, fmt.Errorf("%s: %w", l.name, ErrReadOnly)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {

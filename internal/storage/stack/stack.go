@@ -44,6 +44,9 @@ type Resolver interface {
 // Options tune Open.
 type Options struct {
 	Resolver Resolver // required only for lowers without a path
+	// ReadOnly opens the stack without changing any file: an existing upper is
+	// opened read-only (writes fail), a missing one is not created.
+	ReadOnly bool
 }
 
 type lower struct {
@@ -102,26 +105,11 @@ func Open(ctx context.Context, m *Manifest, o Options) (*Stack, error) {
 	if s.vsize == 0 && len(s.lowers) > 0 {
 		s.vsize = s.lowers[len(s.lowers)-1].l.VirtualSize()
 	}
-	if u := s.m.Upper; u != nil {
-		d, i := s.m.abs(u.Data), s.m.abs(u.Index)
-		if !u.Sparse {
-			// A crash between Restack and Persist left it; nothing refers to it, so a
-			// failure to remove it only costs its space (the next Restack replaces it).
-			_ = os.Remove(sealedIndex(i))
-		}
-		up, err := lsmt.OpenRW(d, i)
-		if errors.Is(err, os.ErrNotExist) {
-			if _, serr := os.Stat(d); os.IsNotExist(serr) {
-				up, err = lsmt.CreateRW(d, i, lsmt.CreateOptions{VirtualSize: s.vsize, ParentUUID: s.topUUID(), Sparse: u.Sparse, Hybrid: u.Hybrid})
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("stack upper: %w", err)
-		}
-		s.upper = up
-		if s.vsize == 0 {
-			s.vsize = up.VirtualSize()
-		}
+	if err := s.openUpper(); err != nil {
+		return nil, err
+	}
+	if s.vsize == 0 && s.upper != nil {
+		s.vsize = s.upper.VirtualSize()
 	}
 	if s.vsize == 0 {
 		return nil, fmt.Errorf("stack: virtual size unknown (no manifest size, lowers or upper)")
@@ -129,6 +117,40 @@ func Open(ctx context.Context, m *Manifest, o Options) (*Stack, error) {
 	s.m.VirtualSize = s.vsize
 	ok = true
 	return s, nil
+}
+
+// openUpper opens the manifest's upper, creating it when missing (a read-only
+// stack neither creates it nor cleans up after a crash).
+func (s *Stack) openUpper() error {
+	u := s.m.Upper
+	if u == nil {
+		return nil
+	}
+	d, i := s.m.abs(u.Data), s.m.abs(u.Index)
+	if s.opts.ReadOnly {
+		up, err := lsmt.OpenRWWith(d, i, lsmt.OpenOptions{ReadOnly: true})
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("stack upper: %w", err)
+		}
+		s.upper = up
+		return nil
+	}
+	if !u.Sparse {
+		// A crash between Restack and Persist left it; nothing refers to it, so a
+		// failure to remove it only costs its space (the next Restack replaces it).
+		_ = os.Remove(sealedIndex(i))
+	}
+	up, err := lsmt.OpenRW(d, i)
+	if errors.Is(err, os.ErrNotExist) {
+		if _, serr := os.Stat(d); os.IsNotExist(serr) {
+			up, err = lsmt.CreateRW(d, i, lsmt.CreateOptions{VirtualSize: s.vsize, ParentUUID: s.topUUID(), Sparse: u.Sparse, Hybrid: u.Hybrid})
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("stack upper: %w", err)
+	}
+	s.upper = up
+	return nil
 }
 
 func (s *Stack) topUUID() string {

@@ -306,7 +306,8 @@ func (x *executor) ensureUser(ctx context.Context) error {
 // `user`, with a warning: Docker would run as the bare uid, which envd cannot.
 func (x *executor) imageUser(ctx context.Context, u string) string {
 	name, _, _ := strings.Cut(u, ":")
-	out, err := x.quiet(ctx, fmt.Sprintf(`awk -F: -v u=%s '$1==u||$3==u{print $1; exit}' /etc/passwd`, shellQuote(name)))
+	// Only entries envd can use (seven fields, numeric ids), as image.AccountName.
+	out, err := x.quiet(ctx, fmt.Sprintf(`awk -F: -v u=%s 'NF>=7 && $1!="" && $3~/^[0-9]+$/ && $4~/^[0-9]+$/ && ($1==u||$3==u){print $1; exit}' /etc/passwd`, shellQuote(name)))
 	if err == nil && out != "" && !strings.ContainsAny(out, " \n") {
 		return out
 	}

@@ -3,6 +3,8 @@ package build
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
@@ -99,4 +101,32 @@ func (s *Service) CollectGarbage(ctx context.Context) {
 		log.Info("collected unused image data", "imports", res.Imports, "layers", len(res.Layers),
 			"blobs", len(res.Blobs), "dirs", len(res.Dirs), "bytes", res.Bytes)
 	}
+}
+
+// deleteUnbuilt removes a template that exists only as build records (every build
+// failed, or none has run yet), found by id or name: GET and the list show it, so it
+// can be deleted. Unknown is ErrNotFound.
+func (s *Service) deleteUnbuilt(ctx context.Context, idOrAlias string) (catalog.Template, error) {
+	recs := s.store.list(func(r *Record) bool { return r.TemplateID == idOrAlias || r.Name == idOrAlias })
+	if len(recs) == 0 {
+		return catalog.Template{}, fmt.Errorf("template %q: %w", idOrAlias, ErrNotFound)
+	}
+	last := recs[len(recs)-1]
+	t := catalog.Template{ID: last.TemplateID, Aliases: []string{last.Name}}
+	for _, r := range s.Builds(t.ID) {
+		if r.Status == StatusBuilding {
+			return catalog.Template{}, fmt.Errorf("%w: template %s has a build running (%s)", ErrConflict, t.ID, r.ID)
+		}
+	}
+	if err := s.tags.forget(t.ID); err != nil {
+		s.log.Warn("remove template tags", "template", t.ID, "err", err)
+	}
+	if err := s.Forget(t.ID); err != nil {
+		return catalog.Template{}, err
+	}
+	// What failed builds left on disk (no sandbox runs on a failed build).
+	if s.pruneBuilds(ctx, t.ID, "") == 0 {
+		os.RemoveAll(filepath.Join(s.cfg.DataDir, install.TemplatesDir, t.ID))
+	}
+	return t, nil
 }

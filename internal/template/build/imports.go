@@ -30,12 +30,13 @@ func (s *Service) importImage(ctx context.Context, img *image.Image, id, ref str
 	dir := filepath.Join(s.cfg.DataDir, install.TemplatesDir, id)
 	if t, err := s.tpls.Get(id); err == nil {
 		if _, err := os.Stat(t.RootFSDir); err == nil {
-			if !layered || isLayered(t) {
+			if !layered || isLayered(t) && preparedStack(t) {
 				logf("info", fmt.Sprintf("base: image %s already imported as %s", img.Digest, id))
 				return t, nil
 			}
-			// Imported before this node ran layered roots: add the layers, keep the
-			// directory (sandboxes and directory builds may still run on it).
+			// Imported before this node ran layered roots, or converted without the
+			// sandbox-root layer: add the layers, keep the directory (sandboxes and
+			// directory builds may still run on it).
 			built, err := image.LoadBuilt(dir)
 			if err != nil {
 				return catalog.Template{}, fmt.Errorf("import %s: %w", ref, err)
@@ -69,7 +70,7 @@ func (s *Service) registerImport(ctx context.Context, img *image.Image, built *i
 			size = install.DefaultDiskMB
 		}
 		res, err := convert.Convert(ctx, img, convert.Options{Store: store, Dir: filepath.Join(s.cfg.DataDir, install.OverlaybdDir),
-			SizeMB: size, Progress: progress, Log: s.log})
+			SizeMB: size, Progress: progress, Log: s.log, User: image.DefaultUser})
 		if err != nil {
 			return catalog.Template{}, fmt.Errorf("convert %s into layers: %w", ref, err)
 		}
@@ -93,4 +94,20 @@ func (s *Service) convertImages() bool {
 	}
 	t, err := s.tpls.Get("base")
 	return err == nil && isLayered(t)
+}
+
+// preparedStack reports whether an import's converted stack ends with the layer that
+// makes it a sandbox root (convert.Options.User): the empty ext4, one layer per image
+// layer, then that one. Imports converted before it existed lack it.
+func preparedStack(t catalog.Template) bool {
+	var a struct {
+		Layers    []json.RawMessage `json:"layers"`
+		Overlaybd struct {
+			Layers []json.RawMessage `json:"layers"`
+		} `json:"overlaybd"`
+	}
+	if json.Unmarshal(t.Artifact, &a) != nil {
+		return false
+	}
+	return len(a.Overlaybd.Layers) == len(a.Layers)+2
 }

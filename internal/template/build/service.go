@@ -532,7 +532,7 @@ var ErrNotTemplate = errors.New("not a template")
 func (s *Service) Delete(ctx context.Context, idOrAlias string) (catalog.Template, error) {
 	t, err := s.tpls.Resolve(idOrAlias)
 	if errors.Is(err, catalog.ErrNotFound) {
-		return catalog.Template{}, fmt.Errorf("template %q: %w", idOrAlias, ErrNotFound)
+		return s.deleteUnbuilt(ctx, idOrAlias)
 	}
 	if err != nil {
 		return catalog.Template{}, err

@@ -1,8 +1,9 @@
 // Command registry serves an in-memory OCI registry on a loopback port for the SDK
 // end-to-end tests, seeded with one image made from the host's static busybox and bash
 // (the base template's root filesystem), so template builds can use fromImage without
-// any network. It prints "READY <host:port> <image>" once the image is pushed and then
-// serves until killed.
+// any network; with -debian-root also the test/debian images (debian:bookworm, ...). It
+// prints "READY <host:port> <image>" once the images are pushed and then serves until
+// killed.
 package main
 
 import (
@@ -31,11 +32,13 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/aenv-dev/aenv/internal/template/base"
+	"github.com/aenv-dev/aenv/test/debian"
 )
 
 func main() {
 	rootfs := flag.String("rootfs", "", "root filesystem to publish (default: build the base rootfs in a temp dir)")
 	repo := flag.String("image", "aenv-e2e/tools:1", "repository:tag to publish")
+	debianRoot := flag.String("debian-root", "", "also publish the test/debian images made from this Debian root (scripts/debian-root.sh)")
 	flag.Parse()
 	log.SetFlags(0)
 	if *rootfs == "" {
@@ -84,6 +87,15 @@ func main() {
 	}
 	if err := remote.Write(ref, img); err != nil {
 		log.Fatal(err)
+	}
+	if *debianRoot != "" {
+		imgs, err := debian.Images(*debianRoot)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if _, err := debian.Push(ln.Addr().String(), imgs); err != nil {
+			log.Fatal(err)
+		}
 	}
 	fmt.Printf("READY %s %s\n", ln.Addr(), ref.String())
 	select {}

@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
@@ -24,7 +25,7 @@ func baseFixture(t *testing.T) (*catalog.Catalog, config.Config) {
 	os.MkdirAll(filepath.Join(src, "home", "user"), 0o755)
 	os.WriteFile(filepath.Join(src, base.StampFile), []byte(base.Version+"\n"), 0o644)
 	dataDir := t.TempDir()
-	cat, err := catalog.Open(filepath.Join(dataDir, catalogFile))
+	cat, err := catalog.Open(filepath.Join(dataDir, CatalogFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +39,7 @@ func baseFixture(t *testing.T) (*catalog.Catalog, config.Config) {
 
 func baseTemplate(t *testing.T, cat *catalog.Catalog) catalog.Template {
 	t.Helper()
-	tpl, err := cat.Templates().Get(baseTemplateID)
+	tpl, err := cat.Templates().Get(BaseTemplateID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,11 +63,11 @@ func TestEnsureBaseTemplateIsLayered(t *testing.T) {
 	ctx := context.Background()
 
 	// A node whose catalog has the directory-only base of an older aenv gets it upgraded.
-	dir := filepath.Join(cfg.DataDir, "templates", baseTemplateID, "rootfs")
+	dir := filepath.Join(cfg.DataDir, "templates", BaseTemplateID, "rootfs")
 	if err := copyTree(ctx, cfg.Templates.BaseRootFS, dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := cat.Templates().Put(catalog.Template{ID: baseTemplateID, Kind: catalog.KindTemplate, RootFSDir: dir}); err != nil {
+	if err := cat.Templates().Put(catalog.Template{ID: BaseTemplateID, Kind: catalog.KindTemplate, RootFSDir: dir}); err != nil {
 		t.Fatal(err)
 	}
 	if err := ensureBaseTemplate(ctx, cat, cfg, log); err != nil {
@@ -119,5 +120,64 @@ func TestEnsureBaseTemplateFallsBackToDirectory(t *testing.T) {
 	fs, err := rootfs.TemplateRootFS(tpl.RootFSDir, tpl.Artifact)
 	if err != nil || len(fs.Layers) != 0 || fs.LowerDir != tpl.RootFSDir {
 		t.Fatalf("root filesystem %+v, %v", fs, err)
+	}
+}
+
+func TestEnsureBaseTemplateFromPrebuiltRootfs(t *testing.T) {
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "home", "user"), 0o755)
+	os.WriteFile(filepath.Join(src, "marker"), []byte("prebuilt"), 0o644)
+	os.WriteFile(filepath.Join(src, base.StampFile), []byte(base.Version+"\n"), 0o644)
+	dataDir := t.TempDir()
+	cat, err := catalog.Open(filepath.Join(dataDir, CatalogFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cat.Close()
+	cfg := config.Default()
+	cfg.DataDir = dataDir
+	cfg.Templates.BaseRootFS = src
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	if err := ensureBaseTemplate(context.Background(), cat, cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	tpl, err := cat.Templates().Resolve("base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(tpl.RootFSDir, dataDir) || tpl.DefaultUser != "user" {
+		t.Fatalf("template = %+v", tpl)
+	}
+	if b, _ := os.ReadFile(filepath.Join(tpl.RootFSDir, "marker")); string(b) != "prebuilt" {
+		t.Fatal("the prebuilt rootfs was not copied into the data dir")
+	}
+	// Installed and current: a second start changes nothing, even without the source.
+	os.RemoveAll(src)
+	os.WriteFile(filepath.Join(tpl.RootFSDir, "marker"), []byte("kept"), 0o644)
+	if err := ensureBaseTemplate(context.Background(), cat, cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(tpl.RootFSDir, "marker")); string(b) != "kept" {
+		t.Fatal("an installed base template was reinstalled")
+	}
+}
+
+func TestEnsureBaseTemplateRejectsUnfinishedBuild(t *testing.T) {
+	dataDir := t.TempDir()
+	cat, err := catalog.Open(filepath.Join(dataDir, CatalogFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cat.Close()
+	cfg := config.Default()
+	cfg.DataDir = dataDir
+	cfg.Templates.BaseRootFS = t.TempDir() // no stamp
+	err = ensureBaseTemplate(context.Background(), cat, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err == nil || !strings.Contains(err.Error(), "build-base") {
+		t.Fatalf("err = %v", err)
+	}
+	if _, err := cat.Templates().Get("base"); err == nil {
+		t.Fatal("a failed install registered the template")
 	}
 }

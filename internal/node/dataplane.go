@@ -1,10 +1,11 @@
-package main
+package node
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -29,10 +30,12 @@ func startDataPlane(ctx context.Context, cfg config.Config, log *slog.Logger) (*
 		return nil, err
 	}
 	dir := dataPlaneDir(dataDir)
-	cmdline, err := dataplaneCommand(dir)
+	// The data plane is this very binary (`aenv dataplane`).
+	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("locate this binary to start the data plane: %w", err)
 	}
+	cmdline := []string{exe, "dataplane", "--dir", dir}
 	dp := &nodeDataPlane{opts: dataplane.StartOptions{Dir: dir, Command: cmdline, Cgroup: dataplane.CgroupName(dataDir), Log: log}, log: log}
 	if err := dp.ensure(ctx); err != nil {
 		return nil, err
@@ -132,4 +135,33 @@ func dataPlaneDirs(ctx context.Context, dataDir string) []string {
 		dirs[i] = d.Dir
 	}
 	return dirs
+}
+
+// dataPlaneUser is a backend whose sandboxes' root disks the data plane serves (the OCI
+// backend with backend.data_plane).
+type dataPlaneUser interface {
+	// OnDataPlane lists the sandboxes whose disks the data plane serves.
+	OnDataPlane() []string
+	// DataPlaneLost drops what the backend keeps ready on the data plane's disks.
+	DataPlaneLost(ctx context.Context) error
+}
+
+// watchDataPlane removes the sandboxes a dead data plane took down, while the node runs.
+func (n *Node) watchDataPlane(dp *nodeDataPlane) {
+	u, ok := n.Backend.(dataPlaneUser)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		dp.watch(ctx, u.OnDataPlane, func(ids []string) {
+			if err := u.DataPlaneLost(ctx); err != nil {
+				n.Log.Warn("drop warm sandboxes on layered roots", "err", err)
+			}
+			n.Orchestrator.DropLost(ctx, ids, "data plane died")
+		})
+	}()
+	n.onClose(func(context.Context) { cancel(); <-done })
 }

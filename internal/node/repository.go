@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/config"
-	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/repository"
 	"github.com/aenv-dev/aenv/internal/repository/layers"
 	"github.com/aenv-dev/aenv/internal/repository/nodecache"
@@ -128,32 +127,24 @@ func (r *nodeRepository) register(reg prometheus.Registerer) error {
 }
 
 // openPublisher makes the publisher that publishes this node's snapshots and templates
-// to the repository (through the node cache) and syncs the catalog from it. orch
-// returns the node's orchestrator; it is called only once the publisher runs (after
-// Start), when it is set.
+// to the repository (through the node cache) and syncs the catalog from it. Its sync
+// asks the orchestrator which entries are in use, which it is given at Start.
 //
 // The node id, which the publisher writes into every record it publishes (only the
 // publishing node may resume a pending record), is a random id made on first start and
 // kept in the catalog: stable across restarts, unique per data directory, and unlike
 // the host name never shared by two nodes on one host.
-func openPublisher(cfg config.Config, cat *catalog.Catalog, repo *nodeRepository, log *slog.Logger,
-	orch func() *orchestrator.Orchestrator) (*snapshot.Publisher, *nodecache.Cache, error) {
+func openPublisher(cfg config.Config, cat *catalog.Catalog, repo *nodeRepository, log *slog.Logger) (*snapshot.Publisher, error) {
 	secret, err := cat.Secret("node-id", 16)
 	if err != nil {
-		return nil, nil, fmt.Errorf("node id: %w", err)
+		return nil, fmt.Errorf("node id: %w", err)
 	}
 	nodeID := hex.EncodeToString(secret)
 	o := snapshot.ConfigOptions(cfg, nodeID)
 	o.Logger = log.With("component", "snapshot")
-	// A snapshot deleted on another node stays here while a sandbox of this node runs
-	// on it (its layers are pinned meanwhile) ...
-	o.InUse = func(id string) bool { return orch().UsesTemplate(id) }
-	// ... and once it leaves the catalog, the backend frees its capture as for a
-	// local delete.
-	o.OnRemoved = func(ctx context.Context, t catalog.Template) { orch().DiscardTemplate(ctx, t) }
 	pub, err := snapshot.New(repo.cache, cat.Templates(), o)
 	if err != nil {
-		return nil, nil, fmt.Errorf("start the snapshot publisher: %w", err)
+		return nil, fmt.Errorf("start the snapshot publisher: %w", err)
 	}
 	// Lazily read layers are verified against the block hash lists their
 	// records name, which the publisher learns as it syncs them. Set before
@@ -161,5 +152,5 @@ func openPublisher(cfg config.Config, cat *catalog.Catalog, repo *nodeRepository
 	repo.layers.Hashes = pub.HashIndex()
 	log.Info("snapshot repository", "backend", cfg.Snapshot.RepositoryBackend, "node_id", nodeID,
 		"sync_interval", o.SyncInterval, "lazy_layers", o.LazyLayers)
-	return pub, repo.cache, nil
+	return pub, nil
 }

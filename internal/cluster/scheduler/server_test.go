@@ -1,0 +1,145 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
+)
+
+// startServer serves s on a loopback port and returns a client for it.
+func startServer(tb testing.TB, s *State) pb.SchedulerClient {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	g := grpc.NewServer()
+	NewServer(s, nil).Register(g)
+	go g.Serve(ln)
+	tb.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return pb.NewSchedulerClient(conn)
+}
+
+func TestServerRoundTrip(t *testing.T) {
+	s, _ := newTestState(t)
+	c := startServer(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	watch, err := c.Watch(ctx, &pb.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stream is set up once the server has sent headers; a heartbeat before that
+	// could be published to no subscriber, so wait for them.
+	if _, err := watch.Header(); err != nil {
+		t.Fatal(err)
+	}
+	hbResp, err := c.Heartbeat(ctx, hb{id: "a", cpu: 4, mem: 4096}.req())
+	if err != nil || hbResp.IntervalMs != 1000 {
+		t.Fatalf("Heartbeat = %v, %v", hbResp, err)
+	}
+	p, err := c.Place(ctx, &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 1, MemoryMb: 512}})
+	if err != nil || p.Node.Id != "a" || p.Node.Endpoint != "http://a:8000" {
+		t.Fatalf("Place = %v, %v", p, err)
+	}
+	if _, err := c.Bind(ctx, &pb.BindRequest{SandboxId: "sb", NodeId: "a", ReservationId: p.ReservationId}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Lookup(ctx, &pb.LookupRequest{SandboxId: "sb"})
+	if err != nil || l.Node.Id != "a" || l.State != pb.NodeState_NODE_STATE_READY {
+		t.Fatalf("Lookup = %v, %v", l, err)
+	}
+	nodes, err := c.ListNodes(ctx, &pb.ListNodesRequest{})
+	if err != nil || len(nodes.Nodes) != 1 || nodes.Nodes[0].Reserved.CpuCount != 1 {
+		t.Fatalf("ListNodes = %v, %v", nodes, err)
+	}
+	for _, want := range []pb.Event_Type{pb.Event_TYPE_NODE_UP, pb.Event_TYPE_SANDBOX_BOUND} {
+		e, err := watch.Recv()
+		if err != nil || e.Type != want {
+			t.Fatalf("event = %v, %v; want %v", e, err, want)
+		}
+	}
+
+	for _, tc := range []struct {
+		call func() error
+		code codes.Code
+	}{
+		{func() error { _, err := c.Lookup(ctx, &pb.LookupRequest{SandboxId: "nope"}); return err }, codes.NotFound},
+		{func() error { _, err := c.Lookup(ctx, &pb.LookupRequest{}); return err }, codes.InvalidArgument},
+		{func() error {
+			_, err := c.Place(ctx, &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 99}})
+			return err
+		}, codes.ResourceExhausted},
+		{func() error { _, err := c.Bind(ctx, &pb.BindRequest{SandboxId: "x", NodeId: "ghost"}); return err }, codes.FailedPrecondition},
+		{func() error { _, err := c.Heartbeat(ctx, &pb.HeartbeatRequest{}); return err }, codes.InvalidArgument},
+	} {
+		if err := tc.call(); status.Code(err) != tc.code {
+			t.Errorf("got %v, want code %v", err, tc.code)
+		}
+	}
+}
+
+// benchNodes registers n nodes with room for any number of placements.
+func benchNodes(tb testing.TB, s *State, n int) {
+	for i := range n {
+		r := hb{id: fmt.Sprintf("node-%03d", i), cpu: 1 << 20, mem: 1 << 40,
+			templates: []string{"base"}, layers: []string{"sha256:a", "sha256:b"}}.req()
+		r.Node.Capacity.Sandboxes = 1 << 30
+		if err := s.Heartbeat(r); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPlace is the placement decision itself (100 nodes), reservation included.
+func BenchmarkPlace(b *testing.B) {
+	s := New(Config{})
+	benchNodes(b, s, 100)
+	req := &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 1, MemoryMb: 512}, TemplateId: "base", Layers: []string{"sha256:a"}}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		resp, err := s.Place(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.Release(resp.ReservationId)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "placements/s")
+}
+
+// BenchmarkPlaceGRPC is what a gateway sees: Place over gRPC on loopback from parallel
+// callers, 100 nodes.
+func BenchmarkPlaceGRPC(b *testing.B) {
+	s := New(Config{})
+	benchNodes(b, s, 100)
+	c := startServer(b, s)
+	req := &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 1, MemoryMb: 512}, TemplateId: "base"}
+	ctx := context.Background()
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := c.Place(ctx, req); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "placements/s")
+}

@@ -1,0 +1,270 @@
+// Package node assembles one aenv node from its configuration: the catalog and API keys,
+// the repository with its caches, the sandbox backend chosen by backend.kind, the
+// snapshot publisher, the orchestrator, the template builder and the HTTP handler of
+// the E2B-compatible API. `aenv serve` is this package plus a listener; anything else
+// that runs a node (tests, a gateway's local node) opens it the same way.
+//
+// # Backends
+//
+// The backend is looked up by backend.kind in a Backends registry (DefaultBackends, or
+// Options.Backends). A factory gets a BackendEnv (the config, its own data directory,
+// envd, the lazy layer resolver, metrics, a logger) and returns a Backend: the
+// sandbox.Backend contract plus Close. The node never asserts a concrete backend type;
+// the optional behaviours of the contract (sandbox.SnapshotDiscarder and the others)
+// are found by the orchestrator on whatever the factory returned. A new kind is a
+// factory and one line in DefaultBackends.
+//
+// # Order
+//
+// Open brings the parts up in dependency order and Close takes them down in reverse:
+// the orchestrator publishes through the publisher, and the publisher's sync asks the
+// orchestrator which entries are in use, so the publisher is made first, handed to the
+// orchestrator, and only started (snapshot.Publisher.Start) with the orchestrator once
+// that has reconciled the sandboxes of the previous run.
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/aenv-dev/aenv/internal/apikey"
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/orchestrator"
+	"github.com/aenv-dev/aenv/internal/rootfs"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/server"
+	"github.com/aenv-dev/aenv/internal/snapshot"
+	"github.com/aenv-dev/aenv/internal/template/build"
+)
+
+// CatalogFile is the node's catalog inside its data directory.
+const CatalogFile = "aenv.db"
+
+// Options are what Open takes besides the config.
+type Options struct {
+	// Backends are the backend kinds to choose from (default DefaultBackends()).
+	Backends Backends
+	// Logger receives the node's logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Node is one running node. Its parts are exported for the caller that serves it
+// (Handler) and for tests; they are owned by the node and released by Close.
+type Node struct {
+	Config       config.Config
+	Log          *slog.Logger
+	Catalog      *catalog.Catalog
+	Metrics      *prometheus.Registry
+	Backend      Backend
+	Publisher    *snapshot.Publisher
+	Orchestrator *orchestrator.Orchestrator
+	Builds       *build.Service
+	// Handler serves the API, the envd proxy and /metrics.
+	Handler http.Handler
+	// APIKey says where the admin API key came from (for the operator's first start).
+	APIKey apikey.Bootstrapped
+
+	// closers undo Open, in reverse order.
+	closers []func(ctx context.Context)
+}
+
+// Open assembles the node for cfg (validated) and starts it: sandboxes of the previous
+// run are reconciled, the publisher syncs, the base template exists. On error everything
+// Open started is closed again.
+func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error) {
+	if o.Backends == nil {
+		o.Backends = DefaultBackends()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	// Before anything is made: a node that cannot run its backend changes nothing.
+	factory, err := o.Backends.factory(cfg.Backend.Kind)
+	if err != nil {
+		return nil, err
+	}
+	envd, err := findEnvd(cfg.Envd.Path)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{Config: cfg, Log: o.Logger, Metrics: prometheus.NewRegistry()}
+	defer func() {
+		if err != nil {
+			n.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	n.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Sandbox roots (in user namespaces) must traverse the data dir to their rootfs.
+	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
+		return nil, fmt.Errorf("create the data directory: %w", err)
+	}
+	if err := n.openCatalog(ctx); err != nil {
+		return nil, err
+	}
+	repo, err := openRepository(ctx, cfg, n.Metrics, n.Log)
+	if err != nil {
+		return nil, err
+	}
+	n.onClose(func(context.Context) { repo.Close() })
+
+	var dp *nodeDataPlane
+	if cfg.Backend.DataPlane {
+		if dp, err = startDataPlane(ctx, cfg, n.Log); err != nil {
+			return nil, err
+		}
+	}
+	kind := cfg.Backend.Kind
+	env := BackendEnv{Config: cfg, DataDir: filepath.Join(cfg.DataDir, kind), EnvdPath: envd,
+		Layers: repo.layers, Registerer: n.Metrics, Logger: n.Log.With("component", kind)}
+	if dp != nil {
+		env.DataPlane = dp.Client
+	}
+	n.Backend, err = factory(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	n.onClose(func(ctx context.Context) {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := n.Backend.Close(cctx); err != nil {
+			n.Log.Warn("close the sandbox backend", "backend", kind, "err", err)
+		}
+		// A data plane left with no disk (sandboxes stopped or paused) ends; one still
+		// serving the disks of kept sandboxes runs on for the next node.
+		if dp != nil {
+			dp.stopIfIdle(cctx)
+		}
+	})
+
+	if err := n.startSandboxes(ctx, repo); err != nil {
+		return nil, err
+	}
+	if dp != nil {
+		n.watchDataPlane(dp)
+	}
+	if err := ensureBaseTemplate(ctx, n.Catalog, cfg, n.Log); err != nil {
+		return nil, err
+	}
+	if err := n.openAPI(); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// openCatalog opens the catalog and makes sure an admin API key exists.
+func (n *Node) openCatalog(ctx context.Context) error {
+	cat, err := openCatalog(ctx, n.Config.DataDir, filepath.Join(n.Config.DataDir, CatalogFile), n.Log)
+	if err != nil {
+		return fmt.Errorf("%w (is another `aenv serve` using %s?)", err, n.Config.DataDir)
+	}
+	n.Catalog = cat
+	n.onClose(func(context.Context) { cat.Close() })
+	n.APIKey, err = apikey.Bootstrap(ctx, cat.APIKeys(), n.Config.DataDir, n.Config.APIKey)
+	return err
+}
+
+// startSandboxes makes the publisher and the orchestrator, reconciles the sandboxes the
+// last run left, and starts publishing and syncing.
+func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
+	cfg := n.Config
+	pub, err := openPublisher(cfg, n.Catalog, repo, n.Log)
+	if err != nil {
+		return err
+	}
+	n.Publisher = pub
+	// The publisher closes after the orchestrator's shutdown (which unpins) and before
+	// the backend and the catalog its sync writes to.
+	n.onClose(func(context.Context) { pub.Close() })
+
+	n.Orchestrator, err = orchestrator.New(orchestrator.Config{
+		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration,
+		MaxTimeout:     cfg.Sandbox.MaxTimeout.Duration,
+		DefaultResources: sandbox.Resources{
+			CPUCount: cfg.Sandbox.DefaultCPU, MemoryMB: cfg.Sandbox.DefaultMemoryMB, DiskSizeMB: cfg.Sandbox.DefaultDiskMB,
+		},
+		MaxSandboxes:     cfg.Sandbox.MaxSandboxes,
+		EnvdReadyTimeout: cfg.Envd.ReadyTimeout.Duration,
+		EnvdVersion:      cfg.Envd.Version,
+		ShutdownAction:   orchestrator.ShutdownAction(cfg.Sandbox.ShutdownAction),
+		Registerer:       n.Metrics,
+		Logger:           n.Log,
+	}, n.Backend, n.Catalog, orchestrator.WithTemplateRootFS(rootfs.TemplateRootFS), orchestrator.WithPublisher(pub, repo.cache))
+	if err != nil {
+		return err
+	}
+	if err := n.Orchestrator.Start(ctx); err != nil {
+		return fmt.Errorf("reconcile sandboxes: %w", err)
+	}
+	// A snapshot deleted on another node stays here while a sandbox of this node runs
+	// on it (its layers are pinned meanwhile); once it leaves the catalog, the backend
+	// frees its capture as for a local delete.
+	if err := pub.Start(ctx, n.Orchestrator); err != nil {
+		return fmt.Errorf("start the snapshot publisher: %w", err)
+	}
+	n.onClose(func(ctx context.Context) {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		if err := n.Orchestrator.Shutdown(sctx); err != nil {
+			n.Log.Error("shutdown sandboxes", "err", err)
+		}
+	})
+	return nil
+}
+
+// openAPI starts the template builder and makes the API handler.
+func (n *Node) openAPI() error {
+	cfg, cat, orch := n.Config, n.Catalog, n.Orchestrator
+	// Builds run in sandboxes of this node; Close cancels running ones (they end in error).
+	builds, err := build.New(build.Config{DataDir: cfg.DataDir, Publisher: n.Publisher, Logger: n.Log, Registerer: n.Metrics},
+		orch, cat.Templates())
+	if err != nil {
+		return fmt.Errorf("start the template builder: %w", err)
+	}
+	n.Builds = builds
+	n.onClose(func(context.Context) { builds.Close() })
+
+	// `aenv pull` goes through here while the node holds the catalog lock.
+	pulls := &server.Puller{Templates: cat.Templates(), DataDir: cfg.DataDir,
+		CanConvert: func() bool { return LayeredTemplate(cat, BaseTemplateID) },
+		Publisher:  n.Publisher, InUse: orch.UsesRootFSDir, Retired: builds.Retired, Log: n.Log}
+	srv, err := server.New(server.Options{
+		Orchestrator:     orch,
+		Builds:           builds,
+		Pulls:            pulls,
+		Auth:             apikey.NewVerifier(cat.APIKeys()),
+		Keys:             cat.APIKeys(),
+		Domains:          cfg.Proxy.Domains,
+		Registry:         n.Metrics,
+		DefaultTimeout:   cfg.Sandbox.DefaultTimeout.Duration,
+		DefaultTimeoutV1: cfg.Sandbox.DefaultTimeoutV1.Duration,
+		MaxTimeout:       cfg.Sandbox.MaxTimeout.Duration,
+		Logger:           n.Log,
+	})
+	if err != nil {
+		return err
+	}
+	n.Handler = srv
+	return nil
+}
+
+func (n *Node) onClose(f func(ctx context.Context)) { n.closers = append(n.closers, f) }
+
+// Close stops the node in the reverse order of Open: builds, sandboxes (as
+// sandbox.shutdown_action says), publisher, backend, repository, catalog. Each step has
+// its own deadline, so a canceled ctx still shuts down cleanly. Close is idempotent.
+func (n *Node) Close(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	for i := len(n.closers) - 1; i >= 0; i-- {
+		n.closers[i](ctx)
+	}
+	n.closers = nil
+}

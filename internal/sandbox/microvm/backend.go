@@ -1,0 +1,245 @@
+// Package microvm runs every sandbox in its own QEMU microvm (-M microvm): a guest kernel
+// of its own (Debian's cloud kernel as a PVH vmlinux), an initramfs that mounts the
+// sandbox's root disk and starts envd as the guest's PID 1, and KVM where the host runs
+// guests with it, TCG (software emulation) elsewhere.
+//
+// Root disk: the sandbox's layered root (the template's sealed overlaybd layers plus a
+// writable upper of its own, package rootfs) served as a file through FUSE and attached as
+// a virtio-blk drive, so templates, lazily fetched layers and the repository work as for
+// the OCI backend's block roots. Templates must be layered; a directory template cannot
+// boot a VM.
+//
+// Network: the VM is its network slot (package network): a tap in the slot's namespace,
+// joined to the slot's veth, with the slot's MAC and address in the guest (tap.go). The
+// node reaches envd at the slot's address, as for containers.
+//
+// Processes: QEMU runs in a session of its own and survives the node; its pidfile in the
+// sandbox directory lets Reconcile find it. Sandboxes are not adopted after a restart:
+// their disk's FUSE server lived in the previous process (as for the OCI backend's block
+// roots), so Reconcile kills every QEMU it finds and removes what they used.
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sync"
+
+	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/storage/stack"
+)
+
+// ErrUnsupported wraps sandbox.ErrUnsupported for what this backend cannot do (yet).
+var ErrUnsupported = fmt.Errorf("microvm: %w", sandbox.ErrUnsupported)
+
+// ErrExists means a sandbox with that id already exists on this node.
+var ErrExists = errors.New("microvm: sandbox already exists")
+
+// Acceleration modes for Config.Accel.
+const (
+	AccelAuto = "auto"
+	AccelTCG  = "tcg"
+	AccelKVM  = "kvm"
+)
+
+// Config configures the backend. Zero values take the defaults shown.
+type Config struct {
+	// DataDir holds one directory per sandbox (DataDir/sandboxes/<id>): its disk's upper,
+	// the FUSE mount serving the disk, QEMU's pidfile, QMP socket and console log.
+	DataDir string
+	// EnvdPath is the host's envd binary; it is packed into each boot's initramfs.
+	EnvdPath string
+	// EnvdPort is where envd listens in the guest. Default 49983.
+	EnvdPort int
+	// GuestDir holds the guest kernel and initramfs that `make guest` builds. Default:
+	// the directory "microvm" next to EnvdPath (bin/microvm for bin/envd).
+	GuestDir string
+	// Kernel is the guest kernel (an uncompressed vmlinux or a bzImage). Default
+	// GuestDir/vmlinux: a host that needs a special guest kernel sets it.
+	Kernel string
+	// Initrd is the guest initramfs (without envd). Default GuestDir/initrd.img.
+	Initrd string
+	// QEMU is the qemu-system-x86_64 binary. Default "qemu-system-x86_64" from PATH.
+	QEMU string
+	// Accel is auto (default), tcg or kvm. Auto means TCG until a KVM probe is wired in.
+	Accel string
+	// TSCKHz is the host TSC rate given to TCG guests (tsc_early_khz). Default: read from
+	// /proc/cpuinfo.
+	TSCKHz int
+	// RAMDir holds the guest RAM files (memory-backend-file); it must be a tmpfs. Default
+	// /dev/shm/aenv-microvm.
+	RAMDir string
+	// MemoryMB and CPUs are the defaults for sandboxes whose plan sets none. Default 256, 1.
+	MemoryMB int
+	CPUs     int
+	// Network configures the slot pool (bridge, subnet, warm pool size).
+	Network network.Config
+	// ResolvConf is the file whose (non-loopback) nameservers the guest uses. Default
+	// /etc/resolv.conf.
+	ResolvConf string
+	// LayerResolver opens sealed layers that have a digest but no local path.
+	LayerResolver stack.Resolver
+	Logger        *slog.Logger
+}
+
+func (c *Config) defaults() error {
+	if c.DataDir == "" {
+		return errors.New("microvm: Config.DataDir is required")
+	}
+	if c.EnvdPath == "" {
+		return errors.New("microvm: Config.EnvdPath is required")
+	}
+	if c.EnvdPort == 0 {
+		c.EnvdPort = 49983
+	}
+	if c.GuestDir == "" {
+		c.GuestDir = filepath.Join(filepath.Dir(c.EnvdPath), "microvm")
+	}
+	if c.Kernel == "" {
+		c.Kernel = filepath.Join(c.GuestDir, "vmlinux")
+	}
+	if c.Initrd == "" {
+		c.Initrd = filepath.Join(c.GuestDir, "initrd.img")
+	}
+	for _, f := range []string{c.EnvdPath, c.Kernel, c.Initrd} {
+		if fi, err := os.Stat(f); err != nil || !fi.Mode().IsRegular() {
+			return fmt.Errorf("microvm: %s is not a file (`make guest` builds the guest): %v", f, err)
+		}
+	}
+	if c.QEMU == "" {
+		c.QEMU = "qemu-system-x86_64"
+	}
+	p, err := exec.LookPath(c.QEMU)
+	if err != nil {
+		return fmt.Errorf("microvm: %s not found (Debian package qemu-system-x86): %w", c.QEMU, err)
+	}
+	c.QEMU = p
+	switch c.Accel {
+	case "", AccelAuto:
+		c.Accel = AccelTCG
+	case AccelTCG, AccelKVM:
+	default:
+		return fmt.Errorf("microvm: Accel %q is not auto, tcg or kvm", c.Accel)
+	}
+	if c.Accel == AccelTCG && c.TSCKHz == 0 {
+		if c.TSCKHz, err = hostTSCKHz("/proc/cpuinfo"); err != nil {
+			return err
+		}
+	}
+	if c.RAMDir == "" {
+		c.RAMDir = "/dev/shm/aenv-microvm"
+	}
+	if c.MemoryMB == 0 {
+		c.MemoryMB = 256
+	}
+	if c.CPUs == 0 {
+		c.CPUs = 1
+	}
+	if c.ResolvConf == "" {
+		c.ResolvConf = "/etc/resolv.conf"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.DataDir, err = filepath.Abs(c.DataDir); err != nil {
+		return fmt.Errorf("microvm: data dir: %w", err)
+	}
+	return nil
+}
+
+// Backend is the microVM backend. Safe for concurrent use.
+type Backend struct {
+	cfg    Config
+	pool   *network.Pool
+	log    *slog.Logger
+	initrd string // the boot initramfs: cfg.Initrd plus envd
+	dns    []string
+
+	mu        sync.Mutex
+	instances map[string]*Instance
+}
+
+var _ sandbox.Backend = (*Backend)(nil)
+
+// New checks the guest files and QEMU, packs envd into the boot initramfs and creates the
+// network pool. Call Reconcile before the first Launch.
+func New(ctx context.Context, cfg Config) (*Backend, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{cfg.sandboxesDir(), cfg.RAMDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("microvm: %w", err)
+		}
+	}
+	b := &Backend{cfg: cfg, log: cfg.Logger, instances: map[string]*Instance{}, dns: nameservers(cfg.ResolvConf)}
+	b.initrd = filepath.Join(cfg.DataDir, "initrd.img")
+	if err := buildInitrd(cfg.Initrd, cfg.EnvdPath, b.initrd); err != nil {
+		return nil, err
+	}
+	pool, err := network.New(ctx, cfg.Network)
+	if err != nil {
+		return nil, err
+	}
+	b.pool = pool
+	b.log.Info("microvm backend ready", "qemu", cfg.QEMU, "accel", cfg.Accel, "kernel", cfg.Kernel, "tsc_khz", cfg.TSCKHz)
+	return b, nil
+}
+
+func (c *Config) sandboxesDir() string { return filepath.Join(c.DataDir, "sandboxes") }
+
+// Name implements sandbox.Backend.
+func (b *Backend) Name() string { return "microvm" }
+
+// Capabilities implements sandbox.Backend. Snapshots, pause and fork come with the
+// memory-snapshot primitives; until then sandboxes only launch fresh and stop.
+func (b *Backend) Capabilities() sandbox.Capabilities { return sandbox.Capabilities{} }
+
+// Close releases the network pool's warm slots. Running sandboxes keep running; a
+// restart's Reconcile removes them.
+func (b *Backend) Close(ctx context.Context) error { return b.pool.Close(ctx) }
+
+// Pool exposes the network pool (tests, diagnostics).
+func (b *Backend) Pool() *network.Pool { return b.pool }
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
+
+// DecodePaused implements sandbox.Backend; nothing pauses yet.
+func (b *Backend) DecodePaused(raw []byte) (sandbox.PausedState, error) {
+	return nil, fmt.Errorf("%w: paused state %q", ErrUnsupported, raw)
+}
+
+// DecodeCaptured implements sandbox.Backend; nothing is captured yet.
+func (b *Backend) DecodeCaptured(raw []byte) (sandbox.Captured, error) {
+	return nil, fmt.Errorf("%w: capture %q", ErrUnsupported, raw)
+}
+
+// savedState is written into the sandbox directory at launch, for Reconcile and humans.
+type savedState struct {
+	ID        string            `json:"id"`
+	SlotIndex int               `json:"slotIndex"`
+	Resources sandbox.Resources `json:"resources"`
+	RAMFile   string            `json:"ramFile"`
+}
+
+func writeState(path string, st savedState) error {
+	raw, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("microvm: encode state: %w", err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, raw, 0o600); err != nil {
+		return fmt.Errorf("microvm: save state: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("microvm: save state: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,190 @@
+package microvm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/rootfs"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// Instance is one sandbox VM.
+type Instance struct {
+	b       *Backend
+	id      string
+	dir     string
+	ramFile string
+	res     sandbox.Resources
+	started time.Time
+
+	// stopMu serialises Stop (and, later, snapshots) against each other.
+	stopMu sync.Mutex
+
+	mu      sync.Mutex
+	slot    *network.Slot
+	disk    *rootfs.Disk
+	proc    *vmProc
+	stopped bool
+	// cpu is the last CPU-time sample, for Stats' usage between two calls.
+	cpu cpuSample
+}
+
+var _ sandbox.Instance = (*Instance)(nil)
+
+// ID implements sandbox.Instance.
+func (i *Instance) ID() string { return i.id }
+
+// Endpoint implements sandbox.Instance: the guest holds the slot's address.
+func (i *Instance) Endpoint() sandbox.Endpoint {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.slot == nil {
+		return sandbox.Endpoint{EnvdPort: i.b.cfg.EnvdPort}
+	}
+	return sandbox.Endpoint{Host: i.slot.IP.String(), EnvdPort: i.b.cfg.EnvdPort}
+}
+
+// PID is QEMU's process id (0 before it started).
+func (i *Instance) PID() int {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.proc == nil {
+		return 0
+	}
+	return i.proc.pid
+}
+
+// ConsoleLog is the path of the guest's serial console log (boot diagnostics).
+func (i *Instance) ConsoleLog() string { return i.dir + "/" + consoleLog }
+
+// Pause implements sandbox.Instance (not yet: it needs memory snapshots).
+func (i *Instance) Pause(context.Context, sandbox.PauseOptions) (sandbox.PausedState, error) {
+	return nil, fmt.Errorf("%w: pause", ErrUnsupported)
+}
+
+// Resume implements sandbox.Instance: nothing pauses in place.
+func (i *Instance) Resume(context.Context) error {
+	return fmt.Errorf("%w: %s is not paused in place", sandbox.ErrGone, i.id)
+}
+
+// Snapshot implements sandbox.Instance (not yet).
+func (i *Instance) Snapshot(context.Context) (sandbox.Captured, error) {
+	return nil, fmt.Errorf("%w: snapshot", ErrUnsupported)
+}
+
+// Fork implements sandbox.Instance (not yet).
+func (i *Instance) Fork(context.Context, []sandbox.ForkSpec) ([]sandbox.ForkResult, error) {
+	return nil, fmt.Errorf("%w: fork", ErrUnsupported)
+}
+
+// Stop implements sandbox.Instance: QEMU is killed by pid, then its disk, network slot, RAM
+// file and directory are released. Idempotent; after an error a second Stop retries what
+// is left.
+func (i *Instance) Stop(ctx context.Context) error {
+	i.stopMu.Lock()
+	defer i.stopMu.Unlock()
+	i.mu.Lock()
+	proc, disk, slot := i.proc, i.disk, i.slot
+	i.stopped = true
+	i.mu.Unlock()
+	var errs []error
+	if proc != nil {
+		if err := proc.kill(ctx); err != nil {
+			// The disk and slot are still in use: keep them for a retry.
+			return err
+		}
+	}
+	if disk != nil {
+		if err := disk.Close(); err != nil {
+			errs = append(errs, err)
+		} else {
+			i.mu.Lock()
+			i.disk = nil
+			i.mu.Unlock()
+		}
+	}
+	if slot != nil {
+		if err := i.b.pool.Release(ctx, slot); err != nil {
+			errs = append(errs, err)
+		} else {
+			i.mu.Lock()
+			i.slot = nil
+			i.mu.Unlock()
+		}
+	}
+	if err := os.Remove(i.ramFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if err := os.RemoveAll(i.dir); err != nil {
+		return fmt.Errorf("microvm: remove %s: %w", i.dir, err)
+	}
+	i.b.forget(i)
+	return nil
+}
+
+// Stats implements sandbox.Instance from the host's view of QEMU: CPU is the process's
+// (vCPU threads included) since the last call, memory its resident set against the
+// guest's RAM, disk the upper's size against the device.
+func (i *Instance) Stats(ctx context.Context) (sandbox.Stats, error) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.stopped || i.proc == nil || i.proc.exited() {
+		return sandbox.Stats{}, fmt.Errorf("%w: %s", sandbox.ErrGone, i.id)
+	}
+	now := time.Now()
+	s := sandbox.Stats{Timestamp: now, CPUCount: i.res.CPUCount, MemTotal: int64(i.res.MemoryMB) << 20}
+	if ticks, rss, err := procUsage(i.proc.pid); err == nil {
+		s.MemUsed = rss
+		if prev := i.cpu; !prev.at.IsZero() && now.After(prev.at) {
+			secs := float64(ticks-prev.ticks) / clockTicks
+			s.CPUUsedPct = 100 * secs / now.Sub(prev.at).Seconds() / float64(max(i.res.CPUCount, 1))
+		}
+		i.cpu = cpuSample{at: now, ticks: ticks}
+	}
+	if i.disk != nil {
+		s.DiskTotal = i.disk.Size()
+		if fi, err := os.Stat(i.dir + "/upper.data"); err == nil {
+			s.DiskUsed = fi.Size()
+		}
+	}
+	return s, nil
+}
+
+type cpuSample struct {
+	at    time.Time
+	ticks uint64
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's CPU times (100 on every Linux ABI).
+const clockTicks = 100
+
+// procUsage reads a process's user+system CPU time (ticks) and resident set (bytes).
+func procUsage(pid int) (ticks uint64, rss int64, err error) {
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	i := bytes.LastIndexByte(st, ')')
+	if i < 0 {
+		return 0, 0, errors.New("microvm: bad /proc stat")
+	}
+	f := bytes.Fields(st[i+1:])
+	// After the command: state(0) ... utime(11) stime(12) ... rss(21), in pages.
+	if len(f) < 22 {
+		return 0, 0, errors.New("microvm: short /proc stat")
+	}
+	ut, _ := strconv.ParseUint(string(f[11]), 10, 64)
+	sy, _ := strconv.ParseUint(string(f[12]), 10, 64)
+	pages, _ := strconv.ParseInt(string(f[21]), 10, 64)
+	return ut + sy, pages * int64(os.Getpagesize()), nil
+}
