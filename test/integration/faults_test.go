@@ -24,7 +24,8 @@ import (
 //   - the source sandbox is intact in its last consistent state: still running (its
 //     layered root is served by the data plane, which outlives the node: same init, its
 //     files, writable, and it snapshots again), or paused to disk once the pause was
-//     recorded (it resumes with its files); children of the fork not yet registered are
+//     recorded (it resumes with its files); a child of the fork that was registered
+//     (the first one, at fork:launch) runs on with the source's files, the others are
 //     removed;
 //   - every snapshot the node lists works (a sandbox created from it sees the file), and
 //     every record in the repository is complete once the restarted node has finished the
@@ -41,14 +42,16 @@ func TestKill9MidSnapshotForkPause(t *testing.T) {
 		// the number of snapshots the node lists.
 		wantSource string
 		wantSnaps  int
+		// children: registered fork children run on (at least one).
+		children bool
 	}{
-		{orchestrator.CrashSnapshotCaptured, snapshotOf, "running", 0},
-		{orchestrator.CrashSnapshotRegistered, snapshotOf, "running", 1},
-		{orchestrator.CrashSnapshotPublishing, snapshotOf, "running", 1},
-		{orchestrator.CrashForkCaptured, forkOf(3), "running", 0},
-		{orchestrator.CrashForkLaunched, forkOf(3), "running", 0},
-		{orchestrator.CrashPauseCaptured, pauseToDisk, "running", 0},
-		{orchestrator.CrashPausePersisted, pauseToDisk, "paused", 0},
+		{orchestrator.CrashSnapshotCaptured, snapshotOf, "running", 0, false},
+		{orchestrator.CrashSnapshotRegistered, snapshotOf, "running", 1, false},
+		{orchestrator.CrashSnapshotPublishing, snapshotOf, "running", 1, false},
+		{orchestrator.CrashForkCaptured, forkOf(3), "running", 0, false},
+		{orchestrator.CrashForkLaunched, forkOf(3), "running", 0, true},
+		{orchestrator.CrashPauseCaptured, pauseToDisk, "running", 0, false},
+		{orchestrator.CrashPausePersisted, pauseToDisk, "paused", 0, false},
 	} {
 		t.Run(strings.ReplaceAll(tc.point, ":", "-"), func(t *testing.T) {
 			n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION=stop", "AENV_SNAPSHOT_SYNC_INTERVAL=1s",
@@ -84,10 +87,26 @@ func TestKill9MidSnapshotForkPause(t *testing.T) {
 			if st := got[src.ID]; st != tc.wantSource {
 				t.Errorf("after the restart the source is %q, want %q (all: %v)", st, tc.wantSource, got)
 			}
+			kids := 0
 			for id := range got {
-				if id != src.ID {
+				switch {
+				case id == src.ID:
+				case tc.children && got[id] == "running":
+					kids++
+					kid, err := c.Connect(ctx, id, 300)
+					if err != nil {
+						t.Errorf("connect to fork child %s: %v", id, err)
+						continue
+					}
+					if out, err := c.Run(ctx, kid, "cat /home/user/marker"); err != nil || strings.TrimSpace(out.Stdout) != "v1" {
+						t.Errorf("fork child %s adopted across the crash reads %+v, %v", id, out, err)
+					}
+				default:
 					t.Errorf("sandbox %s (%s) appeared across the crash", id, got[id])
 				}
+			}
+			if tc.children && kids == 0 {
+				t.Errorf("no fork child registered before the crash runs on")
 			}
 			if got[src.ID] == "running" {
 				if pid := n.initPid(t, src.ID); pid != initPid {
