@@ -64,6 +64,7 @@ func newRootCmd() *cobra.Command {
 		newServeCmd(),
 		newDataplaneCmd(),
 		newSchedulerCmd(),
+		newGatewayCmd(),
 		newStartCmd(g),
 		newListCmd(g),
 		newInfoCmd(g),

@@ -25,6 +25,7 @@ func newServeCmd() *cobra.Command {
 		dataDir    string
 		envdPath   string
 		baseRootFS string
+		scheduler  string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -53,6 +54,9 @@ func newServeCmd() *cobra.Command {
 			if f.Changed("base-rootfs") {
 				cfg.Templates.BaseRootFS = baseRootFS
 			}
+			if f.Changed("scheduler") {
+				cfg.Cluster.Scheduler = scheduler
+			}
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -65,6 +69,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&dataDir, "data-dir", config.Default().DataDir, "directory for all node state")
 	f.StringVar(&envdPath, "envd", "", "envd binary to run in sandboxes (default: envd next to this binary)")
 	f.StringVar(&baseRootFS, "base-rootfs", "", "prebuilt base rootfs directory to install as the base template on first start")
+	f.StringVar(&scheduler, "scheduler", "", "join a cluster: the scheduler's gRPC address (cluster.scheduler; default: a lone node)")
 	return cmd
 }
 
@@ -117,6 +122,12 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- httpSrv.Serve(ln) }()
+	leave, err := joinCluster(ctx, cfg, ln.Addr(), n.Backend.Name(), n.Orchestrator, n.Catalog, log)
+	if err != nil {
+		httpSrv.Close()
+		return err
+	}
+	defer leave()
 	log.Info("aenv serving", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "backend", n.Backend.Name())
 	fmt.Fprintf(os.Stderr, "aenv: serving on http://%s\n", ln.Addr())
 	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -43,6 +45,7 @@ type Config struct {
 	Proxy       Proxy      `toml:"proxy"`
 	Snapshot    Snapshot   `toml:"snapshot"`
 	Repository  Repository `toml:"repository"`
+	Cluster     Cluster    `toml:"cluster"`
 }
 
 // Sandbox holds lifecycle defaults and limits.
@@ -55,6 +58,11 @@ type Sandbox struct {
 	DefaultDiskMB    int      `toml:"default_disk_mb"`
 	MaxSandboxes     int      `toml:"max_sandboxes"`
 	ShutdownAction   string   `toml:"shutdown_action"`
+	// CPUOvercommit bounds one sandbox's cpuCount at host CPUs × this (0: no limit).
+	CPUOvercommit float64 `toml:"cpu_overcommit"`
+	// MemoryOvercommit bounds the memory that sandboxes holding resources commit together
+	// (and so one sandbox's memoryMB) at host memory × this (0: no limit).
+	MemoryOvercommit float64 `toml:"memory_overcommit"`
 }
 
 // Envd configures the in-sandbox daemon.
@@ -76,6 +84,12 @@ type Backend struct {
 	// which outlives the node: sandboxes on layered roots survive a crash, restart or
 	// upgrade of `aenv serve`. False serves them from the node itself (they die with it).
 	DataPlane bool `toml:"data_plane"`
+	// Accel is the microvm backend's acceleration: auto, tcg or kvm.
+	Accel string `toml:"accel"`
+	// GuestKernel and GuestInitrd are the microvm backend's guest kernel and initramfs;
+	// empty: vmlinux and initrd.img in the directory "microvm" next to envd (`make guest`).
+	GuestKernel string `toml:"guest_kernel"`
+	GuestInitrd string `toml:"guest_initrd"`
 }
 
 // Network configures the sandboxes' network slots. Like the cgroup parent, the bridge,
@@ -94,6 +108,42 @@ type Templates struct {
 	// snapshot, fork and pause to disk. Off: a directory template (overlayfs roots).
 	LayeredBase bool `toml:"layered_base"`
 }
+
+// Cluster joins the node to a cluster (docs/cluster.md). Scheduler empty: a lone node.
+type Cluster struct {
+	// Scheduler is the scheduler's gRPC address (host:port).
+	Scheduler string `toml:"scheduler"`
+	// NodeID names the node in the cluster. Empty: the host name.
+	NodeID string `toml:"node_id"`
+	// Advertise is the API URL gateways reach this node at. Empty: http:// + listen.
+	Advertise string `toml:"advertise"`
+	// CPUCount and MemoryMB are what the node offers to sandboxes (0: no limit); the
+	// sandbox slots are sandbox.max_sandboxes.
+	CPUCount int `toml:"cpu_count"`
+	MemoryMB int `toml:"memory_mb"`
+}
+
+func (cl Cluster) validate(bad func(key, format string, args ...any)) {
+	if cl.Scheduler != "" {
+		if h, p, err := net.SplitHostPort(cl.Scheduler); err != nil || h == "" || p == "" {
+			bad("cluster.scheduler", "%q is not host:port (e.g. 10.0.0.5:9090)", cl.Scheduler)
+		}
+	}
+	if cl.NodeID != "" && !nodeIDPattern.MatchString(cl.NodeID) {
+		bad("cluster.node_id", "%q must be 1-63 letters, digits, '-', '_' or '.'", cl.NodeID)
+	}
+	if cl.Advertise != "" {
+		u, err := url.Parse(cl.Advertise)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			bad("cluster.advertise", "%q is not an http(s)://host:port URL", cl.Advertise)
+		}
+	}
+	if cl.CPUCount < 0 || cl.MemoryMB < 0 {
+		bad("cluster", "cpu_count and memory_mb must not be negative")
+	}
+}
+
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 // Proxy configures sandbox traffic routing.
 type Proxy struct {
@@ -383,6 +433,7 @@ func (c *Config) Validate() error {
 	if c.Network.Bridge == "" || c.Network.Prefix == "" {
 		bad("network", "bridge and prefix must not be empty")
 	}
+	c.Cluster.validate(bad)
 	if c.Network.PoolSize < 0 {
 		bad("network.pool_size", "must not be negative, got %d", c.Network.PoolSize)
 	}
@@ -401,6 +452,12 @@ func (c *Config) Validate() error {
 	if s.MaxSandboxes < 0 {
 		bad("sandbox.max_sandboxes", "must not be negative, got %d", s.MaxSandboxes)
 	}
+	if s.CPUOvercommit < 0 || s.CPUOvercommit > 1000 {
+		bad("sandbox.cpu_overcommit", "must be between 0 (no limit) and 1000, got %g", s.CPUOvercommit)
+	}
+	if s.MemoryOvercommit < 0 || s.MemoryOvercommit > 1000 {
+		bad("sandbox.memory_overcommit", "must be between 0 (no limit) and 1000, got %g", s.MemoryOvercommit)
+	}
 	switch s.ShutdownAction {
 	case "pause", "stop", "keep":
 	default:
@@ -409,8 +466,19 @@ func (c *Config) Validate() error {
 	if !semver(c.Envd.Version) {
 		bad("envd.version", "%q is not a dotted version like 0.5.15 (the SDKs compare it)", c.Envd.Version)
 	}
-	if c.Backend.Kind != "oci" {
-		bad("backend.kind", "%q is not supported; use oci", c.Backend.Kind)
+	switch c.Backend.Kind {
+	case "oci":
+	case "microvm":
+		if !c.Templates.LayeredBase {
+			bad("templates.layered_base", "must be true with backend.kind = \"microvm\" (a VM boots layered templates only)")
+		}
+	default:
+		bad("backend.kind", "%q is not supported; use oci or microvm", c.Backend.Kind)
+	}
+	switch c.Backend.Accel {
+	case "auto", "tcg", "kvm":
+	default:
+		bad("backend.accel", "%q is not auto, tcg or kvm", c.Backend.Accel)
 	}
 	switch c.Backend.Runtime {
 	case "auto", "runc", "crun", "runsc":

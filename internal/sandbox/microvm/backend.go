@@ -21,6 +21,8 @@ package microvm
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,7 +76,7 @@ type Config struct {
 	// /proc/cpuinfo.
 	TSCKHz int
 	// RAMDir holds the guest RAM files (memory-backend-file); it must be a tmpfs. Default
-	// /dev/shm/aenv-microvm.
+	// /dev/shm/aenv-microvm-<hash of DataDir>.
 	RAMDir string
 	// MemoryMB and CPUs are the defaults for sandboxes whose plan sets none. Default 256, 1.
 	MemoryMB int
@@ -133,8 +135,13 @@ func (c *Config) defaults() error {
 			return err
 		}
 	}
+	if c.DataDir, err = filepath.Abs(c.DataDir); err != nil {
+		return fmt.Errorf("microvm: data dir: %w", err)
+	}
 	if c.RAMDir == "" {
-		c.RAMDir = "/dev/shm/aenv-microvm"
+		// One per data dir: Reconcile removes every RAM file in it that it does not know.
+		sum := sha256.Sum256([]byte(c.DataDir))
+		c.RAMDir = "/dev/shm/aenv-microvm-" + hex.EncodeToString(sum[:4])
 	}
 	if c.MemoryMB == 0 {
 		c.MemoryMB = 256
@@ -147,9 +154,6 @@ func (c *Config) defaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
-	}
-	if c.DataDir, err = filepath.Abs(c.DataDir); err != nil {
-		return fmt.Errorf("microvm: data dir: %w", err)
 	}
 	return nil
 }

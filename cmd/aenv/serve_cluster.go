@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/cluster/nodeagent"
+	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
+	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/envd"
+	"github.com/aenv-dev/aenv/internal/orchestrator"
+)
+
+// joinCluster starts the node's heartbeats to cfg.Cluster.Scheduler and returns a stop
+// function that sends the last (draining) heartbeat. Without a scheduler it does nothing:
+// a lone node behaves exactly as before.
+func joinCluster(ctx context.Context, cfg config.Config, addr net.Addr, backend string, orch *orchestrator.Orchestrator,
+	cat *catalog.Catalog, log *slog.Logger) (stop func(), err error) {
+	cl := cfg.Cluster
+	if cl.Scheduler == "" {
+		return func() {}, nil
+	}
+	info, err := clusterNodeInfo(cfg, addr, backend)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(cl.Scheduler, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("cluster.scheduler %s: %w", cl.Scheduler, err)
+	}
+	agent, err := nodeagent.New(pb.NewSchedulerClient(conn), info, nodeReport{orch: orch, cat: cat}, log.With("component", "cluster"))
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() { agent.Run(actx); close(done) }()
+	log.Info("joined the cluster", "scheduler", cl.Scheduler, "node", info.Id, "endpoint", info.Endpoint)
+	return func() { cancel(); <-done; conn.Close() }, nil
+}
+
+func clusterNodeInfo(cfg config.Config, addr net.Addr, backend string) (*pb.NodeInfo, error) {
+	cl := cfg.Cluster
+	id := cl.NodeID
+	if id == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("name the node: %w (set cluster.node_id)", err)
+		}
+		id = h
+	}
+	endpoint := cl.Advertise
+	if endpoint == "" {
+		tcp, ok := addr.(*net.TCPAddr)
+		if !ok || tcp.IP.IsUnspecified() {
+			return nil, fmt.Errorf("the node listens on %s, which gateways cannot dial: set cluster.advertise (AENV_CLUSTER_ADVERTISE) to its reachable URL", addr)
+		}
+		endpoint = "http://" + tcp.String()
+	}
+	var inst [8]byte
+	_, _ = rand.Read(inst[:])
+	return &pb.NodeInfo{
+		Id:         id,
+		Endpoint:   endpoint,
+		Backend:    backend,
+		Version:    envd.Version,
+		InstanceId: hex.EncodeToString(inst[:]),
+		Capacity: &pb.Resources{CpuCount: int32(cl.CPUCount), MemoryMb: int64(cl.MemoryMB),
+			Sandboxes: int32(cfg.Sandbox.MaxSandboxes)},
+	}, nil
+}
+
+// nodeReport is the node's state as the scheduler sees it: every sandbox (running ones
+// hold CPU and memory; paused ones hold none) and the templates it can create from.
+type nodeReport struct {
+	orch *orchestrator.Orchestrator
+	cat  *catalog.Catalog
+}
+
+func (n nodeReport) Report(ctx context.Context) (nodeagent.Report, error) {
+	var r nodeagent.Report
+	alloc := &pb.Resources{}
+	f := orchestrator.ListFilter{Limit: orchestrator.MaxListLimit}
+	for {
+		items, next, err := n.orch.List(ctx, f)
+		if err != nil {
+			return r, err
+		}
+		for _, sb := range items {
+			st := sb.State.Public()
+			res := &pb.Resources{CpuCount: int32(sb.Resources.CPUCount), MemoryMb: int64(sb.Resources.MemoryMB), Sandboxes: 1}
+			if st == "running" {
+				alloc.CpuCount += res.CpuCount
+				alloc.MemoryMb += res.MemoryMb
+				alloc.Sandboxes++
+			}
+			r.Sandboxes = append(r.Sandboxes, &pb.SandboxReport{Id: sb.ID, State: st, TemplateId: sb.TemplateID, Resources: res})
+		}
+		if next == "" {
+			break
+		}
+		f.NextToken = next
+	}
+	r.Allocated = alloc
+	ts, err := n.cat.Templates().List("")
+	if err != nil {
+		return r, err
+	}
+	for _, t := range ts {
+		r.Templates = append(r.Templates, t.ID)
+		r.Templates = append(r.Templates, t.Aliases...)
+	}
+	return r, nil
+}
