@@ -20,6 +20,7 @@ const (
 	pidFileName = "qemu.pid"
 	qmpSock     = "qmp.sock"
 	consoleLog  = "console.log"
+	qemuLog     = "qemu.log"
 )
 
 // Launch implements sandbox.Backend: a fresh sandbox boots the template's layered root on
@@ -36,7 +37,7 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 	switch plan.Kind {
 	case sandbox.LaunchFresh:
 	case sandbox.LaunchFromSnapshot, sandbox.LaunchResume:
-		return nil, fmt.Errorf("%w: launch kind %d (snapshots are not implemented yet)", ErrUnsupported, plan.Kind)
+		return b.launchCaptured(ctx, plan)
 	default:
 		return nil, fmt.Errorf("microvm: unknown launch kind %d", plan.Kind)
 	}
@@ -151,50 +152,29 @@ func (b *Backend) startQEMU(ctx context.Context, inst *Instance) error {
 	}
 	// QEMU holds the tap from here on; ours must not keep the interface alive.
 	defer nic.tap.Close()
-	spec := vmSpec{
-		qemu: b.cfg.QEMU, accel: b.cfg.Accel, kernel: b.cfg.Kernel, initrd: b.initrd,
-		cpus: inst.res.CPUCount, memMB: inst.res.MemoryMB, ramFile: inst.ramFile, disk: disk.Path(), nic: nic,
-		pidFile: filepath.Join(inst.dir, pidFileName), qmp: filepath.Join(inst.dir, qmpSock),
-		console: filepath.Join(inst.dir, consoleLog),
-	}
+	spec := b.vmSpec(inst, disk.Path(), nic)
 	params := bootParams{
 		ip: netip.PrefixFrom(slot.IP, slot.PrefixLen), gateway: slot.Gateway, hostname: hostname(inst.id),
 		dns: b.dns, envdPort: b.cfg.EnvdPort,
 	}
-	if b.cfg.Accel == AccelTCG {
-		params.tscKHz = b.cfg.TSCKHz
-	}
 	spec.cmdline = params.cmdline()
-	// A previous QEMU's socket would satisfy waitSocket at once.
-	_ = os.Remove(spec.qmp)
-	proc, err := startVM(spec)
+	proc, err := startVM(ctx, spec, nil)
 	if err != nil {
 		return err
 	}
 	inst.mu.Lock()
 	inst.proc = proc
 	inst.mu.Unlock()
-	return waitSocket(ctx, proc, spec.qmp)
+	return nil
 }
 
-// waitSocket waits until QEMU has created its QMP socket (it is then past argument and
-// device setup), or fails with QEMU's error output when it exits first.
-func waitSocket(ctx context.Context, p *vmProc, path string) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return nil
-		}
-		select {
-		case <-p.done:
-			return fmt.Errorf("microvm: qemu exited at start: %v", p.err)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(2 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return errors.New("microvm: qemu created no QMP socket in 30 s")
-		}
+// vmSpec is inst's machine: the same for a boot and every restore of its snapshots.
+func (b *Backend) vmSpec(inst *Instance, disk string, nic *guestNIC) vmSpec {
+	return vmSpec{
+		qemu: b.cfg.QEMU, accel: string(b.accel), tscKHz: b.cfg.TSCKHz, kernel: b.cfg.Kernel, initrd: b.initrd,
+		cpus: inst.res.CPUCount, memMB: inst.res.MemoryMB, ramFile: inst.ramFile, disk: disk, nic: nic,
+		pidFile: filepath.Join(inst.dir, pidFileName), qmp: filepath.Join(inst.dir, qmpSock),
+		console: filepath.Join(inst.dir, consoleLog), log: filepath.Join(inst.dir, qemuLog),
 	}
 }
 
