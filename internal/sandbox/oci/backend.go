@@ -228,6 +228,7 @@ var (
 	_ sandbox.SnapshotDiscarder = (*Backend)(nil)
 	_ sandbox.CaptureReconciler = (*Backend)(nil)
 	_ sandbox.WarmForgetter     = (*Backend)(nil)
+	_ sandbox.DirectoryBooter   = (*Backend)(nil)
 	_ sandbox.CapturedStopper   = (*Instance)(nil)
 	_ sandbox.EgressUpdater     = (*Instance)(nil)
 )
@@ -271,6 +272,10 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "oci" }
+
+// BootsDirectories implements sandbox.DirectoryBooter: a directory template's sandbox
+// runs on a per-sandbox overlay over the directory.
+func (b *Backend) BootsDirectories() bool { return true }
 
 // Runtime is the OCI runtime the probe chose ("runc", "crun", "runsc").
 func (b *Backend) Runtime() string { return b.rt.name }
