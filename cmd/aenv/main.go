@@ -64,6 +64,7 @@ func newRootCmd() *cobra.Command {
 		newServeCmd(),
 		newSchedulerCmd(),
 		newGatewayCmd(),
+		newNodesCmd(g),
 		newStartCmd(g),
 		newListCmd(g),
 		newInfoCmd(g),

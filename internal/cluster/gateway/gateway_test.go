@@ -29,7 +29,7 @@ type recorder struct {
 	n   int
 }
 
-func newRecorder(t *testing.T, id string) *recorder {
+func newRecorder(t testing.TB, id string) *recorder {
 	r := &recorder{id: id}
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
@@ -58,7 +58,7 @@ type fixture struct {
 	clock *time.Time
 }
 
-func newFixture(t *testing.T, nodeIDs ...string) *fixture {
+func newFixture(t testing.TB, nodeIDs ...string) *fixture {
 	now := time.Unix(1_800_000_000, 0)
 	f := &fixture{clock: &now, nodes: map[string]*recorder{}}
 	f.state = scheduler.New(scheduler.Config{StaleAfter: 5 * time.Second, Now: func() time.Time { return *f.clock }})
@@ -88,7 +88,7 @@ func newFixture(t *testing.T, nodeIDs ...string) *fixture {
 	return f
 }
 
-func (f *fixture) beat(t *testing.T, id string, sandboxes ...string) {
+func (f *fixture) beat(t testing.TB, id string, sandboxes ...string) {
 	req := &pb.HeartbeatRequest{Node: &pb.NodeInfo{Id: id, Endpoint: f.nodes[id].srv.URL, Backend: "oci"}}
 	for _, s := range sandboxes {
 		req.Sandboxes = append(req.Sandboxes, &pb.SandboxReport{Id: s, State: "running"})

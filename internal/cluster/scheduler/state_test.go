@@ -158,6 +158,33 @@ func TestReservationsSpreadAndExpire(t *testing.T) {
 	}
 }
 
+// Nodes that set no capacity are ranked by their sandbox count.
+func TestPlaceSpreadsOnUnlimitedNodes(t *testing.T) {
+	s, _ := newTestState(t)
+	beat(t, s, hb{id: "a", sandboxes: []string{"x", "y"}}, hb{id: "b"})
+	r := hb{id: "a", sandboxes: []string{"x", "y"}}.req()
+	r.Node.Capacity = nil
+	r2 := hb{id: "b"}.req()
+	r2.Node.Capacity = nil
+	for _, req := range []*pb.HeartbeatRequest{r, r2} {
+		if err := s.Heartbeat(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	counts := map[string]int{}
+	for range 6 {
+		got, err := place(s, &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[got]++
+	}
+	// b catches up with a's two sandboxes first, then they alternate.
+	if counts["a"] != 2 || counts["b"] != 4 {
+		t.Fatalf("6 placements on unlimited nodes a (2 sandboxes) and b (none): %v, want a 2, b 4", counts)
+	}
+}
+
 func TestBindHoldsUntilHeartbeat(t *testing.T) {
 	s, _ := newTestState(t)
 	beat(t, s, hb{id: "a", cpu: 2, mem: 8192})
