@@ -79,8 +79,10 @@ func shellQuote(args []string) string {
 }
 
 // run starts cmdline with /bin/bash -l -c (as the SDKs do), streams its output and
-// returns its exit code. An interrupt sends SIGTERM to the remote process.
-func (e *envdClient) run(ctx context.Context, cmdline string, envs map[string]string, cwd, user string, stdout, stderr io.Writer) (int, error) {
+// returns its exit status as a shell reports it: the exit code, or 128+N when signal N
+// ended the command. stdin, when not nil, is forwarded to the command and closed at its
+// EOF. An interrupt sends SIGTERM to the remote process.
+func (e *envdClient) run(ctx context.Context, cmdline string, envs map[string]string, cwd, user string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
 	streamCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	var pid atomic.Uint32
@@ -102,7 +104,7 @@ func (e *envdClient) run(ctx context.Context, cmdline string, envs map[string]st
 		time.AfterFunc(10*time.Second, cancel)
 	}()
 	p, err := e.envd.Start(streamCtx, envdclient.Command{
-		Cmd: "/bin/bash", Args: []string{"-l", "-c", cmdline}, Env: envs, Cwd: cwd, User: user,
+		Cmd: "/bin/bash", Args: []string{"-l", "-c", cmdline}, Env: envs, Cwd: cwd, User: user, Stdin: stdin != nil,
 	})
 	if errors.Is(err, envdclient.ErrNoStart) {
 		return 0, errNoExitStatus
@@ -112,6 +114,9 @@ func (e *envdClient) run(ctx context.Context, cmdline string, envs map[string]st
 	}
 	defer p.Close()
 	pid.Store(p.Pid)
+	if stdin != nil {
+		go e.forwardStdin(streamCtx, p.Pid, stdin)
+	}
 	end, err := p.Wait(stdout, stderr)
 	if errors.Is(err, envdclient.ErrNoEnd) {
 		return 0, errNoExitStatus
@@ -119,10 +124,51 @@ func (e *envdClient) run(ctx context.Context, cmdline string, envs map[string]st
 	if err != nil {
 		return 0, e.rpcErr(err)
 	}
-	if end.GetError() != "" && !end.GetExited() {
-		return -1, fmt.Errorf("command failed: %s", end.GetError())
+	if !end.GetExited() {
+		if n, ok := signalNumber(end.GetStatus()); ok {
+			return 128 + n, nil
+		}
+		if end.GetError() != "" {
+			return -1, fmt.Errorf("command failed: %s", end.GetError())
+		}
 	}
 	return int(end.GetExitCode()), nil
+}
+
+// forwardStdin copies r to the process's stdin, then closes it (the command sees EOF).
+func (e *envdClient) forwardStdin(ctx context.Context, pid uint32, r io.Reader) {
+	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			data := append([]byte(nil), buf[:n]...)
+			if _, serr := e.proc.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{Process: sel,
+				Input: &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: data}}})); serr != nil {
+				return // the process ended (or stopped reading): the rest has nowhere to go
+			}
+		}
+		if err != nil {
+			_, _ = e.proc.CloseStdin(ctx, connect.NewRequest(&process.CloseStdinRequest{Process: sel}))
+			return
+		}
+	}
+}
+
+// signalNumber reads the signal out of an end event's status ("signal: killed", Go's
+// ProcessState.String(), which E2B's envd sends too).
+func signalNumber(status string) (int, bool) {
+	name, ok := strings.CutPrefix(status, "signal: ")
+	if !ok {
+		return 0, false
+	}
+	name = strings.TrimSuffix(name, " (core dumped)")
+	for n := 1; n < 65; n++ {
+		if unix.Signal(n).String() == name {
+			return n, true
+		}
+	}
+	return 0, false
 }
 
 var errNoExitStatus = errors.New("the command's output stream ended without an exit status (the sandbox may have stopped)")
@@ -142,12 +188,17 @@ func newExecCmd(g *globals) *cobra.Command {
 	var (
 		envs      []string
 		cwd, user string
+		noStdin   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "exec ID -- COMMAND [ARGS...]",
 		Short: "Run a command in a sandbox, stream its output and exit with its status",
+		Long: "Run a command in a sandbox, stream its output and exit with its status (128+N when\n" +
+			"signal N ended it, as a shell reports). Stdin is forwarded unless it is a terminal\n" +
+			"or -n is given.",
 		Example: "  aenv exec sbx123 -- uname -a\n" +
-			"  aenv exec sbx123 -- 'ls /etc | wc -l'",
+			"  aenv exec sbx123 -- 'ls /etc | wc -l'\n" +
+			"  echo hello | aenv exec sbx123 -- cat",
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			envMap, err := parseKV("--env", envs)
@@ -162,13 +213,21 @@ func newExecCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			code, err := e.run(cmd.Context(), shellQuote(args[1:]), envMap, cwd, user, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			var stdin io.Reader
+			if in := cmd.InOrStdin(); !noStdin {
+				// A terminal is not forwarded: a command would wait for typing that `aenv
+				// exec` has no PTY to echo (use `aenv connect` for a shell).
+				if f, ok := in.(*os.File); !ok || !isTerminal(f) {
+					stdin = in
+				}
+			}
+			code, err := e.run(cmd.Context(), shellQuote(args[1:]), envMap, cwd, user, stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
 			if code != 0 {
 				if code < 0 {
-					code = 137 // killed by a signal
+					code = 1 // ended without an exit status or a signal
 				}
 				return exitCodeError{code: code}
 			}
@@ -178,6 +237,7 @@ func newExecCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringArrayVar(&envs, "env", nil, "environment variable KEY=VALUE for the command (repeatable)")
 	cmd.Flags().StringVar(&cwd, "cwd", "", "working directory (default: the user's home)")
 	cmd.Flags().StringVar(&user, "user", "", "run as this user (default: the sandbox's default user)")
+	cmd.Flags().BoolVarP(&noStdin, "no-stdin", "n", false, "do not forward stdin (the command reads EOF)")
 	return cmd
 }
 

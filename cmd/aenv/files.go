@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"mime/multipart"
 	"net/http"
 	"net/textproto"
@@ -37,9 +38,11 @@ func (e *envdClient) upload(cmd *cobra.Command, local, remote, user string) erro
 		return err
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil {
+	fi, err := f.Stat()
+	if err != nil {
 		return err
-	} else if fi.IsDir() {
+	}
+	if fi.IsDir() {
 		return e.uploadDir(cmd, local, remote, user)
 	}
 	pr, pw := io.Pipe()
@@ -73,15 +76,21 @@ func (e *envdClient) upload(cmd *cobra.Command, local, remote, user string) erro
 		return e.c.apiErr(fmt.Sprintf("upload to %s:%s", e.id, remote), resp.StatusCode, body)
 	}
 	var entries []struct{ Path string }
-	if json.Unmarshal(body, &entries) == nil && len(entries) == 1 {
-		fmt.Fprintf(cmd.ErrOrStderr(), "uploaded %s to %s:%s\n", local, e.id, entries[0].Path)
+	if json.Unmarshal(body, &entries) != nil || len(entries) != 1 {
+		return fmt.Errorf("upload to %s:%s: unexpected answer %q", e.id, remote, body)
 	}
+	var fix remoteFixups
+	fix.mode(entries[0].Path, fi.Mode())
+	if err := e.applyFixups(cmd.Context(), fix, user); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "uploaded %s to %s:%s\n", local, e.id, entries[0].Path)
 	return nil
 }
 
 // download writes the sandbox file remote to local ("-" = stdout) through a temporary
 // file, so an interrupted download never leaves a truncated file behind.
-func (e *envdClient) download(cmd *cobra.Command, remote, local, user string, force, report bool) error {
+func (e *envdClient) download(cmd *cobra.Command, remote, local, user string, mode fs.FileMode, force, report bool) error {
 	if local != "-" {
 		if fi, err := os.Stat(local); err == nil {
 			if fi.IsDir() {
@@ -117,6 +126,10 @@ func (e *envdClient) download(cmd *cobra.Command, remote, local, user string, fo
 	if _, err := io.Copy(tmp, resp.Body); err != nil {
 		tmp.Close()
 		return fmt.Errorf("download %s:%s: %w", e.id, remote, err)
+	}
+	if err := tmp.Chmod(mode.Perm()); err != nil {
+		tmp.Close()
+		return err
 	}
 	if err := tmp.Close(); err != nil {
 		return err
@@ -189,7 +202,7 @@ func newDownloadCmd(g *globals) *cobra.Command {
 				}
 				return e.downloadDir(cmd, ent.GetPath(), local, user, force)
 			}
-			return e.download(cmd, args[1], local, user, force, true)
+			return e.download(cmd, args[1], local, user, fs.FileMode(ent.GetMode()), force, true)
 		},
 	}
 	cmd.Flags().StringVar(&user, "user", "", "read as this user (default: the sandbox's default user)")

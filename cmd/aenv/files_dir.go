@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -31,14 +32,30 @@ func (e *envdClient) fs() filesystemconnect.FilesystemClient {
 // by its target path (envd's multi-file upload); parents are created in the sandbox.
 func (e *envdClient) uploadDir(cmd *cobra.Command, local, remote, user string) error {
 	var files []string
+	var fix remoteFixups
 	skipped := 0
 	err := filepath.WalkDir(local, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if d.Type().IsRegular() {
+		rel, err := filepath.Rel(local, p)
+		if err != nil {
+			return err
+		}
+		dst := path.Join(remote, filepath.ToSlash(rel))
+		switch {
+		case d.Type().IsRegular():
 			files = append(files, p)
-		} else if !d.IsDir() {
+			if fi, err := d.Info(); err == nil {
+				fix.mode(dst, fi.Mode())
+			}
+		case d.Type()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			fix.link(dst, target)
+		case !d.IsDir():
 			skipped++
 		}
 		return nil
@@ -46,8 +63,8 @@ func (e *envdClient) uploadDir(cmd *cobra.Command, local, remote, user string) e
 	if err != nil {
 		return err
 	}
-	if len(files) == 0 {
-		return fmt.Errorf("%s has no regular files to upload", local)
+	if len(files) == 0 && len(fix.links) == 0 {
+		return fmt.Errorf("%s has no regular files or symlinks to upload", local)
 	}
 	pr, pw := io.Pipe()
 	mw := multipart.NewWriter(pw)
@@ -64,18 +81,25 @@ func (e *envdClient) uploadDir(cmd *cobra.Command, local, remote, user string) e
 	}
 	req.Header.Set("Content-Type", mw.FormDataContentType())
 	e.setHeaders(req.Header)
-	resp, err := e.c.http.Do(req)
-	if err != nil {
-		return e.c.transportErr(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	if len(files) > 0 {
+		resp, err := e.c.http.Do(req)
+		if err != nil {
+			return e.c.transportErr(err)
+		}
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		return e.c.apiErr(fmt.Sprintf("upload %s to %s:%s", local, e.id, remote), resp.StatusCode, body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return e.c.apiErr(fmt.Sprintf("upload %s to %s:%s", local, e.id, remote), resp.StatusCode, body)
+		}
+	} else {
+		pr.CloseWithError(errors.New("nothing to send"))
 	}
-	msg := fmt.Sprintf("uploaded %d files from %s to %s:%s", len(files), local, e.id, remote)
+	if err := e.applyFixups(cmd.Context(), fix, user); err != nil {
+		return err
+	}
+	msg := fmt.Sprintf("uploaded %d files and %d symlinks from %s to %s:%s", len(files), len(fix.links), local, e.id, remote)
 	if skipped > 0 {
-		msg += fmt.Sprintf(" (skipped %d symlinks or special files)", skipped)
+		msg += fmt.Sprintf(" (skipped %d special files)", skipped)
 	}
 	fmt.Fprintln(cmd.ErrOrStderr(), msg)
 	return nil
@@ -138,13 +162,20 @@ func (e *envdClient) downloadDir(cmd *cobra.Command, remote, local, user string,
 	if err := os.MkdirAll(local, 0o755); err != nil {
 		return err
 	}
-	n := 0
+	n, links := 0, 0
 	for _, ent := range resp.Msg.GetEntries() {
 		rel, ok := strings.CutPrefix(ent.GetPath(), base+"/")
 		if !ok || rel == "" || strings.Contains("/"+rel+"/", "/../") {
 			continue // never write outside local
 		}
 		dst := filepath.Join(local, filepath.FromSlash(rel))
+		if ent.SymlinkTarget != nil {
+			if err := downloadLink(ent, base, local, dst, force); err != nil {
+				return err
+			}
+			links++
+			continue
+		}
 		switch ent.GetType() {
 		case filesystem.FileType_FILE_TYPE_DIRECTORY:
 			if err := os.MkdirAll(dst, 0o755); err != nil {
@@ -154,12 +185,38 @@ func (e *envdClient) downloadDir(cmd *cobra.Command, remote, local, user string,
 			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 				return err
 			}
-			if err := e.download(cmd, ent.GetPath(), dst, user, force, false); err != nil {
+			if err := e.download(cmd, ent.GetPath(), dst, user, fs.FileMode(ent.GetMode()), force, false); err != nil {
 				return err
 			}
 			n++
 		}
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "downloaded %d files from %s:%s to %s\n", n, e.id, remote, local)
+	fmt.Fprintf(cmd.ErrOrStderr(), "downloaded %d files and %d symlinks from %s:%s to %s\n", n, links, e.id, remote, local)
 	return nil
+}
+
+// downloadLink recreates a sandbox symlink locally. envd reports where a link resolves to (as
+// E2B's does), not its text: a target inside the downloaded directory becomes a relative link
+// to its local copy, any other one an absolute link to the same path.
+func downloadLink(ent *filesystem.EntryInfo, base, local, dst string, force bool) error {
+	target := ent.GetSymlinkTarget()
+	if rel, ok := strings.CutPrefix(target, base+"/"); ok {
+		t, err := filepath.Rel(filepath.Dir(dst), filepath.Join(local, filepath.FromSlash(rel)))
+		if err != nil {
+			return err
+		}
+		target = t
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	if _, err := os.Lstat(dst); err == nil {
+		if !force {
+			return fmt.Errorf("%s exists; pass --force to overwrite it", dst)
+		}
+		if err := os.Remove(dst); err != nil {
+			return err
+		}
+	}
+	return os.Symlink(target, dst)
 }

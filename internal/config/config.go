@@ -58,6 +58,11 @@ type Sandbox struct {
 	DefaultDiskMB    int      `toml:"default_disk_mb"`
 	MaxSandboxes     int      `toml:"max_sandboxes"`
 	ShutdownAction   string   `toml:"shutdown_action"`
+	// CPUOvercommit bounds one sandbox's cpuCount at host CPUs × this (0: no limit).
+	CPUOvercommit float64 `toml:"cpu_overcommit"`
+	// MemoryOvercommit bounds the memory that sandboxes holding resources commit together
+	// (and so one sandbox's memoryMB) at host memory × this (0: no limit).
+	MemoryOvercommit float64 `toml:"memory_overcommit"`
 }
 
 // Envd configures the in-sandbox daemon.
@@ -75,6 +80,12 @@ type Backend struct {
 	// removes every cgroup below it that the node does not know, so two nodes on one host
 	// need different parents.
 	CgroupParent string `toml:"cgroup_parent"`
+	// Accel is the microvm backend's acceleration: auto, tcg or kvm.
+	Accel string `toml:"accel"`
+	// GuestKernel and GuestInitrd are the microvm backend's guest kernel and initramfs;
+	// empty: vmlinux and initrd.img in the directory "microvm" next to envd (`make guest`).
+	GuestKernel string `toml:"guest_kernel"`
+	GuestInitrd string `toml:"guest_initrd"`
 }
 
 // Network configures the sandboxes' network slots. Like the cgroup parent, the bridge,
@@ -437,6 +448,12 @@ func (c *Config) Validate() error {
 	if s.MaxSandboxes < 0 {
 		bad("sandbox.max_sandboxes", "must not be negative, got %d", s.MaxSandboxes)
 	}
+	if s.CPUOvercommit < 0 || s.CPUOvercommit > 1000 {
+		bad("sandbox.cpu_overcommit", "must be between 0 (no limit) and 1000, got %g", s.CPUOvercommit)
+	}
+	if s.MemoryOvercommit < 0 || s.MemoryOvercommit > 1000 {
+		bad("sandbox.memory_overcommit", "must be between 0 (no limit) and 1000, got %g", s.MemoryOvercommit)
+	}
 	switch s.ShutdownAction {
 	case "pause", "stop", "keep":
 	default:
@@ -445,8 +462,19 @@ func (c *Config) Validate() error {
 	if !semver(c.Envd.Version) {
 		bad("envd.version", "%q is not a dotted version like 0.5.15 (the SDKs compare it)", c.Envd.Version)
 	}
-	if c.Backend.Kind != "oci" {
-		bad("backend.kind", "%q is not supported; use oci", c.Backend.Kind)
+	switch c.Backend.Kind {
+	case "oci":
+	case "microvm":
+		if !c.Templates.LayeredBase {
+			bad("templates.layered_base", "must be true with backend.kind = \"microvm\" (a VM boots layered templates only)")
+		}
+	default:
+		bad("backend.kind", "%q is not supported; use oci or microvm", c.Backend.Kind)
+	}
+	switch c.Backend.Accel {
+	case "auto", "tcg", "kvm":
+	default:
+		bad("backend.accel", "%q is not auto, tcg or kvm", c.Backend.Accel)
 	}
 	switch c.Backend.Runtime {
 	case "auto", "runc", "crun", "runsc":

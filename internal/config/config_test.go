@@ -112,6 +112,9 @@ func TestLoadErrorsNameTheKey(t *testing.T) {
 		{"bad env int", "", map[string]string{"AENV_SANDBOX_DEFAULT_CPU": "two"}, "AENV_SANDBOX_DEFAULT_CPU"},
 		{"bad env duration", "", map[string]string{"AENV_ENVD_READY_TIMEOUT": "-"}, "AENV_ENVD_READY_TIMEOUT"},
 		{"bad runtime", "", map[string]string{"AENV_BACKEND_RUNTIME": "docker"}, "backend.runtime"},
+		{"bad backend kind", "", map[string]string{"AENV_BACKEND_KIND": "lxc"}, "backend.kind"},
+		{"microvm without layered base", "[backend]\nkind = \"microvm\"\n[templates]\nlayered_base = false\n", nil, "templates.layered_base"},
+		{"bad accel", "", map[string]string{"AENV_BACKEND_ACCEL": "hvf"}, "backend.accel"},
 		{"bad shutdown action", "[sandbox]\nshutdown_action = \"explode\"\n", nil, "sandbox.shutdown_action"},
 		{"bad envd version", "", map[string]string{"AENV_ENVD_VERSION": "latest"}, "envd.version"},
 		{"short api key", "", map[string]string{"AENV_API_KEY": "short"}, "api_key"},
@@ -171,7 +174,7 @@ func TestEnvVarsCoverEveryKey(t *testing.T) {
 
 func fmtConfig(c Config) string {
 	return strings.Join([]string{c.Listen, c.DataDir, c.APIKey, c.LogLevel, c.LogFormat, c.Envd.Path, c.Envd.Version,
-		c.Backend.Kind, c.Backend.Runtime, c.Backend.CgroupParent, c.Network.Bridge, c.Network.Subnet, c.Network.Prefix, c.Templates.BaseRootFS, c.Sandbox.ShutdownAction, strings.Join(c.Proxy.Domains, ",")}, " ")
+		c.Backend.Kind, c.Backend.Runtime, c.Backend.CgroupParent, c.Backend.GuestKernel, c.Backend.GuestInitrd, c.Network.Bridge, c.Network.Subnet, c.Network.Prefix, c.Templates.BaseRootFS, c.Sandbox.ShutdownAction, strings.Join(c.Proxy.Domains, ",")}, " ")
 }
 
 // TestDocumented keeps docs/configuration.md in step with the settings.

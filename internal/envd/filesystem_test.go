@@ -54,13 +54,34 @@ func TestStatMakeDirMoveRemove(t *testing.T) {
 	if _, err := e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: "/no/such"})); codeOf(err) != connect.CodeNotFound {
 		t.Fatalf("stat missing: %v", err)
 	}
-	// Symlinks are reported as such, with their target.
-	if err := os.Symlink(filepath.Join(e.home, "file.txt"), filepath.Join(e.home, "link")); err != nil {
+	// Symlinks are reported as E2B's envd does: the resolved target, with the target's type
+	// and permission bits; a dangling link names itself, with type unspecified and mode 0.
+	if err := os.Chmod(filepath.Join(e.home, "file.txt"), 0o640); err != nil {
 		t.Fatal(err)
 	}
-	st, err = e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: "link"}))
-	if err != nil || st.Msg.Entry.Type != fspb.FileType_FILE_TYPE_SYMLINK || st.Msg.Entry.GetSymlinkTarget() != filepath.Join(e.home, "file.txt") {
-		t.Fatalf("symlink %v %v", st, err)
+	for _, l := range []struct{ name, target string }{{"link", "file.txt"}, {"dlink", "a"}, {"dangling", "nowhere"}} {
+		if err := os.Symlink(l.target, filepath.Join(e.home, l.name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		path, target string
+		typ          fspb.FileType
+		mode         uint32
+	}{
+		{"link", filepath.Join(e.home, "file.txt"), fspb.FileType_FILE_TYPE_FILE, 0o640},
+		{"dlink", filepath.Join(e.home, "a"), fspb.FileType_FILE_TYPE_DIRECTORY, 0o755},
+		{"dangling", filepath.Join(e.home, "dangling"), fspb.FileType_FILE_TYPE_UNSPECIFIED, 0},
+	} {
+		st, err = e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: tc.path}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		en := st.Msg.Entry
+		if en.Type != tc.typ || en.Mode != tc.mode || en.GetSymlinkTarget() != tc.target || en.Permissions != "Lrwxrwxrwx" {
+			t.Fatalf("symlink %s: type %v mode %o target %q permissions %s; want %v %o %q Lrwxrwxrwx",
+				tc.path, en.Type, en.Mode, en.GetSymlinkTarget(), en.Permissions, tc.typ, tc.mode, tc.target)
+		}
 	}
 
 	// Move creates destination parents and returns the new entry.

@@ -19,9 +19,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/aenv-dev/aenv/internal/envd"
 	"github.com/aenv-dev/aenv/internal/envd/files"
+	"github.com/aenv-dev/aenv/internal/envd/filesystem"
 	fspb "github.com/aenv-dev/aenv/internal/envd/gen/filesystem"
 	pb "github.com/aenv-dev/aenv/internal/envd/gen/process"
 )
@@ -378,6 +380,40 @@ func TestFilesMetadata(t *testing.T) {
 	st, err := e.fs.Stat(t.Context(), connect.NewRequest(&fspb.StatRequest{Path: "m.txt"}))
 	if err != nil || st.Msg.Entry.Metadata["owner"] != "me" {
 		t.Fatalf("stat metadata: %v %v", st, err)
+	}
+	// Stored in E2B's xattr namespace; other user.* attributes are not metadata.
+	p := filepath.Join(e.home, "m.txt")
+	v := make([]byte, 16)
+	if n, err := unix.Getxattr(p, "user.e2b.owner", v); err != nil || string(v[:n]) != "me" {
+		t.Fatalf("user.e2b.owner: %v", err)
+	}
+	if err := unix.Setxattr(p, "user.other", []byte("tool"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if md := filesystem.ReadMetadata(p); len(md) != 2 {
+		t.Fatalf("metadata %v: want owner and build.id only", md)
+	}
+	// Writing again replaces the metadata: without headers, none is left (and other
+	// attributes stay).
+	resp, b = e.do("POST", "/files?path=m.txt", strings.NewReader("again"), map[string]string{
+		"Content-Type": "application/octet-stream", "X-Metadata-Owner": "you"})
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if md := filesystem.ReadMetadata(p); len(md) != 1 || md["owner"] != "you" {
+		t.Fatalf("metadata after a rewrite with owner=you: %v", md)
+	}
+	resp, b = e.do("POST", "/files?path=m.txt", strings.NewReader("plain"), map[string]string{
+		"Content-Type": "application/octet-stream"})
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	st, err = e.fs.Stat(t.Context(), connect.NewRequest(&fspb.StatRequest{Path: "m.txt"}))
+	if err != nil || len(st.Msg.Entry.Metadata) != 0 {
+		t.Fatalf("metadata after a rewrite without any: %v %v", st, err)
+	}
+	if _, err := unix.Getxattr(p, "user.other", make([]byte, 16)); err != nil {
+		t.Fatalf("a rewrite removed another tool's attribute: %v", err)
 	}
 	resp, b = e.do("POST", "/files?path=m2.txt", strings.NewReader("x"), map[string]string{
 		"Content-Type": "application/octet-stream", "X-Metadata-Bad": "a\tb"})

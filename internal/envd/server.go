@@ -82,6 +82,7 @@ func New(cfg Config) *Server {
 	s.mux.Handle("/envs", s.restAuth(http.HandlerFunc(s.envs)))
 	s.mux.Handle("/metrics", s.restAuth(http.HandlerFunc(s.metricsHandler)))
 	s.mux.Handle("/files", s.files)
+	s.mux.Handle("/files/compose", s.restAuth(http.HandlerFunc(s.files.Compose)))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		files.Error(w, http.StatusNotFound, "not found: "+r.URL.Path)
 	})

@@ -14,6 +14,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/sandbox/microvm"
 	"github.com/aenv-dev/aenv/internal/sandbox/oci"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 )
@@ -57,7 +58,8 @@ type Backends map[string]BackendFactory
 // configuration), and the kind accepted by config's validation.
 func DefaultBackends() Backends {
 	return Backends{
-		"oci": openOCI,
+		"oci":     openOCI,
+		"microvm": openMicroVM,
 	}
 }
 
@@ -99,5 +101,29 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 		return nil, fmt.Errorf("start the oci backend: %w", err)
 	}
 	env.Logger.Info("oci backend ready", "runtime", b.Runtime(), "userns", b.UserNamespaces())
+	return b, nil
+}
+
+// openMicroVM is the "microvm" kind: a QEMU microVM per sandbox (package microvm).
+func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
+	cfg := env.Config
+	b, err := microvm.New(ctx, microvm.Config{
+		DataDir:       env.DataDir,
+		EnvdPath:      env.EnvdPath,
+		Kernel:        cfg.Backend.GuestKernel,
+		Initrd:        cfg.Backend.GuestInitrd,
+		Accel:         cfg.Backend.Accel,
+		LayerResolver: env.Layers,
+		Logger:        env.Logger,
+		Network: network.Config{
+			Bridge:   cfg.Network.Bridge,
+			Subnet:   cfg.Network.Subnet,
+			Prefix:   cfg.Network.Prefix,
+			PoolSize: cfg.Network.PoolSize,
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start the microvm backend: %w", err)
+	}
 	return b, nil
 }

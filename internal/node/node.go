@@ -67,7 +67,9 @@ type Node struct {
 	Backend      Backend
 	Publisher    *snapshot.Publisher
 	Orchestrator *orchestrator.Orchestrator
-	Builds       *build.Service
+	// Capacity is what the node can give its sandboxes (admission control).
+	Capacity orchestrator.Capacity
+	Builds   *build.Service
 	// Handler serves the API, the envd proxy and /metrics.
 	Handler http.Handler
 	// APIKey says where the admin API key came from (for the operator's first start).
@@ -167,6 +169,12 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 	// the backend and the catalog its sync writes to.
 	n.onClose(func(context.Context) { pub.Close() })
 
+	n.Capacity, err = orchestrator.HostCapacity(cfg.DataDir, cfg.Sandbox.CPUOvercommit, cfg.Sandbox.MemoryOvercommit)
+	if err != nil {
+		return err
+	}
+	n.Log.Info("sandbox capacity", "max_cpu_per_sandbox", n.Capacity.CPUCount, "memory_mb", n.Capacity.MemoryMB,
+		"max_disk_mb_per_sandbox", n.Capacity.DiskSizeMB)
 	n.Orchestrator, err = orchestrator.New(orchestrator.Config{
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration,
 		MaxTimeout:     cfg.Sandbox.MaxTimeout.Duration,
@@ -174,6 +182,7 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 			CPUCount: cfg.Sandbox.DefaultCPU, MemoryMB: cfg.Sandbox.DefaultMemoryMB, DiskSizeMB: cfg.Sandbox.DefaultDiskMB,
 		},
 		MaxSandboxes:     cfg.Sandbox.MaxSandboxes,
+		Capacity:         n.Capacity,
 		EnvdReadyTimeout: cfg.Envd.ReadyTimeout.Duration,
 		EnvdVersion:      cfg.Envd.Version,
 		ShutdownAction:   orchestrator.ShutdownAction(cfg.Sandbox.ShutdownAction),
@@ -217,7 +226,7 @@ func (n *Node) openAPI() error {
 	// `aenv pull` goes through here while the node holds the catalog lock.
 	pulls := &server.Puller{Templates: cat.Templates(), DataDir: cfg.DataDir,
 		CanConvert: func() bool { return LayeredTemplate(cat, BaseTemplateID) },
-		Publisher:  n.Publisher, InUse: orch.UsesRootFSDir, Retired: builds.Retired, Log: n.Log}
+		Publisher:  n.Publisher, InUse: orch.UsesRootFSDir, Retired: builds.Retired, Capacity: n.Capacity, Log: n.Log}
 	srv, err := server.New(server.Options{
 		Orchestrator:     orch,
 		Builds:           builds,
@@ -229,6 +238,7 @@ func (n *Node) openAPI() error {
 		DefaultTimeout:   cfg.Sandbox.DefaultTimeout.Duration,
 		DefaultTimeoutV1: cfg.Sandbox.DefaultTimeoutV1.Duration,
 		MaxTimeout:       cfg.Sandbox.MaxTimeout.Duration,
+		Capacity:         n.Capacity,
 		Logger:           n.Log,
 	})
 	if err != nil {

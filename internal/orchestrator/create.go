@@ -122,6 +122,9 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 			StartCmd:        tpl.StartCmd,
 		},
 	}
+	if err := o.cfg.Capacity.Check(rec.Resources); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
 	if req.Secure {
 		rec.EnvdAccessToken = o.EnvdAccessToken(id)
 	}
@@ -175,7 +178,7 @@ func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox,
 	p := &op{kind: StateCreating, done: make(chan struct{})}
 	e.op = p
 	o.mu.Lock()
-	if err := o.admitLocked(); err != nil {
+	if err := o.admitLocked(rec.Resources); err != nil {
 		o.mu.Unlock()
 		return nil, err
 	}
@@ -211,28 +214,6 @@ func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox,
 	o.armLocked(e)
 	o.mu.Unlock()
 	return o.finish(e, p, StateRunning, nil), nil
-}
-
-// admitLocked refuses new sandboxes when shutting down or at the configured limit.
-func (o *Orchestrator) admitLocked() error {
-	if o.closing {
-		return fmt.Errorf("%w: node is shutting down", ErrCapacity)
-	}
-	if o.cfg.MaxSandboxes <= 0 {
-		return nil
-	}
-	releases := o.backend.Capabilities().PauseReleasesMemory
-	n := 0
-	for _, e := range o.entries {
-		if e.rec.State == StatePaused && (releases || e.rec.DiskSnapshot != nil) {
-			continue
-		}
-		n++
-	}
-	if n >= o.cfg.MaxSandboxes {
-		return fmt.Errorf("%w: %d of %d sandboxes in use", ErrCapacity, n, o.cfg.MaxSandboxes)
-	}
-	return nil
 }
 
 // launch runs the backend launch, waits for envd and initialises it, timing each

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -230,6 +231,50 @@ func TestCapacity(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.create(CreateRequest{})
+}
+
+// Requests above what the node can ever give are ErrInvalid naming the field and limit;
+// requests that do not fit next to the sandboxes holding resources are ErrCapacity. A
+// refusal launches nothing and registers nothing.
+func TestResourceAdmission(t *testing.T) {
+	h := newHarness(t, mock.Options{Capabilities: sandbox.Capabilities{PauseReleasesMemory: true}, StopOnPause: true},
+		func(c *Config) { c.Capacity = Capacity{CPUCount: 4, MemoryMB: 2048, DiskSizeMB: 10000} })
+	ctx := context.Background()
+	refuse := func(r sandbox.Resources, want error, parts ...string) {
+		t.Helper()
+		launches := len(h.b.Launches())
+		before, _, _ := h.o.List(ctx, ListFilter{})
+		_, err := h.o.Create(ctx, CreateRequest{TemplateID: "base", Resources: r})
+		if !errors.Is(err, want) {
+			t.Fatalf("create %+v: %v, want %v", r, err, want)
+		}
+		for _, p := range parts {
+			if !strings.Contains(err.Error(), p) {
+				t.Fatalf("create %+v: %q does not say %q", r, err, p)
+			}
+		}
+		after, _, _ := h.o.List(ctx, ListFilter{})
+		if len(h.b.Launches()) != launches || len(after) != len(before) {
+			t.Fatalf("refused create %+v left something: %d launches (was %d), %d sandboxes (was %d)",
+				r, len(h.b.Launches()), launches, len(after), len(before))
+		}
+	}
+	refuse(sandbox.Resources{MemoryMB: 100000000}, ErrInvalid, "memoryMB 100000000", "2048 MB", "memory_overcommit")
+	refuse(sandbox.Resources{CPUCount: 5}, ErrInvalid, "cpuCount 5", "limit is 4", "cpu_overcommit")
+	refuse(sandbox.Resources{DiskSizeMB: 10001}, ErrInvalid, "diskSizeMB 10001", "10000 MB")
+
+	// CPUs are time-shared: three sandboxes of 4 CPUs fit; memory is what fills a node.
+	a := h.create(CreateRequest{Resources: sandbox.Resources{CPUCount: 4, MemoryMB: 1024}})
+	h.create(CreateRequest{Resources: sandbox.Resources{CPUCount: 4, MemoryMB: 512}})
+	h.create(CreateRequest{Resources: sandbox.Resources{CPUCount: 4, MemoryMB: 256}})
+	refuse(sandbox.Resources{MemoryMB: 257}, ErrCapacity, "node is out of sandbox capacity", "1792 of its 2048 MB", "asks for 257 MB")
+	h.create(CreateRequest{Resources: sandbox.Resources{MemoryMB: 256}})
+	// A pause that releases memory gives its share back.
+	if err := h.o.Pause(ctx, a.ID, sandbox.PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	refuse(sandbox.Resources{MemoryMB: 1025}, ErrCapacity, "1024 of its 2048 MB")
+	h.create(CreateRequest{Resources: sandbox.Resources{MemoryMB: 1024}})
 }
 
 func TestTokensDeterministicPerSeed(t *testing.T) {

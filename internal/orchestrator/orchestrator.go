@@ -50,6 +50,8 @@ type Config struct {
 	// fails with ErrCapacity. Paused sandboxes count unless the backend's pause releases
 	// memory.
 	MaxSandboxes int
+	// Capacity is what the node can give (HostCapacity); zero fields are unlimited.
+	Capacity Capacity
 	// EnvdPort is envd's port when an instance's Endpoint does not name one (49983).
 	EnvdPort int
 	// EnvdReadyTimeout bounds the wait for envd's /health after a launch (30 s).

@@ -31,6 +31,16 @@ type GCResult struct {
 	Deleted      []Digest // removed (or, on a dry run, would be)
 	DeletedBytes int64
 	InUse        int // unreferenced but used within the grace period
+	// AbortedUploads counts interrupted uploads GC aborted (S3 multipart
+	// uploads a killed publisher left, which hold storage but no blob).
+	AbortedUploads int
+}
+
+// UploadReclaimer is a repository whose interrupted uploads keep storage
+// that no blob accounts for (S3 multipart uploads). GC calls it; its
+// implementation decides what is stale.
+type UploadReclaimer interface {
+	AbortStaleUploads(ctx context.Context) (int, error)
 }
 
 // GC deletes blobs that no record of any kind (pending ones included) and no
@@ -109,7 +119,17 @@ func GC(ctx context.Context, repo Repository, o GCOptions) (GCResult, error) {
 			return res, fmt.Errorf("gc: delete %s: %w", b.Digest, err)
 		}
 	}
+	if ur, ok := repo.(UploadReclaimer); ok && !o.DryRun {
+		// Not a reason to fail GC: the blobs are collected, and the next run
+		// (or the bucket's lifecycle rule) retries.
+		n, err := ur.AbortStaleUploads(ctx)
+		res.AbortedUploads = n
+		if err != nil {
+			log.Warn("repository gc: abort stale uploads", "err", err)
+		}
+	}
 	log.Info("repository gc", "blobs", res.Blobs, "referenced", res.Referenced,
-		"deleted", len(res.Deleted), "deleted_bytes", res.DeletedBytes, "in_use", res.InUse, "dry_run", o.DryRun)
+		"deleted", len(res.Deleted), "deleted_bytes", res.DeletedBytes, "in_use", res.InUse,
+		"aborted_uploads", res.AbortedUploads, "dry_run", o.DryRun)
 	return res, nil
 }

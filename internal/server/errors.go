@@ -58,7 +58,11 @@ func statusOf(err error) int {
 // so operators can find them; the client gets the error text either way.
 func writeOrchError(w http.ResponseWriter, r *http.Request, err error) {
 	status := statusOf(err)
-	if status >= 500 {
+	switch {
+	case errors.Is(err, orchestrator.ErrCapacity):
+		// A full or stopping node is an expected answer, not a failure of the node.
+		slog.Warn("request refused", "method", r.Method, "path", r.URL.Path, "err", err)
+	case status >= 500:
 		slog.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeError(w, status, "%s", err.Error())

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"strconv"
@@ -177,6 +178,24 @@ func TestCreate(t *testing.T) {
 		{name: "zero cpu", path: "/v2/sandboxes", body: `{"templateID":"base","cpuCount":0}`, status: 400, msg: "cpuCount"},
 		{name: "tiny memory", path: "/sandboxes", body: `{"templateID":"base","memoryMB":1}`, status: 400, msg: "memoryMB"},
 		{name: "bad env key", path: "/v2/sandboxes", body: `{"templateID":"base","envVars":{"A=B":"c"}}`, status: 400, msg: "envVars"},
+		{name: "memory above what the node can give", path: "/v2/sandboxes", body: `{"templateID":"base","memoryMB":100000000}`, status: 400,
+			msg: "memoryMB 100000000 is more than this node can ever give a sandbox: the limit is 16384 MB"},
+		{name: "cpus above what the node can give", path: "/sandboxes", body: `{"templateID":"base","cpuCount":9}`, status: 400,
+			msg: "cpuCount 9 is more than this node can ever give a sandbox: the limit is 8"},
+		{name: "env var of 200 KB", path: "/v2/sandboxes", body: `{"templateID":"base","envVars":{"BIG":"` + strings.Repeat("x", 200<<10) + `"}}`,
+			status: 400, msg: "limit is 65536 bytes per variable"},
+		{name: "env vars of 320 KB together", path: "/v2/sandboxes", body: envBody(5, 64<<10-8), status: 400, msg: "envVars total"},
+		{name: "env value with NUL", path: "/v2/sandboxes", body: `{"templateID":"base","envVars":{"A":"b\u0000c"}}`, status: 400, msg: "NUL"},
+		{name: "metadata key of 300 bytes", path: "/v2/sandboxes", body: `{"templateID":"base","metadata":{"` + strings.Repeat("k", 300) + `":"v"}}`,
+			status: 400, msg: "the limit is 256"},
+		{name: "metadata of 70 KB", path: "/v2/sandboxes", body: `{"templateID":"base","metadata":{"k":"` + strings.Repeat("v", 70<<10) + `"}}`,
+			status: 400, msg: "metadata total"},
+		{name: "env vars within the limits", path: "/v2/sandboxes", body: envBody(3, 64<<10-8), status: 201, wantToken: true,
+			check: func(t *testing.T, f *fakeOrch, _ map[string]any) {
+				if len(f.lastReq.EnvVars) != 3 {
+					t.Fatalf("env vars = %d", len(f.lastReq.EnvVars))
+				}
+			}},
 		{name: "private sandbox gets a traffic token", path: "/v2/sandboxes", body: `{"templateID":"base","network":{"allowPublicTraffic":false}}`, status: 201, wantToken: true,
 			check: func(t *testing.T, f *fakeOrch, body map[string]any) {
 				if !f.lastReq.Private || body["trafficAccessToken"] == nil || body["trafficAccessToken"] == "" {
@@ -196,7 +215,7 @@ func TestCreate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t)
+			e := newEnv(t, func(o *Options) { o.Capacity = orchestrator.Capacity{CPUCount: 8, MemoryMB: 16384, DiskSizeMB: 100000} })
 			if tt.setup != nil {
 				tt.setup(e.orch)
 			}
@@ -399,4 +418,19 @@ func TestHTTPMetricsRecorded(t *testing.T) {
 	if !strings.Contains(body, `aenv_http_request_duration_seconds_count{method="GET",route="GET /sandboxes/{sandboxID}",route_source="control_plane",status="4xx"} 1`) {
 		t.Fatalf("request not recorded:\n%s", body)
 	}
+}
+
+// envBody is a create whose n environment variables are each size bytes as NAME=value.
+func envBody(n, size int) string {
+	var b strings.Builder
+	b.WriteString(`{"templateID":"base","envVars":{`)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		name := fmt.Sprintf("V%05d", i)
+		fmt.Fprintf(&b, "%q:%q", name, strings.Repeat("x", size-len(name)-1))
+	}
+	b.WriteString("}}")
+	return b.String()
 }

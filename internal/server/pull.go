@@ -16,6 +16,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/image/install"
+	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/server/api"
 	"github.com/aenv-dev/aenv/internal/snapshot"
@@ -46,6 +47,8 @@ type Puller struct {
 	// warm containers of the old version and collects the data directory's garbage
 	// (build.Service.Retired).
 	Retired func(ctx context.Context, old catalog.Template)
+	// Capacity refuses templates whose resources the node could never give a sandbox.
+	Capacity orchestrator.Capacity
 	// Log receives publication and clean-up failures (default slog.Default()).
 	Log *slog.Logger
 
@@ -141,6 +144,9 @@ func (p *Puller) request(b api.TemplatePullRequest) (install.Request, error) {
 	r := req.Resources
 	if r.CPUCount < 0 || r.MemoryMB < 0 || r.DiskSizeMB < 0 {
 		return install.Request{}, errors.New("cpuCount, memoryMB and diskSizeMB must not be negative")
+	}
+	if err := p.Capacity.Check(r); err != nil {
+		return install.Request{}, err
 	}
 	if b.Convert != nil {
 		req.Convert = *b.Convert

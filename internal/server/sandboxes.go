@@ -127,17 +127,54 @@ func (s *Server) createRequest(p createParams, defTimeout time.Duration) (orches
 		}
 		req.Resources.MemoryMB = int(*p.memoryMB)
 	}
+	if err := s.capacity.Check(req.Resources); err != nil {
+		return req, err
+	}
 	return req, nil
 }
 
+// Size limits of a create's envVars and metadata (docs/api-compatibility.md). Linux refuses
+// to exec with one environment string above 128 KiB or with the environment and arguments
+// together above a quarter of the stack limit, so larger environments would be accepted
+// and then fail every command with "argument list too long".
+const (
+	maxEnvVarBytes   = 64 << 10  // one NAME=value
+	maxEnvVarsBytes  = 256 << 10 // all of them, NAME=value each
+	maxMetadataKey   = 256
+	maxMetadataBytes = 64 << 10 // keys and values together
+)
+
 func checkStringMap(field string, m map[string]string) error {
-	for k := range m {
+	total := 0
+	for k, v := range m {
 		if k == "" {
 			return fmt.Errorf("%s keys must not be empty", field)
 		}
-		if field == "envVars" && strings.ContainsAny(k, "=\x00") {
-			return fmt.Errorf("envVars key %q must not contain '=' or NUL", k)
+		switch field {
+		case "envVars":
+			if strings.ContainsAny(k, "=\x00") {
+				return fmt.Errorf("envVars key %q must not contain '=' or NUL", k)
+			}
+			if strings.Contains(v, "\x00") {
+				return fmt.Errorf("envVars value of %q must not contain NUL", k)
+			}
+			n := len(k) + 1 + len(v)
+			if n > maxEnvVarBytes {
+				return fmt.Errorf("envVars %q is %d bytes (NAME=value); the limit is %d bytes per variable", k, n, maxEnvVarBytes)
+			}
+			total += n
+		default:
+			if len(k) > maxMetadataKey {
+				return fmt.Errorf("%s key %.32q... is %d bytes; the limit is %d", field, k, len(k), maxMetadataKey)
+			}
+			total += len(k) + len(v)
 		}
+	}
+	if field == "envVars" && total > maxEnvVarsBytes {
+		return fmt.Errorf("envVars total %d bytes (NAME=value each); the limit is %d bytes", total, maxEnvVarsBytes)
+	}
+	if field != "envVars" && total > maxMetadataBytes {
+		return fmt.Errorf("%s total %d bytes (keys and values); the limit is %d bytes", field, total, maxMetadataBytes)
 	}
 	return nil
 }

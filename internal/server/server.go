@@ -78,7 +78,10 @@ type Options struct {
 	DefaultTimeoutV1 time.Duration
 	// MaxTimeout caps requested TTLs (default 24 h).
 	MaxTimeout time.Duration
-	Logger     *slog.Logger
+	// Capacity refuses creates and template builds that ask for more than the node can
+	// ever give, before anything starts (the orchestrator enforces it too). Zero: no limit.
+	Capacity orchestrator.Capacity
+	Logger   *slog.Logger
 }
 
 // Server serves the control plane and sandbox traffic on one handler.
@@ -100,6 +103,7 @@ type Server struct {
 	defaultTimeout   time.Duration
 	defaultTimeoutV1 time.Duration
 	maxTimeout       time.Duration
+	capacity         orchestrator.Capacity
 }
 
 // New builds a Server. It fails when a required option is missing or the metrics cannot
@@ -124,6 +128,7 @@ func New(o Options) (*Server, error) {
 		defaultTimeout:   o.DefaultTimeout,
 		defaultTimeoutV1: o.DefaultTimeoutV1,
 		maxTimeout:       o.MaxTimeout,
+		capacity:         o.Capacity,
 	}
 	if s.registry == nil {
 		s.registry = prometheus.NewRegistry()

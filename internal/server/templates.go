@@ -85,6 +85,10 @@ func (h *handlers) RequestTemplateBuildV3(w http.ResponseWriter, r *http.Request
 	}
 	o := build.RequestOptions{Name: name, Resources: sandbox.Resources{
 		CPUCount: int(derefInt(body.CpuCount)), MemoryMB: int(derefInt(body.MemoryMB))}}
+	if err := h.s.capacity.Check(o.Resources); err != nil {
+		writeError(w, http.StatusBadRequest, "%s", err.Error())
+		return
+	}
 	if body.Tags != nil {
 		o.Tags = *body.Tags
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -50,12 +51,16 @@ type HostForward struct {
 	GuestPort int
 }
 
-// NIC is a virtio-net device with either a tap device (by name, created by the caller) or
-// user-mode networking with host forwards.
+// NIC is a virtio-net device on a tap device (by name, or an open queue descriptor for a
+// tap in another network namespace, both created by the caller) or on user-mode
+// networking with host forwards.
 type NIC struct {
-	ID      string
-	MAC     string // "" lets QEMU choose
-	Tap     string
+	ID  string
+	MAC string // "" lets QEMU choose
+	Tap string
+	// TapFile is an open tap queue QEMU inherits (-netdev tap,fd=N); the caller may close
+	// its copy once Start returns.
+	TapFile *os.File
 	User    bool
 	Forward []HostForward
 }
@@ -170,13 +175,19 @@ func (n NIC) validate() error {
 	if n.MAC != "" && !macRE.MatchString(n.MAC) {
 		return fmt.Errorf("vmm: nic %s: MAC %q malformed", n.ID, n.MAC)
 	}
-	if (n.Tap != "") == n.User {
-		return fmt.Errorf("vmm: nic %s: want exactly one of a tap name or user networking", n.ID)
+	kinds := 0
+	for _, set := range []bool{n.Tap != "", n.TapFile != nil, n.User} {
+		if set {
+			kinds++
+		}
+	}
+	if kinds != 1 {
+		return fmt.Errorf("vmm: nic %s: want exactly one of a tap name, a tap file or user networking", n.ID)
 	}
 	if n.Tap != "" && !tapRE.MatchString(n.Tap) {
 		return fmt.Errorf("vmm: nic %s: tap name %q invalid", n.ID, n.Tap)
 	}
-	if n.Tap != "" && len(n.Forward) > 0 {
+	if !n.User && len(n.Forward) > 0 {
 		return fmt.Errorf("vmm: nic %s: host forwards need user networking", n.ID)
 	}
 	for _, f := range n.Forward {
@@ -193,6 +204,17 @@ func (n NIC) validate() error {
 // optValue escapes a value for QEMU's key=value,... option syntax, where a comma is
 // written twice.
 func optValue(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// extraFiles are the descriptors QEMU inherits, in the order Args numbers them.
+func (c *Config) extraFiles() []*os.File {
+	var fs []*os.File
+	for _, n := range c.NICs {
+		if n.TapFile != nil {
+			fs = append(fs, n.TapFile)
+		}
+	}
+	return fs
+}
 
 // Args is QEMU's command line (without the binary). It does not validate; Start does.
 func (c *Config) Args() []string {
@@ -238,11 +260,16 @@ func (c *Config) Args() []string {
 		}
 		a = append(a, "-drive", drive, "-device", "virtio-blk-device,drive="+d.ID)
 	}
+	fd := 3 // inherited descriptors (ExtraFiles) start after stdin, stdout, stderr
 	for _, n := range c.NICs {
 		var nd string
-		if n.Tap != "" {
+		switch {
+		case n.Tap != "":
 			nd = fmt.Sprintf("tap,id=%s,ifname=%s,script=no,downscript=no,vhost=off", n.ID, n.Tap)
-		} else {
+		case n.TapFile != nil:
+			nd = fmt.Sprintf("tap,id=%s,fd=%d,vhost=off", n.ID, fd)
+			fd++
+		default:
 			nd = "user,id=" + n.ID
 			for _, f := range n.Forward {
 				nd += fmt.Sprintf(",hostfwd=tcp:%s:%d-:%d", f.Host.Addr(), f.Host.Port(), f.GuestPort)

@@ -24,6 +24,7 @@ func TestArgs(t *testing.T) {
 	c.NICs = []NIC{
 		{ID: "n0", Tap: "aenv-tap0", MAC: "06:00:ac:10:00:02"},
 		{ID: "n1", User: true, Forward: []HostForward{{Host: netip.MustParseAddrPort("127.0.0.1:40001"), GuestPort: 49983}}},
+		{ID: "n2", TapFile: os.Stdin, MAC: "06:00:ac:10:00:03"},
 	}
 	c.Incoming = true
 	got := strings.Join(c.Args(), " ")
@@ -37,6 +38,7 @@ func TestArgs(t *testing.T) {
 		"-drive id=ro,file=/d/b.qcow2,format=qcow2,if=none,cache=none,aio=threads,readonly=on -device virtio-blk-device,drive=ro",
 		"-netdev tap,id=n0,ifname=aenv-tap0,script=no,downscript=no,vhost=off -device virtio-net-device,netdev=n0,mac=06:00:ac:10:00:02",
 		"-netdev user,id=n1,hostfwd=tcp:127.0.0.1:40001-:49983 -device virtio-net-device,netdev=n1",
+		"-netdev tap,id=n2,fd=3,vhost=off -device virtio-net-device,netdev=n2,mac=06:00:ac:10:00:03",
 		"-incoming defer",
 	} {
 		if !strings.Contains(got, want) {
@@ -48,6 +50,9 @@ func TestArgs(t *testing.T) {
 	}
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
+	}
+	if fs := c.extraFiles(); len(fs) != 1 || fs[0] != os.Stdin {
+		t.Errorf("extra files = %v, want the tap file as fd 3", fs)
 	}
 
 	kvm := baseConfig()
@@ -89,6 +94,7 @@ func TestValidate(t *testing.T) {
 		{"nic both", func(c *Config) { c.NICs = []NIC{{ID: "n", Tap: "t", User: true}} }, "exactly one"},
 		{"nic none", func(c *Config) { c.NICs = []NIC{{ID: "n"}} }, "exactly one"},
 		{"tap name", func(c *Config) { c.NICs = []NIC{{ID: "n", Tap: "a,b"}} }, "tap name"},
+		{"tap name and file", func(c *Config) { c.NICs = []NIC{{ID: "n", Tap: "t", TapFile: os.Stdin}} }, "exactly one"},
 		{"tap forward", func(c *Config) {
 			c.NICs = []NIC{{ID: "n", Tap: "t", Forward: []HostForward{{Host: netip.MustParseAddrPort("127.0.0.1:1"), GuestPort: 1}}}}
 		}, "user networking"},

@@ -62,9 +62,11 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	}
 	cmd := exec.Command(cfg.Binary, cfg.Args()...)
 	cmd.Stdout, cmd.Stderr = out, out
-	// Its own process group: a signal to the group also ends the shell and cat of an
-	// exec: migration, and the node's terminal signals do not reach the VM.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.ExtraFiles = cfg.extraFiles()
+	// A session (and process group) of its own: the node's terminal signals do not reach
+	// the VM, it may outlive the node (a restart finds it by its pidfile), and a signal
+	// to the group reaches anything QEMU spawned.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	var stderr tailBuffer
 	if cfg.LogFile == "" {
 		cmd.Stderr = &stderr

@@ -48,11 +48,18 @@ func toEntry(path string, fi fs.FileInfo, names *identity.Names) *pb.EntryInfo {
 		e.Metadata = ReadMetadata(path)
 	}
 	if fi.Mode()&fs.ModeSymlink != 0 {
+		// As E2B's envd: the resolved target, with the target's type and permission bits; a
+		// link that does not resolve (dangling, a loop) names itself, with an unspecified
+		// type (which the SDK's list leaves out) and mode 0.
 		target, err := filepath.EvalSymlinks(path)
-		if err != nil { // dangling: report the raw link
-			target, _ = os.Readlink(path)
+		if err != nil {
+			target = path
 		}
 		e.SymlinkTarget = &target
+		e.Type, e.Mode = pb.FileType_FILE_TYPE_UNSPECIFIED, 0
+		if tfi, err := os.Stat(target); err == nil {
+			e.Type, e.Mode = fileType(tfi.Mode()), uint32(tfi.Mode().Perm())
+		}
 	}
 	return e
 }

@@ -10,10 +10,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// File metadata (envd >= 0.6.2) is stored as user extended attributes: metadata key k is the
-// xattr "user.k". Keys are HTTP header tokens (lower-cased, since header names are not
+// File metadata (envd >= 0.6.2) is stored as user extended attributes in E2B's namespace:
+// metadata key k is the xattr "user.e2b.k", so other tools' user.* attributes are neither
+// reported nor cleared. Keys are HTTP header tokens (lower-cased, since header names are not
 // case-preserving); values are printable ASCII.
-const xattrPrefix = "user."
+const xattrPrefix = "user.e2b."
 
 // ErrMetadataUnsupported is returned when the filesystem does not support user xattrs.
 var ErrMetadataUnsupported = errors.New("the filesystem does not support file metadata (user extended attributes)")
@@ -42,8 +43,21 @@ func ValidMetadataValue(v string) bool {
 	return len(v) <= 64*1024
 }
 
-// WriteMetadata sets the metadata on an open file.
+// WriteMetadata makes md the metadata of an open file: keys it does not name are removed (a file
+// written again without metadata has none, as in E2B; an O_TRUNC open keeps xattrs).
 func WriteMetadata(f *os.File, md map[string]string) error {
+	fd := int(f.Fd())
+	if names, err := listXattrs(func(b []byte) (int, error) { return unix.Flistxattr(fd, b) }); err == nil {
+		for _, n := range names {
+			if k, ok := strings.CutPrefix(n, xattrPrefix); ok {
+				if _, keep := md[k]; !keep {
+					if err := unix.Fremovexattr(fd, n); err != nil && !errors.Is(err, unix.ENODATA) {
+						return fmt.Errorf("clear metadata %q: %w", k, err)
+					}
+				}
+			}
+		}
+	}
 	for k, v := range md {
 		if err := unix.Fsetxattr(int(f.Fd()), xattrPrefix+k, []byte(v), 0); err != nil {
 			if errors.Is(err, unix.ENOTSUP) || errors.Is(err, unix.EOPNOTSUPP) {
@@ -55,20 +69,33 @@ func WriteMetadata(f *os.File, md map[string]string) error {
 	return nil
 }
 
-// ReadMetadata returns the metadata of path (not following symlinks); nil when there is none.
-func ReadMetadata(path string) map[string]string {
-	sz, err := unix.Llistxattr(path, nil)
+// listXattrs lists attribute names through list (a listxattr variant): none when there are none.
+func listXattrs(list func([]byte) (int, error)) ([]string, error) {
+	sz, err := list(nil)
 	if err != nil || sz <= 0 {
-		return nil
+		return nil, err
 	}
 	buf := make([]byte, sz)
-	sz, err = unix.Llistxattr(path, buf)
+	if sz, err = list(buf); err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, name := range bytes.Split(buf[:sz], []byte{0}) {
+		if len(name) > 0 {
+			names = append(names, string(name))
+		}
+	}
+	return names, nil
+}
+
+// ReadMetadata returns the metadata of path (not following symlinks); nil when there is none.
+func ReadMetadata(path string) map[string]string {
+	names, err := listXattrs(func(b []byte) (int, error) { return unix.Llistxattr(path, b) })
 	if err != nil {
 		return nil
 	}
 	var md map[string]string
-	for _, name := range bytes.Split(buf[:sz], []byte{0}) {
-		n := string(name)
+	for _, n := range names {
 		if !strings.HasPrefix(n, xattrPrefix) {
 			continue
 		}

@@ -62,6 +62,15 @@ func (s *HashStore) BlockHashes(_ context.Context, d repository.Digest) (*reposi
 	return h, nil
 }
 
+// ListDigest implements listNamer: the digest d's list is published under.
+func (s *HashStore) ListDigest(d repository.Digest) (repository.Digest, bool) {
+	b, err := s.Encoded(d)
+	if err != nil {
+		return "", false
+	}
+	return repository.DigestOf(b), true
+}
+
 // Put stores h as layer d's list and returns the digest it is published
 // under.
 func (s *HashStore) Put(d repository.Digest, h *repository.BlockHashes) (repository.Digest, error) {

@@ -59,6 +59,14 @@ var _ stack.Resolver = (*Resolver)(nil)
 // A repository blob is a block cache source as it is.
 var _ cache.Source = repository.BlobReader(nil)
 
+// listNamer is a HashIndex that knows the digest each layer's block hash
+// list is published under (HashStore): a reader keeps the list alive with its
+// layer, or GC would take the list from under the layer, and a node that
+// syncs the layer's record later could not register it.
+type listNamer interface {
+	ListDigest(layer repository.Digest) (repository.Digest, bool)
+}
+
 // localCache is what a node cache (*nodecache.Cache) tells about its blobs.
 type localCache interface {
 	Cached(repository.Digest) bool
@@ -202,12 +210,21 @@ func (r *Resolver) KeepAlive(ctx context.Context, extra []repository.Digest) (in
 	return n, errors.Join(errs...)
 }
 
-// touch refreshes d's LastUsed in Remote: a present blob is not read again,
-// only touched; a missing one fails verification of the empty reader, so
-// nothing is stored.
+// touch refreshes the LastUsed in Remote of layer d and of its block hash
+// list: a present blob is not read again, only touched; a missing one fails
+// verification of the empty reader, so nothing is stored.
 func (r *Resolver) touch(ctx context.Context, d repository.Digest) error {
-	_, err := r.Remote.PutBlob(ctx, d, -1, eofReader{})
-	return err
+	if _, err := r.Remote.PutBlob(ctx, d, -1, eofReader{}); err != nil {
+		return err
+	}
+	if ln, ok := r.Hashes.(listNamer); ok {
+		if l, ok := ln.ListDigest(d); ok {
+			if _, err := r.Remote.PutBlob(ctx, l, -1, eofReader{}); err != nil {
+				return fmt.Errorf("block hash list %s: %w", l, err)
+			}
+		}
+	}
+	return nil
 }
 
 type eofReader struct{}

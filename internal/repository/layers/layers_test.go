@@ -234,3 +234,65 @@ func TestRemoteReadRetries(t *testing.T) {
 		})
 	}
 }
+
+// A layer read lazily and its block hash list stay alive together: opening the
+// layer and KeepAlive refresh both, so GC takes neither while it is read.
+func TestKeepAliveKeepsBlockHashList(t *testing.T) {
+	dir := t.TempDir()
+	repo, err := posixfs.Open(dir, posixfs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	data, d := repositorytest.Blob(5, 1<<20)
+	if _, err := repo.PutBlob(ctx, d, int64(len(data)), bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := repository.ComputeBlockHashes(bytes.NewReader(data), repository.MinBlockHashChunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &HashStore{Dir: t.TempDir()}
+	ld, err := store.Put(d, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := h.Encode()
+	if _, err := repo.PutBlob(ctx, ld, int64(len(enc)), bytes.NewReader(enc)); err != nil {
+		t.Fatal(err)
+	}
+	age := func() {
+		old := time.Now().Add(-2 * time.Hour)
+		for _, x := range []repository.Digest{d, ld} {
+			if err := os.Chtimes(filepath.Join(dir, "blobs", "sha256", x.Hex()), old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fresh := func(x repository.Digest) bool {
+		info, err := repo.StatBlob(ctx, x)
+		return err == nil && time.Since(info.LastUsed) < time.Minute
+	}
+	age()
+	r := &Resolver{Repo: repo, Remote: repo, Hashes: store}
+	src, err := r.OpenLayer(ctx, stack.LayerRef{Digest: string(d)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	r.Wait()
+	if !fresh(d) || !fresh(ld) {
+		t.Fatalf("open refreshed layer %v, list %v; want both", fresh(d), fresh(ld))
+	}
+	age()
+	if _, err := r.KeepAlive(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !fresh(d) || !fresh(ld) {
+		t.Fatalf("KeepAlive refreshed layer %v, list %v; want both", fresh(d), fresh(ld))
+	}
+	res, err := repository.GC(ctx, repo, repository.GCOptions{Grace: time.Hour})
+	if err != nil || len(res.Deleted) != 0 {
+		t.Fatalf("GC took a blob of a layer read lazily: %+v %v", res, err)
+	}
+}

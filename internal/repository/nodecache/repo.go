@@ -194,3 +194,12 @@ func (c ctxReader) Read(p []byte) (int, error) {
 	}
 	return c.r.Read(p)
 }
+
+// AbortStaleUploads passes repository.UploadReclaimer through to the remote
+// (the node cache's own writes are local files, renamed into place).
+func (c *Cache) AbortStaleUploads(ctx context.Context) (int, error) {
+	if ur, ok := c.remote.(repository.UploadReclaimer); ok {
+		return ur.AbortStaleUploads(ctx)
+	}
+	return 0, nil
+}

@@ -76,6 +76,13 @@ type Config struct {
 	// UploadParallelism is how many parts of one blob are in flight at once
 	// (default 4); each holds a PartSize buffer.
 	UploadParallelism uint
+	// StaleUploadAge is how old an unfinished multipart upload under the
+	// prefix must be for Open and GC to abort it (default 1h): a publisher
+	// killed mid-upload leaves parts that hold storage and that nothing
+	// else ever removes. An upload that legitimately runs longer than this
+	// would be aborted by another node's GC, so keep it above the slowest
+	// blob upload.
+	StaleUploadAge time.Duration
 	// Transport overrides the HTTP transport (tests, custom CAs).
 	Transport http.RoundTripper
 	Logger    *slog.Logger
@@ -88,6 +95,7 @@ type Repo struct {
 	prefix   string
 	part     uint64
 	parallel uint
+	stale    time.Duration
 	log      *slog.Logger
 }
 
@@ -162,7 +170,48 @@ func Open(ctx context.Context, cfg Config) (*Repo, error) {
 	if parallel == 0 {
 		parallel = 4
 	}
-	return &Repo{c: c, bucket: cfg.Bucket, prefix: prefix, part: part, parallel: parallel, log: log}, nil
+	stale := cfg.StaleUploadAge
+	if stale <= 0 {
+		stale = DefaultStaleUploadAge
+	}
+	r := &Repo{c: c, bucket: cfg.Bucket, prefix: prefix, part: part, parallel: parallel, stale: stale, log: log}
+	if _, err := r.AbortStaleUploads(ctx); err != nil {
+		// Storage is wasted, nothing is wrong: GC retries.
+		log.Warn("s3: abort stale multipart uploads", "bucket", cfg.Bucket, "prefix", prefix, "err", err)
+	}
+	return r, nil
+}
+
+// DefaultStaleUploadAge is Config.StaleUploadAge's default.
+const DefaultStaleUploadAge = time.Hour
+
+var _ repository.UploadReclaimer = (*Repo)(nil)
+
+// AbortStaleUploads aborts the multipart uploads of blobs under the prefix
+// started more than StaleUploadAge ago, and returns how many it aborted.
+func (r *Repo) AbortStaleUploads(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the listing goroutine when we return early
+	cutoff := time.Now().Add(-r.stale)
+	core := minio.Core{Client: r.c}
+	n := 0
+	var errs []error
+	for u := range r.c.ListIncompleteUploads(ctx, r.bucket, r.prefix+"blobs/", true) {
+		if u.Err != nil {
+			return n, errors.Join(append(errs, fmt.Errorf("s3: list multipart uploads: %w", u.Err))...)
+		}
+		if u.Initiated.After(cutoff) {
+			continue
+		}
+		err := core.AbortMultipartUpload(ctx, r.bucket, u.Key, u.UploadID)
+		if err != nil && minio.ToErrorResponse(err).Code != "NoSuchUpload" {
+			errs = append(errs, fmt.Errorf("s3: abort multipart upload of %s: %w", u.Key, err))
+			continue
+		}
+		n++
+		r.log.Info("s3: aborted a stale multipart upload", "key", u.Key, "initiated", u.Initiated, "bytes", u.Size)
+	}
+	return n, errors.Join(errs...)
 }
 
 func (r *Repo) blobKey(d repository.Digest) string { return r.prefix + "blobs/sha256/" + d.Hex() }

@@ -21,6 +21,8 @@ package microvm
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,7 +76,7 @@ type Config struct {
 	// /proc/cpuinfo.
 	TSCKHz int
 	// RAMDir holds the guest RAM files (memory-backend-file); it must be a tmpfs. Default
-	// /dev/shm/aenv-microvm.
+	// /dev/shm/aenv-microvm-<hash of DataDir>.
 	RAMDir string
 	// MemoryMB and CPUs are the defaults for sandboxes whose plan sets none. Default 256, 1.
 	MemoryMB int
@@ -133,8 +135,13 @@ func (c *Config) defaults() error {
 			return err
 		}
 	}
+	if c.DataDir, err = filepath.Abs(c.DataDir); err != nil {
+		return fmt.Errorf("microvm: data dir: %w", err)
+	}
 	if c.RAMDir == "" {
-		c.RAMDir = "/dev/shm/aenv-microvm"
+		// One per data dir: Reconcile removes every RAM file in it that it does not know.
+		sum := sha256.Sum256([]byte(c.DataDir))
+		c.RAMDir = "/dev/shm/aenv-microvm-" + hex.EncodeToString(sum[:4])
 	}
 	if c.MemoryMB == 0 {
 		c.MemoryMB = 256
@@ -147,9 +154,6 @@ func (c *Config) defaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
-	}
-	if c.DataDir, err = filepath.Abs(c.DataDir); err != nil {
-		return fmt.Errorf("microvm: data dir: %w", err)
 	}
 	return nil
 }
@@ -198,10 +202,6 @@ func (c *Config) sandboxesDir() string { return filepath.Join(c.DataDir, "sandbo
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "microvm" }
 
-// Capabilities implements sandbox.Backend. Snapshots, pause and fork come with the
-// memory-snapshot primitives; until then sandboxes only launch fresh and stop.
-func (b *Backend) Capabilities() sandbox.Capabilities { return sandbox.Capabilities{} }
-
 // Close releases the network pool's warm slots. Running sandboxes keep running; a
 // restart's Reconcile removes them.
 func (b *Backend) Close(ctx context.Context) error { return b.pool.Close(ctx) }
@@ -210,16 +210,6 @@ func (b *Backend) Close(ctx context.Context) error { return b.pool.Close(ctx) }
 func (b *Backend) Pool() *network.Pool { return b.pool }
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
-
-// DecodePaused implements sandbox.Backend; nothing pauses yet.
-func (b *Backend) DecodePaused(raw []byte) (sandbox.PausedState, error) {
-	return nil, fmt.Errorf("%w: paused state %q", ErrUnsupported, raw)
-}
-
-// DecodeCaptured implements sandbox.Backend; nothing is captured yet.
-func (b *Backend) DecodeCaptured(raw []byte) (sandbox.Captured, error) {
-	return nil, fmt.Errorf("%w: capture %q", ErrUnsupported, raw)
-}
 
 // savedState is written into the sandbox directory at launch, for Reconcile and humans.
 type savedState struct {

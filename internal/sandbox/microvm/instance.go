@@ -27,10 +27,12 @@ type Instance struct {
 	// stopMu serialises Stop (and, later, snapshots) against each other.
 	stopMu sync.Mutex
 
-	mu      sync.Mutex
-	slot    *network.Slot
-	disk    *rootfs.Disk
-	proc    *vmProc
+	mu   sync.Mutex
+	slot *network.Slot
+	disk *rootfs.Disk
+	proc *vmProc
+	// mem is how the VM holds its memory (memory snapshots, snapshot.go).
+	mem     memState
 	stopped bool
 	// cpu is the last CPU-time sample, for Stats' usage between two calls.
 	cpu cpuSample
@@ -64,24 +66,9 @@ func (i *Instance) PID() int {
 // ConsoleLog is the path of the guest's serial console log (boot diagnostics).
 func (i *Instance) ConsoleLog() string { return i.dir + "/" + consoleLog }
 
-// Pause implements sandbox.Instance (not yet: it needs memory snapshots).
-func (i *Instance) Pause(context.Context, sandbox.PauseOptions) (sandbox.PausedState, error) {
-	return nil, fmt.Errorf("%w: pause", ErrUnsupported)
-}
-
 // Resume implements sandbox.Instance: nothing pauses in place.
 func (i *Instance) Resume(context.Context) error {
 	return fmt.Errorf("%w: %s is not paused in place", sandbox.ErrGone, i.id)
-}
-
-// Snapshot implements sandbox.Instance (not yet).
-func (i *Instance) Snapshot(context.Context) (sandbox.Captured, error) {
-	return nil, fmt.Errorf("%w: snapshot", ErrUnsupported)
-}
-
-// Fork implements sandbox.Instance (not yet).
-func (i *Instance) Fork(context.Context, []sandbox.ForkSpec) ([]sandbox.ForkResult, error) {
-	return nil, fmt.Errorf("%w: fork", ErrUnsupported)
 }
 
 // Stop implements sandbox.Instance: QEMU is killed by pid, then its disk, network slot, RAM

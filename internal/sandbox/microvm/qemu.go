@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/aenv-dev/aenv/internal/vmm"
 )
 
 // vmSpec is one QEMU microvm.
@@ -24,68 +24,55 @@ type vmSpec struct {
 	cmdline string
 	cpus    int
 	memMB   int
-	ramFile string // guest RAM (memory-backend-file id=mem, share=on), on tmpfs
-	disk    string // raw root disk (virtio-blk)
-	nic     *guestNIC
-	pidFile string
-	qmp     string // QMP unix socket
-	console string // serial console log
+	ramFile string // guest RAM (memory-backend-file id=mem), on tmpfs
+	// privateRAM maps ramFile copy-on-write (share=off): a restore on a memory image that
+	// other sandboxes share. Otherwise the file is the guest's memory (share=on).
+	privateRAM bool
+	disk       string // raw root disk (virtio-blk)
+	nic        *guestNIC
+	pidFile    string
+	qmp        string // QMP unix socket
+	console    string // serial console log
 }
 
-// args is QEMU's command line. Device order is fixed (disk, then NIC): a migration stream
-// only loads into a VM with the same devices in the same order.
-func (s vmSpec) args() []string {
-	mem := strconv.Itoa(s.memMB) + "M"
-	a := []string{
-		"-M", "microvm,memory-backend=mem", "-accel", s.accel, "-cpu", "max",
-		"-smp", strconv.Itoa(s.cpus), "-m", mem,
-		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-object", "memory-backend-file,id=mem,size=" + mem + ",mem-path=" + s.ramFile + ",share=on",
-		"-kernel", s.kernel, "-initrd", s.initrd, "-append", s.cmdline,
-		"-serial", "file:" + s.console,
-		"-qmp", "unix:" + s.qmp + ",server=on,wait=off",
-		"-pidfile", s.pidFile,
-		"-drive", "id=root,file=" + s.disk + ",format=raw,if=none,cache=writeback,aio=threads",
-		"-device", "virtio-blk-device,drive=root",
+// config is the VMM configuration. Device order is fixed (disk, then NIC): a migration
+// stream only loads into a VM with the same devices in the same order.
+func (s vmSpec) config() vmm.Config {
+	c := vmm.Config{
+		Binary: s.qemu, Accel: vmm.Accel(s.accel), CPUs: s.cpus,
+		Memory: vmm.Memory{SizeMiB: s.memMB, Path: s.ramFile, Share: !s.privateRAM},
+		Kernel: s.kernel, Initrd: s.initrd, Cmdline: s.cmdline,
+		ConsoleLog: s.console, QMPSocket: s.qmp, PIDFile: s.pidFile,
+		Drives: []vmm.Drive{{ID: "root", Path: s.disk}},
 	}
 	if s.nic != nil {
-		// fd 3 is the first of ExtraFiles.
-		a = append(a, "-netdev", "tap,id=n0,fd=3,vhost=off",
-			"-device", "virtio-net-device,netdev=n0,mac="+s.nic.mac.String())
+		c.NICs = []vmm.NIC{{ID: "n0", TapFile: s.nic.tap, MAC: s.nic.mac.String()}}
 	}
-	return a
+	return c
 }
 
 // vmProc is a running QEMU started by this process.
 type vmProc struct {
 	pid  int
-	done chan struct{} // closed when the process has exited and been reaped
-	err  error         // exit status, valid after done
+	m    *vmm.Machine
+	done <-chan struct{} // closed when the process has exited and been reaped
 }
 
-// startVM starts QEMU in its own session (it outlives this process if the node dies;
-// Reconcile finds it by its pidfile) and returns once it runs.
-func startVM(s vmSpec) (*vmProc, error) {
-	cmd := exec.Command(s.qemu, s.args()...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if s.nic != nil {
-		cmd.ExtraFiles = []*os.File{s.nic.tap}
+// startVM boots QEMU (in a session of its own: it outlives this process if the node dies;
+// Reconcile finds it by its pidfile) and returns once its monitor answers. With state it
+// instead loads that snapshot and leaves the guest paused.
+func startVM(ctx context.Context, s vmSpec, state *vmm.State) (*vmProc, error) {
+	var m *vmm.Machine
+	var err error
+	if state != nil {
+		m, err = vmm.RestorePaused(ctx, s.config(), *state)
+	} else {
+		m, err = vmm.Start(ctx, s.config())
 	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("microvm: start qemu: %w", err)
+	if err != nil {
+		return nil, fmt.Errorf("microvm: %w", err)
 	}
-	p := &vmProc{pid: cmd.Process.Pid, done: make(chan struct{})}
-	go func() {
-		err := cmd.Wait()
-		if err != nil && stderr.Len() > 0 {
-			err = fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
-		}
-		p.err = err
-		close(p.done)
-	}()
-	return p, nil
+	return &vmProc{pid: m.PID(), m: m, done: m.Exited()}, nil
 }
 
 // exited reports whether the process has ended.
@@ -103,11 +90,10 @@ func (p *vmProc) kill(ctx context.Context) error {
 	if p.exited() {
 		return nil
 	}
-	if err := unix.Kill(p.pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("microvm: kill qemu %d: %w", p.pid, err)
-	}
+	done := make(chan struct{})
+	go func() { p.m.Kill(); close(done) }()
 	select {
-	case <-p.done:
+	case <-done:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("microvm: qemu %d did not exit: %w", p.pid, ctx.Err())

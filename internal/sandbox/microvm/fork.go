@@ -1,0 +1,166 @@
+package microvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/rootfs"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/storage/stack"
+)
+
+// Fork implements sandbox.Instance: one capture, then every child restores on a private
+// mapping of its RAM file (copy-on-write: the children share the pages none of them
+// wrote) with a disk of its own on the sealed layers.
+func (i *Instance) Fork(ctx context.Context, specs []sandbox.ForkSpec) ([]sandbox.ForkResult, error) {
+	c, err := i.capture(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	// Children keep their mapping when the file goes.
+	defer removeImage(i.b, c)
+	i.mu.Lock()
+	allow := i.slot != nil && i.slot.AllowInternet
+	i.mu.Unlock()
+	out := make([]sandbox.ForkResult, len(specs))
+	var wg sync.WaitGroup
+	for n, s := range specs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			inst, err := i.b.Launch(ctx, sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot,
+				SandboxID: s.SandboxID, Resources: s.Resources, AllowInternet: allow, Snapshot: c})
+			out[n] = sandbox.ForkResult{Instance: inst, Err: err}
+		}()
+	}
+	wg.Wait()
+	return out, nil
+}
+
+// launchCaptured launches a sandbox from a capture: a snapshot (a new sandbox, or one
+// paused to disk) or a pause (the same sandbox). It continues the captured processes
+// unless the plan asks for a cold boot or the capture has no memory.
+func (b *Backend) launchCaptured(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {
+	var raw any = plan.Snapshot
+	if plan.Kind == sandbox.LaunchResume {
+		raw = plan.Paused
+	}
+	c, ok := raw.(*capture)
+	if !ok || c == nil {
+		return nil, fmt.Errorf("microvm: launch kind %d: %T is not a microvm capture", plan.Kind, raw)
+	}
+	if plan.ColdBoot || c.Memory == nil {
+		fresh := plan
+		fresh.Kind = sandbox.LaunchFresh
+		fresh.RootFS = sandbox.RootFS{Layers: c.Layers, VirtualSize: c.VirtualSize}
+		fresh.Snapshot, fresh.Paused = nil, nil
+		return b.Launch(ctx, fresh)
+	}
+	inst, err := b.reserve(plan.SandboxID, c.Resources)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(inst.dir, 0o700); err != nil {
+		b.forget(inst)
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("%w: %s has a directory on disk (Reconcile not run?)", ErrExists, plan.SandboxID)
+		}
+		return nil, fmt.Errorf("microvm: %w", err)
+	}
+	if err := b.restore(ctx, inst, c, plan.Kind == sandbox.LaunchResume, plan.AllowInternet); err != nil {
+		if serr := inst.Stop(context.WithoutCancel(ctx)); serr != nil {
+			b.log.Warn("microvm: cleanup after failed restore", "id", plan.SandboxID, "err", serr)
+		}
+		return nil, err
+	}
+	return inst, nil
+}
+
+// restore gives inst a network slot, a disk on the capture's layers and a QEMU loaded
+// from the capture's memory image, and continues the guest.
+func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resume, allowInternet bool) error {
+	t0 := time.Now()
+	slot, err := b.pool.Acquire(ctx, allowInternet)
+	if err != nil {
+		return fmt.Errorf("microvm: network slot: %w", err)
+	}
+	inst.mu.Lock()
+	inst.slot = slot
+	inst.mu.Unlock()
+	st := savedState{ID: inst.id, SlotIndex: slot.Index, Resources: inst.res, RAMFile: inst.ramFile}
+	if err := writeState(filepath.Join(inst.dir, stateFile), st); err != nil {
+		return err
+	}
+	layers := make([]stack.LayerRef, len(c.Layers))
+	for n, l := range c.Layers {
+		layers[n] = stack.LayerRef{Path: l.Path, Digest: l.Digest, Size: l.Size, UUID: l.UUID}
+	}
+	t1 := time.Now()
+	disk, err := rootfs.OpenDisk(ctx, rootfs.Spec{Dir: inst.dir, Lowers: layers, VirtualSize: c.VirtualSize, Resolver: b.cfg.LayerResolver})
+	if err != nil {
+		return fmt.Errorf("microvm: root disk: %w", err)
+	}
+	inst.mu.Lock()
+	inst.disk = disk
+	inst.mu.Unlock()
+	t2 := time.Now()
+	nic, err := b.attachRestoredTap(ctx, slot, c.Guest)
+	if err != nil {
+		return err
+	}
+	defer nic.tap.Close()
+	t3 := time.Now()
+	// A fork maps the capture's RAM file private; a resumed pause takes the file over
+	// (nothing else maps it) and runs shared on it, so its next pause is cheap again; a
+	// full stream loads into a fresh RAM file of the VM's own.
+	ram, private := inst.ramFile, false
+	switch {
+	case c.Memory.RAM != "" && resume:
+		if err := os.Rename(c.Memory.RAM, inst.ramFile); err != nil {
+			return fmt.Errorf("microvm: take over RAM file: %w", err)
+		}
+		if err := os.Chmod(inst.ramFile, 0o600); err != nil {
+			return fmt.Errorf("microvm: RAM file: %w", err)
+		}
+	case c.Memory.RAM != "":
+		ram, private = c.Memory.RAM, true
+	}
+	spec := vmSpec{
+		qemu: b.cfg.QEMU, accel: b.cfg.Accel, kernel: b.cfg.Kernel, initrd: b.initrd,
+		cpus: inst.res.CPUCount, memMB: inst.res.MemoryMB, ramFile: ram, privateRAM: private,
+		disk: disk.Path(), nic: nic,
+		pidFile: filepath.Join(inst.dir, pidFileName), qmp: filepath.Join(inst.dir, qmpSock),
+		console: filepath.Join(inst.dir, consoleLog),
+		// Not read by a restored guest, but QEMU loads the kernel all the same.
+		cmdline: "console=ttyS0",
+	}
+	state := c.Memory.State
+	proc, err := startVM(ctx, spec, &state)
+	if err != nil {
+		if resume && c.Memory.RAM != "" {
+			_ = os.Rename(inst.ramFile, c.Memory.RAM) // the pause stays resumable
+		}
+		return err
+	}
+	inst.mu.Lock()
+	inst.proc = proc
+	guest := c.Guest
+	inst.mem = memState{privateRAM: private, guest: &guest}
+	inst.mu.Unlock()
+	t4 := time.Now()
+	if err := proc.m.Resume(ctx); err != nil {
+		return fmt.Errorf("microvm: continue restored VM: %w", err)
+	}
+	if resume {
+		// The pause is consumed: its RAM file is this VM's now.
+		_ = removeImage(b, c)
+	}
+	b.log.Debug("microvm: restored", "id", inst.id, "capture", c.ID, "slot", slot.Index, "pid", proc.pid,
+		"network", t1.Sub(t0), "disk", t2.Sub(t1), "tap", t3.Sub(t2), "qemu", t4.Sub(t3), "total", time.Since(t0))
+	return nil
+}

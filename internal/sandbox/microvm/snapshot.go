@@ -1,0 +1,169 @@
+package microvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/vmm"
+)
+
+// memState is how a VM holds its memory.
+type memState struct {
+	// privateRAM: the VM runs on a private mapping of a capture's RAM file (a fork or a
+	// snapshot launch). Its own snapshots then carry the RAM in the stream (SaveFull).
+	// Otherwise its RAM file is its own, shared, and a snapshot is its device state plus
+	// that file.
+	privateRAM bool
+	// guest is the network identity in the guest's memory when it came from a capture
+	// (nil for a VM that booted in its slot).
+	guest *guestIdentity
+}
+
+// Snapshot implements sandbox.Instance: the VM stops for the device state, a copy of its
+// RAM file and the seal of its disk's upper, then continues.
+func (i *Instance) Snapshot(ctx context.Context) (sandbox.Captured, error) {
+	c, err := i.capture(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// capture stops the VM and writes a capture of it. With pause the VM stays stopped and
+// its RAM file becomes the capture's (no copy); the caller ends the VM. Without, the VM
+// continues. Any error before the end leaves the VM running (recoverable) unless it
+// has died (ErrGone).
+func (i *Instance) capture(ctx context.Context, pause bool) (_ *capture, err error) {
+	i.stopMu.Lock()
+	defer i.stopMu.Unlock()
+	i.mu.Lock()
+	proc, disk, slot, mem, stopped := i.proc, i.disk, i.slot, i.mem, i.stopped
+	i.mu.Unlock()
+	if stopped || proc == nil || proc.exited() || disk == nil || slot == nil {
+		return nil, fmt.Errorf("%w: %s", sandbox.ErrGone, i.id)
+	}
+	guest := mem.guest
+	if guest == nil {
+		g, err := slotIdentity(slot.NetnsPath, slot.IP, slot.PrefixLen, slot.Gateway)
+		if err != nil {
+			return nil, err
+		}
+		guest = &g
+	}
+	id, err := newCaptureID()
+	if err != nil {
+		return nil, err
+	}
+	c := &capture{Backend: "microvm", ID: id, Dir: filepath.Join(i.b.cfg.capturesDir(), id),
+		VirtualSize: uint64(disk.Size()), Resources: i.res, Guest: *guest,
+		Memory: &memImage{Dir: filepath.Join(i.b.cfg.imagesDir(), id)}}
+	for _, d := range []string{c.Dir, c.Memory.Dir} {
+		err := os.MkdirAll(d, 0o700)
+		if errors.Is(err, os.ErrNotExist) { // a discard removed the emptied parent meanwhile
+			err = os.MkdirAll(d, 0o700)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("microvm: capture: %w", err)
+		}
+	}
+	m := proc.m
+	t0 := time.Now()
+	sealed := false
+	defer func() {
+		if err == nil {
+			return
+		}
+		os.RemoveAll(c.Memory.Dir)
+		if !sealed { // once sealed, the layer is a lower of the running disk
+			os.RemoveAll(c.Dir)
+		}
+		if proc.exited() {
+			err = fmt.Errorf("%w: %s died during a capture: %v", sandbox.ErrGone, i.id, err)
+			return
+		}
+		// The sandbox goes on as it was (its disk may have a new lower: harmless).
+		if rerr := m.Resume(context.WithoutCancel(ctx)); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}()
+	statePath := filepath.Join(c.Memory.Dir, "state")
+	if mem.privateRAM {
+		c.Memory.State, err = m.SaveFull(ctx, statePath)
+	} else {
+		c.Memory.State, err = m.SaveDeviceState(ctx, statePath)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("microvm: capture %s: %w", i.id, err)
+	}
+	tState := time.Now()
+	// QEMU flushed the disk at the stop: the upper holds everything the guest wrote.
+	ref, err := disk.Stack().Restack(ctx, filepath.Join(c.Dir, "disk.lsmt"))
+	if err == nil {
+		err = disk.Stack().Persist(ref)
+	}
+	if ref.Path != "" {
+		sealed = true
+	}
+	if err != nil {
+		return nil, fmt.Errorf("microvm: capture %s: seal disk: %w", i.id, err)
+	}
+	for _, l := range disk.Lowers() {
+		c.Layers = append(c.Layers, sandbox.LayerRef{Path: l.Path, Digest: l.Digest, Size: l.Size, UUID: l.UUID})
+	}
+	tDisk := time.Now()
+	if !mem.privateRAM {
+		c.Memory.RAM = filepath.Join(c.Memory.Dir, "ram")
+		if pause {
+			err = os.Rename(i.ramFile, c.Memory.RAM) // QEMU's mapping follows the inode
+		} else {
+			err = vmm.CopyRAMFile(i.ramFile, c.Memory.RAM)
+		}
+		if err == nil {
+			err = vmm.MarkTemplate(c.Memory.RAM)
+		}
+		if err != nil {
+			if pause {
+				_ = os.Rename(c.Memory.RAM, i.ramFile)
+			}
+			return nil, fmt.Errorf("microvm: capture %s: RAM: %w", i.id, err)
+		}
+	}
+	tRAM := time.Now()
+	if !pause {
+		if err := m.Resume(ctx); err != nil {
+			return nil, fmt.Errorf("microvm: capture %s: continue: %w", i.id, err)
+		}
+	}
+	i.b.log.Debug("microvm: captured", "id", i.id, "capture", id, "pause", pause,
+		"state", tState.Sub(t0), "disk", tDisk.Sub(tState), "ram", tRAM.Sub(tDisk), "total", time.Since(t0))
+	return c, nil
+}
+
+// slotIdentity is the identity a VM that booted in slot has: the slot's address and
+// gateway, and the MAC of the slot's eth0, which the guest took.
+func slotIdentity(nsPath string, ip netip.Addr, prefix int, gw netip.Addr) (guestIdentity, error) {
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return guestIdentity{}, fmt.Errorf("microvm: netns %s: %w", nsPath, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return guestIdentity{}, fmt.Errorf("microvm: netlink in %s: %w", nsPath, err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return guestIdentity{}, fmt.Errorf("microvm: eth0 in %s: %w", nsPath, err)
+	}
+	return guestIdentity{Addr: netip.PrefixFrom(ip, prefix), Gateway: gw, MAC: eth.Attrs().HardwareAddr.String()}, nil
+}
