@@ -20,6 +20,7 @@ func newTestState(t *testing.T) (*State, *clock) {
 	c := &clock{t: time.Unix(1_800_000_000, 0)}
 	s := New(Config{HeartbeatInterval: time.Second, StaleAfter: 5 * time.Second, ForgetAfter: time.Minute,
 		ReservationTTL: 10 * time.Second, Now: c.now, Rand: rand.New(rand.NewPCG(1, 2))})
+	c.advance(6 * time.Second) // past the warm-up (TestWarmUp covers it)
 	return s, c
 }
 
@@ -273,6 +274,23 @@ func TestRebuildFromHeartbeats(t *testing.T) {
 	}
 	if p, err := s.Peers("L", ""); err != nil || len(p) != 1 || p[0].Id != "a" {
 		t.Fatalf("Peers(L) = %v, %v", p, err)
+	}
+}
+
+// Right after a (re)start, a miss may be a sandbox whose node has not reported yet.
+func TestWarmUp(t *testing.T) {
+	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	s := New(Config{HeartbeatInterval: time.Second, StaleAfter: 5 * time.Second, Now: c.now})
+	if _, err := s.Lookup("x"); !errors.Is(err, ErrWarmingUp) {
+		t.Fatalf("lookup miss at start: %v, want ErrWarmingUp", err)
+	}
+	beat(t, s, hb{id: "a", sandboxes: []string{"x"}})
+	if l, err := s.Lookup("x"); err != nil || l.Node.Id != "a" {
+		t.Fatalf("Lookup(x) after a's heartbeat = %v, %v", l, err)
+	}
+	c.advance(5 * time.Second)
+	if _, err := s.Lookup("y"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("lookup miss after the warm-up: %v, want ErrNotFound", err)
 	}
 }
 
