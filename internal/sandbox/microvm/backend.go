@@ -36,6 +36,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
+	"github.com/aenv-dev/aenv/internal/vmm"
 )
 
 // ErrUnsupported wraps sandbox.ErrUnsupported for what this backend cannot do (yet).
@@ -70,7 +71,8 @@ type Config struct {
 	Initrd string
 	// QEMU is the qemu-system-x86_64 binary. Default "qemu-system-x86_64" from PATH.
 	QEMU string
-	// Accel is auto (default), tcg or kvm. Auto means TCG until a KVM probe is wired in.
+	// Accel is auto (default), tcg or kvm. Auto is KVM when a probe VM boots with it within
+	// 15 s at New, TCG otherwise.
 	Accel string
 	// TSCKHz is the host TSC rate given to TCG guests (tsc_early_khz). Default: read from
 	// /proc/cpuinfo.
@@ -125,12 +127,12 @@ func (c *Config) defaults() error {
 	c.QEMU = p
 	switch c.Accel {
 	case "", AccelAuto:
-		c.Accel = AccelTCG
+		c.Accel = AccelAuto // New probes
 	case AccelTCG, AccelKVM:
 	default:
 		return fmt.Errorf("microvm: Accel %q is not auto, tcg or kvm", c.Accel)
 	}
-	if c.Accel == AccelTCG && c.TSCKHz == 0 {
+	if c.Accel != AccelKVM && c.TSCKHz == 0 {
 		if c.TSCKHz, err = hostTSCKHz("/proc/cpuinfo"); err != nil {
 			return err
 		}
@@ -182,6 +184,14 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("microvm: %w", err)
 		}
+	}
+	if cfg.Accel == AccelAuto {
+		// KVM only when a probe VM boots with it: /dev/kvm alone proves nothing.
+		a, err := (&vmm.AccelProbe{Logger: cfg.Logger}).Detect(ctx, cfg.QEMU, cfg.Kernel, cfg.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Accel = string(a)
 	}
 	b := &Backend{cfg: cfg, log: cfg.Logger, instances: map[string]*Instance{}, dns: nameservers(cfg.ResolvConf)}
 	b.initrd = filepath.Join(cfg.DataDir, "initrd.img")
