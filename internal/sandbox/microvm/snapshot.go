@@ -125,6 +125,9 @@ func (i *Instance) newCapture(diskSize int64, slot *network.Slot, mem memState) 
 		if err != nil {
 			return nil, err
 		}
+		if br, err := gatewayLink(slot.Gateway); err == nil {
+			g.GatewayMAC = br.Attrs().HardwareAddr.String()
+		}
 		guest = &g
 	}
 	id, err := newCaptureID()
