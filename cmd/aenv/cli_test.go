@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"maps"
+	"net"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +23,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/sandbox/mock"
 	"github.com/aenv-dev/aenv/internal/server"
+	"github.com/aenv-dev/aenv/internal/server/api"
 )
 
 const testKey = "e2b_0123456789abcdef0123456789abcdef01234567"
@@ -294,5 +297,73 @@ func TestLoginWritesPrivateCredentials(t *testing.T) {
 	root.SetErr(&bytes.Buffer{})
 	if err := root.Execute(); err == nil {
 		t.Fatal("login with a wrong key succeeded")
+	}
+}
+
+// A node that accepts connections and never answers does not hang the CLI: every command
+// has a response timeout.
+func TestCLIResponseTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // read nothing, answer nothing
+		}
+	}()
+	for _, args := range [][]string{{"ls"}, {"info", "sbx1"}, {"template", "ls"}, {"kill", "sbx1"}} {
+		_, _, err := aenv(t, "http://"+ln.Addr().String(), append([]string{"--response-timeout", "300ms"}, args...)...)
+		if err == nil || !strings.Contains(err.Error(), "did not answer in time") {
+			t.Fatalf("aenv %v against a silent node: %v", args, err)
+		}
+	}
+}
+
+// A 404's hint names the listing of the kind of thing that was not found.
+func TestNotFoundHintNamesTheListing(t *testing.T) {
+	url, _ := mockNode(t)
+	for _, tc := range []struct {
+		args []string
+		hint string
+	}{
+		{[]string{"template", "rm", "nope"}, "aenv template ls"},
+		{[]string{"info", "nope"}, "aenv ls"},
+		{[]string{"keys", "revoke", "nope"}, "aenv keys list"},
+	} {
+		_, _, err := aenv(t, url, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.hint) {
+			t.Errorf("aenv %v: %v; want a hint naming %q", tc.args, err, tc.hint)
+		}
+	}
+}
+
+func TestUserTemplatesHidesImageImports(t *testing.T) {
+	in := []api.Template{
+		{TemplateID: "img-0123abcd"},
+		{TemplateID: "img-4567", Aliases: []string{"python"}},
+		{TemplateID: "t1", Aliases: []string{"my-app"}},
+		{TemplateID: "base"},
+	}
+	var got []string
+	for _, tpl := range userTemplates(in) {
+		got = append(got, tpl.TemplateID)
+	}
+	if want := []string{"img-4567", "t1", "base"}; !slices.Equal(got, want) {
+		t.Fatalf("listed %v, want %v", got, want)
+	}
+	if len(in) != 4 || in[0].TemplateID != "img-0123abcd" {
+		t.Fatal("userTemplates changed its input")
 	}
 }

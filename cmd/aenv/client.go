@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -89,12 +90,16 @@ func (g *globals) client() (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	// No overall timeout: exec and shell streams live as long as the command runs.
+	// No overall timeout: exec and shell streams live as long as the command runs. A node
+	// that accepts connections but never answers is cut by the response timeout instead.
+	connect := cmp.Or(g.connectTimeout, 10*time.Second)
 	hc := &http.Client{Transport: &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
-		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 8,
-		IdleConnTimeout:     60 * time.Second,
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: connect}).DialContext,
+		TLSHandshakeTimeout:   connect,
+		ResponseHeaderTimeout: g.responseTimeout,
+		MaxIdleConnsPerHost:   8,
+		IdleConnTimeout:       60 * time.Second,
 	}}
 	c := &client{base: base, key: key, http: hc}
 	c.api, err = api.NewClientWithResponses(base, api.WithHTTPClient(hc),
@@ -113,6 +118,9 @@ func (c *client) transportErr(err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
+	if strings.Contains(err.Error(), "timeout awaiting response headers") {
+		return fmt.Errorf("the aenv node at %s accepted the request but did not answer in time: %w (raise --response-timeout for slow operations)", c.base, err)
+	}
 	return fmt.Errorf("cannot reach the aenv node at %s: %w (is `aenv serve` running? set --url or AENV_URL)", c.base, err)
 }
 
@@ -128,11 +136,26 @@ func (c *client) apiErr(what string, status int, body []byte) error {
 	case http.StatusUnauthorized:
 		hint = " (check --api-key / AENV_API_KEY, or run `aenv login`)"
 	case http.StatusNotFound:
-		hint = " (`aenv ls` lists sandboxes)"
+		hint = " (" + listingFor(what) + ")"
 	case http.StatusServiceUnavailable:
 		hint = " (the node is at capacity; kill or pause sandboxes, or raise sandbox.max_sandboxes)"
 	}
 	return fmt.Errorf("%s: %s (HTTP %d)%s", what, msg, status, hint)
+}
+
+// listingFor names the command that lists what a failed request (described by what, e.g.
+// "delete template X") was about, for a 404's hint.
+func listingFor(what string) string {
+	w := strings.ToLower(what)
+	switch {
+	case strings.Contains(w, "snapshot"):
+		return "`aenv snapshot ls` lists snapshots"
+	case strings.Contains(w, "template"), strings.HasPrefix(w, "pull "), strings.Contains(w, "build"):
+		return "`aenv template ls` lists templates"
+	case strings.Contains(w, "key"), strings.HasPrefix(w, "revoke "):
+		return "`aenv keys list` lists API keys"
+	}
+	return "`aenv ls` lists sandboxes"
 }
 
 func firstNonEmpty(vals ...string) string {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -44,6 +45,10 @@ type globals struct {
 	// dataDir is where a node on this machine keeps admin.key, the last fallback for the key
 	// (set by commands that take --data-dir; default $AENV_DATA_DIR, then /var/lib/aenv).
 	dataDir string
+	// connectTimeout bounds dialing the node (and the TLS handshake); responseTimeout bounds
+	// the wait for a response's headers once a request is sent (0: none). Streams (exec,
+	// logs -f) are not cut: their headers come first.
+	connectTimeout, responseTimeout time.Duration
 }
 
 func newRootCmd() *cobra.Command {
@@ -60,6 +65,9 @@ func newRootCmd() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.url, "url", "", "node URL (default $AENV_URL, then aenv login (its saved URL), then http://127.0.0.1:8000)")
 	root.PersistentFlags().StringVar(&g.apiKey, "api-key", "", "API key (default $AENV_API_KEY, then aenv login (its saved key), then the local node's admin.key)")
+	root.PersistentFlags().DurationVar(&g.connectTimeout, "connect-timeout", 10*time.Second, "give up connecting to the node after this long")
+	root.PersistentFlags().DurationVar(&g.responseTimeout, "response-timeout", 5*time.Minute,
+		"give up when the node has not started answering a request after this long (0: wait forever)")
 	root.AddCommand(
 		newServeCmd(),
 		newSchedulerCmd(),

@@ -15,6 +15,7 @@ import (
 
 func newTemplateLsCmd(g *globals) *cobra.Command {
 	var output string
+	var showAll bool
 	cmd := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
@@ -41,6 +42,9 @@ func newTemplateLsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if !showAll {
+				all = userTemplates(all)
+			}
 			if output == "json" {
 				return encodeIndented(cmd.OutOrStdout(), all)
 			}
@@ -48,7 +52,21 @@ func newTemplateLsCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
+	cmd.Flags().BoolVarP(&showAll, "all", "a", false, "also list the internal img-<digest> templates that pulled images are converted into")
 	return cmd
+}
+
+// userTemplates leaves out the internal templates a node makes of pulled images
+// (img-<digest>, unnamed): builds and pulls name their own templates.
+func userTemplates(items []api.Template) []api.Template {
+	out := items[:0:0]
+	for _, t := range items {
+		if strings.HasPrefix(t.TemplateID, "img-") && len(t.Aliases) == 0 {
+			continue
+		}
+		out = append(out, t)
+	}
+	return out
 }
 
 func printTemplates(w io.Writer, items []api.Template) error {

@@ -270,3 +270,8 @@ func (f *fakeOrch) Endpoint(_ context.Context, id string, autoResume bool) (sand
 type fakeAuth struct{ key string }
 
 func (a fakeAuth) Authenticate(_ context.Context, key string) (bool, error) { return key == a.key, nil }
+
+// Config reports the defaults the real orchestrator fills unset resources with.
+func (f *fakeOrch) Config() orchestrator.Config {
+	return orchestrator.Config{DefaultResources: sandbox.Resources{CPUCount: 3, MemoryMB: 768}}
+}

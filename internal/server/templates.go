@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/server/api"
 	"github.com/aenv-dev/aenv/internal/template/build"
@@ -264,7 +266,7 @@ func logEntry(e build.LogEntry) api.BuildLogEntry {
 
 // templateViews lists templates with their latest build, including templates whose
 // first build has not finished (they exist only as build records).
-func templateViews(b TemplateBuilder) ([]api.Template, error) {
+func templateViews(b TemplateBuilder, def sandbox.Resources) ([]api.Template, error) {
 	ts, err := b.Templates()
 	if err != nil {
 		return nil, err
@@ -281,7 +283,7 @@ func templateViews(b TemplateBuilder) ([]api.Template, error) {
 	registered := map[string]bool{}
 	for _, t := range ts {
 		registered[t.ID] = true
-		out = append(out, templateView(t, byTemplate[t.ID]))
+		out = append(out, templateView(t, byTemplate[t.ID], def))
 	}
 	for _, id := range order {
 		if registered[id] {
@@ -290,12 +292,17 @@ func templateViews(b TemplateBuilder) ([]api.Template, error) {
 		recs := byTemplate[id]
 		last := recs[len(recs)-1]
 		out = append(out, templateView(catalog.Template{ID: id, Aliases: []string{last.Name}, Resources: last.Resources,
-			CreatedAt: recs[0].CreatedAt}, recs))
+			CreatedAt: recs[0].CreatedAt}, recs, def))
 	}
 	return out, nil
 }
 
-func templateView(t catalog.Template, recs []build.Record) api.Template {
+// templateView describes t; resources it leaves unset are reported as def, what sandboxes
+// created from it get.
+func templateView(t catalog.Template, recs []build.Record, def sandbox.Resources) api.Template {
+	t.Resources.CPUCount = cmp.Or(t.Resources.CPUCount, def.CPUCount)
+	t.Resources.MemoryMB = cmp.Or(t.Resources.MemoryMB, def.MemoryMB)
+	t.Resources.DiskSizeMB = cmp.Or(t.Resources.DiskSizeMB, def.DiskSizeMB)
 	aliases := slices.Clone(t.Aliases)
 	if aliases == nil {
 		aliases = []string{}
@@ -315,7 +322,7 @@ func (h *handlers) ListTemplates(w http.ResponseWriter, r *http.Request, _ api.L
 	if !ok {
 		return
 	}
-	out, err := templateViews(b)
+	out, err := templateViews(b, h.defaultResources())
 	if err != nil {
 		writeOrchError(w, r, err)
 		return
@@ -345,7 +352,7 @@ func (h *handlers) ListTemplatesV2(w http.ResponseWriter, r *http.Request, p api
 		}
 		start = n
 	}
-	all, err := templateViews(b)
+	all, err := templateViews(b, h.defaultResources())
 	if err != nil {
 		writeOrchError(w, r, err)
 		return
@@ -378,7 +385,7 @@ func (h *handlers) GetTemplate(w http.ResponseWriter, r *http.Request, templateI
 		writeBuildError(w, r, err)
 		return
 	}
-	v := templateView(t, recs)
+	v := templateView(t, recs, h.defaultResources())
 	out := api.TemplateWithBuilds{TemplateID: t.ID, Aliases: v.Aliases, Names: v.Names, CreatedAt: v.CreatedAt,
 		UpdatedAt: v.UpdatedAt, Builds: []api.TemplateBuild{}}
 	for _, rec := range recs {
@@ -442,4 +449,13 @@ func derefInt(v *int32) int32 {
 		return 0
 	}
 	return *v
+}
+
+// defaultResources are what a sandbox gets for resources neither its request nor its
+// template sets (zero when the orchestrator does not say).
+func (h *handlers) defaultResources() sandbox.Resources {
+	if c, ok := h.s.orch.(interface{ Config() orchestrator.Config }); ok {
+		return c.Config().DefaultResources
+	}
+	return sandbox.Resources{}
 }

@@ -167,6 +167,12 @@ func TestTemplateBuildFlow(t *testing.T) {
 	if len(list) != 2 || list[1].TemplateID != tid || list[1].BuildStatus != api.TemplateBuildStatusError || list[1].Aliases[0] != "my-app" {
 		t.Errorf("list: %s", rec.Body)
 	}
+	// Resources a template leaves unset (base sets none) are listed as what its sandboxes
+	// get, the orchestrator's defaults, not 0; set ones as set.
+	if len(list) == 2 && (list[0].CpuCount != 3 || list[0].MemoryMB != 768 || list[1].CpuCount != 2 || list[1].MemoryMB != 512) {
+		t.Errorf("list: cpu/memory %d/%d and %d/%d; want the defaults 3/768 and the requested 2/512",
+			list[0].CpuCount, list[0].MemoryMB, list[1].CpuCount, list[1].MemoryMB)
+	}
 	rec = e.do("GET", "/templates/"+tid, "")
 	tw := decode[api.TemplateWithBuilds](t, rec)
 	if rec.Code != 200 || len(tw.Builds) != 1 || tw.Builds[0].BuildID != bid || tw.Builds[0].FinishedAt == nil {

@@ -13,8 +13,9 @@
 // joined to the slot's veth, with the slot's MAC and address in the guest (tap.go). The
 // node reaches envd at the slot's address, as for containers.
 //
-// Processes: QEMU runs in a session of its own and survives the node; its pidfile in the
-// sandbox directory lets Reconcile find it. Sandboxes are not adopted after a restart:
+// Processes: QEMU (started and driven over QMP by package vmm) runs in a process group of
+// its own and survives the node; its pidfile in the sandbox directory lets Reconcile find
+// it. Sandboxes are not adopted after a restart:
 // their disk's FUSE server lived in the previous process (as for the OCI backend's block
 // roots), so Reconcile kills every QEMU it finds and removes what they used.
 package microvm
@@ -32,6 +33,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -71,11 +73,11 @@ type Config struct {
 	Initrd string
 	// QEMU is the qemu-system-x86_64 binary. Default "qemu-system-x86_64" from PATH.
 	QEMU string
-	// Accel is auto (default), tcg or kvm. Auto is KVM when a probe VM boots with it within
-	// 15 s at New, TCG otherwise.
+	// Accel is auto (default: KVM when a probe guest boots with it within 10 s, else TCG),
+	// tcg or kvm.
 	Accel string
-	// TSCKHz is the host TSC rate given to TCG guests (tsc_early_khz). Default: read from
-	// /proc/cpuinfo.
+	// TSCKHz is the host TSC rate given to TCG guests (tsc_early_khz). Default: the host
+	// kernel's calibration (vmm.HostTSCKHz).
 	TSCKHz int
 	// RAMDir holds the guest RAM files (memory-backend-file); it must be a tmpfs. Default
 	// /dev/shm/aenv-microvm-<hash of DataDir>.
@@ -126,15 +128,15 @@ func (c *Config) defaults() error {
 	}
 	c.QEMU = p
 	switch c.Accel {
-	case "", AccelAuto:
-		c.Accel = AccelAuto // New probes
-	case AccelTCG, AccelKVM:
+	case "":
+		c.Accel = AccelAuto
+	case AccelAuto, AccelTCG, AccelKVM:
 	default:
 		return fmt.Errorf("microvm: Accel %q is not auto, tcg or kvm", c.Accel)
 	}
 	if c.Accel != AccelKVM && c.TSCKHz == 0 {
-		if c.TSCKHz, err = hostTSCKHz("/proc/cpuinfo"); err != nil {
-			return err
+		if c.TSCKHz, err = vmm.HostTSCKHz(); err != nil {
+			return fmt.Errorf("microvm: host TSC rate (set it in the config): %w", err)
 		}
 	}
 	if c.DataDir, err = filepath.Abs(c.DataDir); err != nil {
@@ -163,6 +165,7 @@ func (c *Config) defaults() error {
 // Backend is the microVM backend. Safe for concurrent use.
 type Backend struct {
 	cfg    Config
+	accel  vmm.Accel
 	pool   *network.Pool
 	log    *slog.Logger
 	initrd string // the boot initramfs: cfg.Initrd plus envd
@@ -185,18 +188,21 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("microvm: %w", err)
 		}
 	}
-	if cfg.Accel == AccelAuto {
-		// KVM only when a probe VM boots with it: /dev/kvm alone proves nothing.
-		a, err := (&vmm.AccelProbe{Logger: cfg.Logger}).Detect(ctx, cfg.QEMU, cfg.Kernel, cfg.DataDir)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Accel = string(a)
-	}
 	b := &Backend{cfg: cfg, log: cfg.Logger, instances: map[string]*Instance{}, dns: nameservers(cfg.ResolvConf)}
 	b.initrd = filepath.Join(cfg.DataDir, "initrd.img")
 	if err := buildInitrd(cfg.Initrd, cfg.EnvdPath, b.initrd); err != nil {
 		return nil, err
+	}
+	b.accel = vmm.Accel(cfg.Accel)
+	if cfg.Accel == AccelAuto {
+		// /dev/kvm may exist and still not run a stock guest (a nested-virtualisation
+		// module): only a probe boot tells.
+		probe := &vmm.AccelProbe{Timeout: 10 * time.Second, Logger: b.log}
+		a, err := probe.Detect(ctx, cfg.QEMU, cfg.Kernel, cfg.DataDir)
+		if err != nil {
+			return nil, fmt.Errorf("microvm: %w", err)
+		}
+		b.accel = a
 	}
 	pool, err := network.New(ctx, cfg.Network)
 	if err != nil {
@@ -207,7 +213,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		// Restored guests then reach their gateway only after their ARP entry expires.
 		b.log.Warn("microvm: bridge MAC not pinned", "err", err)
 	}
-	b.log.Info("microvm backend ready", "qemu", cfg.QEMU, "accel", cfg.Accel, "kernel", cfg.Kernel, "tsc_khz", cfg.TSCKHz)
+	b.log.Info("microvm backend ready", "qemu", cfg.QEMU, "accel", b.accel, "kernel", cfg.Kernel, "tsc_khz", cfg.TSCKHz)
 	return b, nil
 }
 

@@ -130,15 +130,10 @@ func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resum
 	case c.Memory.RAM != "":
 		ram, private = c.Memory.RAM, true
 	}
-	spec := vmSpec{
-		qemu: b.cfg.QEMU, accel: b.cfg.Accel, kernel: b.cfg.Kernel, initrd: b.initrd,
-		cpus: inst.res.CPUCount, memMB: inst.res.MemoryMB, ramFile: ram, privateRAM: private,
-		disk: disk.Path(), nic: nic,
-		pidFile: filepath.Join(inst.dir, pidFileName), qmp: filepath.Join(inst.dir, qmpSock),
-		console: filepath.Join(inst.dir, consoleLog),
-		// Not read by a restored guest, but QEMU loads the kernel all the same.
-		cmdline: "console=ttyS0",
-	}
+	spec := b.vmSpec(inst, disk.Path(), nic)
+	spec.ramFile, spec.privateRAM = ram, private
+	// Not read by a restored guest, but QEMU loads the kernel all the same.
+	spec.cmdline = "console=ttyS0"
 	state := c.Memory.State
 	proc, err := startVM(ctx, spec, &state)
 	if err != nil {

@@ -1,11 +1,8 @@
 package microvm
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
-	"io"
-	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -66,7 +63,6 @@ func writeNewc(w *bytes.Buffer, name string, mode uint32, data []byte) {
 
 // bootParams are the per-boot settings on the guest kernel's command line.
 type bootParams struct {
-	tscKHz   int // TCG only: the host TSC rate (0 = omit)
 	ip       netip.Prefix
 	gateway  netip.Addr
 	hostname string
@@ -74,18 +70,14 @@ type bootParams struct {
 	envdPort int
 }
 
-// cmdline is the guest kernel command line. tsc_early_khz is what keeps TCG boots from
-// hanging in TSC calibration (1 in 5 without it); the rest trims boot time (see
-// docs/operations.md and ../shared/reference/microvm.md §3). panic=1 with QEMU's
+// cmdline is the guest kernel command line (package vmm adds tsc_early_khz under TCG).
+// The flags trim boot time (../shared/reference/microvm.md §3); panic=1 with QEMU's
 // -no-reboot ends the VM when its PID 1 (envd) dies.
 func (p bootParams) cmdline() string {
 	a := []string{
 		"console=ttyS0", "quiet", "panic=1", "no_timer_check", "tsc=reliable",
 		"i8042.noaux", "i8042.nomux", "i8042.nopnp", "i8042.dumbkbd", "8250.nr_uarts=1",
 		"random.trust_cpu=on", "cryptomgr.notests", "audit=0", "pci=off",
-	}
-	if p.tscKHz > 0 {
-		a = append(a, "tsc_early_khz="+strconv.Itoa(p.tscKHz))
 	}
 	if p.ip.IsValid() {
 		a = append(a, "aenv.ip="+p.ip.String())
@@ -103,37 +95,6 @@ func (p bootParams) cmdline() string {
 		a = append(a, "aenv.port="+strconv.Itoa(p.envdPort))
 	}
 	return strings.Join(a, " ")
-}
-
-// hostTSCKHz is the host's TSC rate in kHz, which a TCG guest's TSC runs at: the kernel's
-// cpu_khz as /proc/cpuinfo reports it ("cpu MHz"), which on hosts without cpufreq is the
-// calibrated TSC rate.
-func hostTSCKHz(cpuinfo string) (int, error) {
-	f, err := os.Open(cpuinfo)
-	if err != nil {
-		return 0, fmt.Errorf("microvm: host TSC rate: %w", err)
-	}
-	defer f.Close()
-	return parseCPUMHz(f)
-}
-
-func parseCPUMHz(r io.Reader) (int, error) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok || strings.TrimSpace(k) != "cpu MHz" {
-			continue
-		}
-		mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-		if err != nil || mhz <= 0 || mhz > 1e5 {
-			return 0, fmt.Errorf("microvm: bad cpu MHz %q", strings.TrimSpace(v))
-		}
-		return int(math.Round(mhz * 1000)), nil
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	return 0, fmt.Errorf("microvm: no cpu MHz in cpuinfo (set Config.TSCKHz)")
 }
 
 // nameservers returns the nameservers of a resolv.conf that a sandbox can reach (none on

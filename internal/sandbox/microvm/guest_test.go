@@ -9,41 +9,19 @@ import (
 	"testing"
 )
 
-func TestParseCPUMHz(t *testing.T) {
-	tests := []struct {
-		name, in string
-		want     int
-		ok       bool
-	}{
-		{"amd", "processor\t: 0\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2095.987\n", 2095987, true},
-		{"first cpu wins", "cpu MHz\t: 2600.000\ncpu MHz\t: 1200.000\n", 2600000, true},
-		{"missing", "processor\t: 0\n", 0, false},
-		{"garbage", "cpu MHz\t: fast\n", 0, false},
-		{"negative", "cpu MHz\t: -5\n", 0, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseCPUMHz(strings.NewReader(tt.in))
-			if (err == nil) != tt.ok || got != tt.want {
-				t.Errorf("got %d, %v; want %d ok=%v", got, err, tt.want, tt.ok)
-			}
-		})
-	}
-}
-
 func TestCmdline(t *testing.T) {
 	p := bootParams{
-		tscKHz: 2600000, ip: netip.MustParsePrefix("10.91.7.2/24"), gateway: netip.MustParseAddr("10.91.7.1"),
+		ip: netip.MustParsePrefix("10.91.7.2/24"), gateway: netip.MustParseAddr("10.91.7.1"),
 		hostname: "sbx", dns: []string{"1.1.1.1", "8.8.8.8"}, envdPort: 49983,
 	}
 	got := p.cmdline()
-	for _, want := range []string{"console=ttyS0", "tsc_early_khz=2600000", "aenv.ip=10.91.7.2/24", "aenv.gw=10.91.7.1",
+	for _, want := range []string{"console=ttyS0", "aenv.ip=10.91.7.2/24", "aenv.gw=10.91.7.1",
 		"aenv.hostname=sbx", "aenv.dns=1.1.1.1,8.8.8.8", "aenv.port=49983", "panic=1"} {
 		if !strings.Contains(" "+got+" ", " "+want+" ") {
 			t.Errorf("cmdline %q lacks %q", got, want)
 		}
 	}
-	if strings.Contains(bootParams{}.cmdline(), "aenv.") || strings.Contains(bootParams{}.cmdline(), "tsc_early_khz") {
+	if strings.Contains(bootParams{}.cmdline(), "aenv.") {
 		t.Errorf("empty params give %q", bootParams{}.cmdline())
 	}
 }

@@ -156,7 +156,7 @@ func testConfig(t testing.TB) Config {
 	t.Cleanup(func() { os.Remove(ram) })
 	return Config{
 		DataDir: dataDir, EnvdPath: fix.envd, GuestDir: filepath.Join(repoRoot(), "bin", "microvm"),
-		RAMDir: ram, MemoryMB: testMemMB,
+		RAMDir: ram, MemoryMB: testMemMB, Accel: AccelTCG,
 		// No warm pool: it could refill a freed slot index before a test looks at it.
 		Network: network.Config{Bridge: testBridge, Subnet: testSubnet, Prefix: testPrefix, PoolSize: -1},
 	}
@@ -215,9 +215,10 @@ func launch(t testing.TB, b *Backend, id string, res sandbox.Resources) *Instanc
 // waitEnvd polls envd's /health from the host, as the orchestrator does.
 func waitEnvd(t testing.TB, i *Instance) {
 	t.Helper()
-	if err := envdReady(i, 60*time.Second); err != nil {
+	if err := envdReady(i, 90*time.Second); err != nil {
 		console, _ := os.ReadFile(i.ConsoleLog())
-		t.Fatalf("envd of %s: %v; console:\n%s", i.id, err, console)
+		qlog, _ := os.ReadFile(filepath.Join(i.dir, qemuLog))
+		t.Fatalf("envd of %s: %v; QEMU %d alive: %v; qemu log: %s; console:\n%s", i.id, err, i.PID(), alive(i.PID()), qlog, console)
 	}
 }
 

@@ -20,6 +20,7 @@ const (
 	pidFileName = "qemu.pid"
 	qmpSock     = "qmp.sock"
 	consoleLog  = "console.log"
+	qemuLog     = "qemu.log"
 )
 
 // Launch implements sandbox.Backend: a fresh sandbox boots the template's layered root on
@@ -151,18 +152,10 @@ func (b *Backend) startQEMU(ctx context.Context, inst *Instance) error {
 	}
 	// QEMU holds the tap from here on; ours must not keep the interface alive.
 	defer nic.tap.Close()
-	spec := vmSpec{
-		qemu: b.cfg.QEMU, accel: b.cfg.Accel, kernel: b.cfg.Kernel, initrd: b.initrd,
-		cpus: inst.res.CPUCount, memMB: inst.res.MemoryMB, ramFile: inst.ramFile, disk: disk.Path(), nic: nic,
-		pidFile: filepath.Join(inst.dir, pidFileName), qmp: filepath.Join(inst.dir, qmpSock),
-		console: filepath.Join(inst.dir, consoleLog),
-	}
+	spec := b.vmSpec(inst, disk.Path(), nic)
 	params := bootParams{
 		ip: netip.PrefixFrom(slot.IP, slot.PrefixLen), gateway: slot.Gateway, hostname: hostname(inst.id),
 		dns: b.dns, envdPort: b.cfg.EnvdPort,
-	}
-	if b.cfg.Accel == AccelTCG {
-		params.tscKHz = b.cfg.TSCKHz
 	}
 	spec.cmdline = params.cmdline()
 	proc, err := startVM(ctx, spec, nil)
@@ -173,6 +166,16 @@ func (b *Backend) startQEMU(ctx context.Context, inst *Instance) error {
 	inst.proc = proc
 	inst.mu.Unlock()
 	return nil
+}
+
+// vmSpec is inst's machine: the same for a boot and every restore of its snapshots.
+func (b *Backend) vmSpec(inst *Instance, disk string, nic *guestNIC) vmSpec {
+	return vmSpec{
+		qemu: b.cfg.QEMU, accel: string(b.accel), tscKHz: b.cfg.TSCKHz, kernel: b.cfg.Kernel, initrd: b.initrd,
+		cpus: inst.res.CPUCount, memMB: inst.res.MemoryMB, ramFile: inst.ramFile, disk: disk, nic: nic,
+		pidFile: filepath.Join(inst.dir, pidFileName), qmp: filepath.Join(inst.dir, qmpSock),
+		console: filepath.Join(inst.dir, consoleLog), log: filepath.Join(inst.dir, qemuLog),
+	}
 }
 
 func hostname(id string) string {

@@ -1,16 +1,9 @@
 package microvm
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/aenv-dev/aenv/internal/vmm"
 )
@@ -33,6 +26,8 @@ type vmSpec struct {
 	pidFile    string
 	qmp        string // QMP unix socket
 	console    string // serial console log
+	log        string // QEMU's own output
+	tscKHz     int    // TCG: the host TSC rate (tsc_early_khz)
 }
 
 // config is the VMM configuration. Device order is fixed (disk, then NIC): a migration
@@ -42,7 +37,7 @@ func (s vmSpec) config() vmm.Config {
 		Binary: s.qemu, Accel: vmm.Accel(s.accel), CPUs: s.cpus,
 		Memory: vmm.Memory{SizeMiB: s.memMB, Path: s.ramFile, Share: !s.privateRAM},
 		Kernel: s.kernel, Initrd: s.initrd, Cmdline: s.cmdline,
-		ConsoleLog: s.console, QMPSocket: s.qmp, PIDFile: s.pidFile,
+		ConsoleLog: s.console, QMPSocket: s.qmp, PIDFile: s.pidFile, LogFile: s.log, TSCKHz: s.tscKHz,
 		Drives: []vmm.Drive{{ID: "root", Path: s.disk}},
 	}
 	if s.nic != nil {
@@ -99,62 +94,5 @@ func (p *vmProc) kill(ctx context.Context) error {
 		return fmt.Errorf("microvm: qemu %d did not exit: %w", p.pid, ctx.Err())
 	case <-time.After(30 * time.Second):
 		return fmt.Errorf("microvm: qemu %d did not exit 30 s after SIGKILL", p.pid)
-	}
-}
-
-// qemuPID returns the pid in pidFile when that process is still a QEMU started with this
-// pidfile (a recycled pid never is).
-func qemuPID(pidFile string) (int, bool) {
-	raw, err := os.ReadFile(pidFile)
-	if err != nil {
-		return 0, false
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
-	if err != nil || pid <= 0 {
-		return 0, false
-	}
-	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil {
-		return 0, false
-	}
-	for _, arg := range bytes.Split(cmdline, []byte{0}) {
-		if string(arg) == pidFile {
-			return pid, true
-		}
-	}
-	return 0, false
-}
-
-// killOrphan kills a QEMU that is not this process's child (left by a crashed node) and
-// waits until it is gone. It may be stuck on a disk whose FUSE server died: the SIGKILL
-// takes effect once the connection is aborted, so call this before the sweep and wait
-// after it (waitGone).
-func killOrphan(pid int) error {
-	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("microvm: kill qemu %d: %w", pid, err)
-	}
-	return nil
-}
-
-// waitGone waits until pid no longer exists (or is a zombie of another parent).
-func waitGone(ctx context.Context, pid int) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			return nil
-		}
-		// The state follows the command name in parentheses.
-		if i := bytes.LastIndexByte(st, ')'); i > 0 && i+2 < len(st) && st[i+2] == 'Z' {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("microvm: qemu %d still exists 30 s after SIGKILL", pid)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
 	}
 }

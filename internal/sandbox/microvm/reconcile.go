@@ -10,12 +10,13 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
+	"github.com/aenv-dev/aenv/internal/vmm"
 )
 
 // Reconcile implements sandbox.Backend. It runs once at startup and removes everything an
-// earlier run of this backend left: QEMU processes (found by the pidfiles in the sandbox
-// directories and killed by pid), the FUSE mounts that served their disks, RAM files,
-// sandbox directories and network slots (with their taps).
+// earlier run of this backend left: the FUSE mounts that served their disks (connections
+// aborted), QEMU processes (found by the pidfiles in the sandbox directories, killed by
+// pid), RAM files, sandbox directories and network slots (with their taps).
 //
 // No sandbox is adopted, known or not: its disk was served by the previous process, whose
 // FUSE connection died with it, so the guest's root filesystem is gone (the OCI backend
@@ -32,31 +33,19 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	}
 	b.mu.Unlock()
 	var errs []error
-	var pids []int
-	var dirs []string
 	for _, e := range ents {
 		if live[e.Name()] || !e.IsDir() {
 			continue
 		}
 		dir := filepath.Join(b.cfg.sandboxesDir(), e.Name())
-		dirs = append(dirs, dir)
-		// SIGKILL first: a QEMU blocked on its dead disk dies once the sweep aborts the
-		// FUSE connection below.
-		if pid, ok := qemuPID(filepath.Join(dir, pidFileName)); ok {
-			b.log.Info("microvm: killing a VM left by an earlier run", "dir", dir, "pid", pid)
-			if err := killOrphan(pid); err != nil {
-				errs = append(errs, err)
-			}
-			pids = append(pids, pid)
-		}
-	}
-	for _, dir := range dirs {
+		// The disk's FUSE connection first: a QEMU blocked on its dead server could not
+		// die of SIGKILL until the connection is aborted.
 		errs = append(errs, blockdev.Sweep(ctx, dir))
-	}
-	for _, pid := range pids {
-		errs = append(errs, waitGone(ctx, pid))
-	}
-	for _, dir := range dirs {
+		if err := vmm.KillPIDFile(filepath.Join(dir, pidFileName)); err != nil {
+			errs = append(errs, err)
+			continue // its files stay for the next start
+		}
+		b.log.Info("microvm: removed a sandbox left by an earlier run", "dir", dir)
 		errs = append(errs, os.RemoveAll(dir))
 	}
 	errs = append(errs, b.sweepRAM(live))
