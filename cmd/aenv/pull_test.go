@@ -26,7 +26,6 @@ import (
 	"github.com/aenv-dev/aenv/internal/image/install"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
-	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/sandbox/mock"
 	"github.com/aenv-dev/aenv/internal/server"
@@ -199,8 +198,8 @@ func TestPullThroughNode(t *testing.T) {
 		t.Fatalf("template = %+v (%v), printed %q", tpl, err, out)
 	}
 	// The node's base is a directory template here, so the default is not to convert.
-	if rfs, err := rootfs.TemplateRootFS(tpl.RootFSDir, tpl.Artifact); err != nil || len(rfs.Layers) != 0 {
-		t.Errorf("converted on a node without layered roots: %+v, %v", rfs, err)
+	if ls, err := tpl.Layers(); err != nil || ls != nil {
+		t.Errorf("converted on a node without layered roots: %+v, %v", ls, err)
 	}
 
 	out, _, err = aenv(t, url, "template", "ls")

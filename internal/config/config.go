@@ -86,6 +86,12 @@ type Backend struct {
 	// empty: vmlinux and initrd.img in the directory "microvm" next to envd (`make guest`).
 	GuestKernel string `toml:"guest_kernel"`
 	GuestInitrd string `toml:"guest_initrd"`
+	// UIDBase is the first host uid of the node's sandbox uid ranges; 0 picks a block no
+	// other node on the host holds (recorded in /run/aenv/uid-ranges.json).
+	UIDBase int `toml:"uid_base"`
+	// UIDRanges is how many 65536-id ranges the node reserves: the most sandboxes it
+	// holds at once.
+	UIDRanges int `toml:"uid_ranges"`
 }
 
 // Network configures the sandboxes' network slots. Like the cgroup parent, the bridge,
@@ -422,6 +428,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Backend.CgroupParent == "" || strings.Contains(c.Backend.CgroupParent, "..") || strings.HasPrefix(c.Backend.CgroupParent, "/") {
 		bad("backend.cgroup_parent", "%q must be a relative cgroup path such as \"aenv\"", c.Backend.CgroupParent)
+	}
+	if c.Backend.UIDBase != 0 && (c.Backend.UIDBase < 100000 || c.Backend.UIDBase > 1<<32-1<<16) {
+		bad("backend.uid_base", "%d must be 0 (automatic) or a host uid from 100000 to %d", c.Backend.UIDBase, 1<<32-1<<16)
+	}
+	if c.Backend.UIDRanges < 1 || c.Backend.UIDRanges > 65000 {
+		bad("backend.uid_ranges", "must be between 1 and 65000, got %d", c.Backend.UIDRanges)
 	}
 	if _, err := netip.ParsePrefix(c.Network.Subnet); err != nil {
 		bad("network.subnet", "%q is not a CIDR prefix such as 10.88.0.0/16", c.Network.Subnet)

@@ -28,19 +28,19 @@ type RegisterOptions struct {
 	// User is the template's default user, an account of the image; default: b.User.
 	User string
 	// Overlaybd is the converted layer stack, when the image was converted
-	// (stored in the artifact for the storage engine).
-	Overlaybd json.RawMessage
+	// (stored in the artifact: what makes the template layered).
+	Overlaybd *catalog.LayerStack
 }
 
 // Artifact is what a pulled template's catalog Artifact holds.
 type Artifact struct {
-	Kind      string          `json:"kind"` // ArtifactKind
-	Source    string          `json:"source"`
-	Digest    string          `json:"digest"`
-	Config    Config          `json:"config"`
-	Layers    []Layer         `json:"layers"`
-	UserUID   int             `json:"userUID"`
-	Overlaybd json.RawMessage `json:"overlaybd,omitempty"`
+	Kind      string              `json:"kind"` // ArtifactKind
+	Source    string              `json:"source"`
+	Digest    string              `json:"digest"`
+	Config    Config              `json:"config"`
+	Layers    []Layer             `json:"layers"`
+	UserUID   int                 `json:"userUID"`
+	Overlaybd *catalog.LayerStack `json:"overlaybd,omitempty"`
 }
 
 // ArtifactKind marks catalog templates made from OCI images.

@@ -84,6 +84,8 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 		Runtime:         cfg.Backend.Runtime,
 		Logger:          env.Logger,
 		CgroupParent:    cfg.Backend.CgroupParent,
+		UIDBase:         uint32(cfg.Backend.UIDBase),
+		UIDRanges:       cfg.Backend.UIDRanges,
 		SnapshotQuiesce: cfg.Snapshot.Quiesce,
 		LayerResolver:   env.Layers,
 		Network: network.Config{

@@ -134,10 +134,5 @@ func LayeredTemplate(cat *catalog.Catalog, id string) bool {
 	if err != nil {
 		return false
 	}
-	var a struct {
-		Overlaybd *struct {
-			Layers []json.RawMessage `json:"layers"`
-		} `json:"overlaybd"`
-	}
-	return json.Unmarshal(t.Artifact, &a) == nil && a.Overlaybd != nil && len(a.Overlaybd.Layers) > 0
+	return t.Layered()
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/config"
-	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/template/base"
 	"github.com/aenv-dev/aenv/internal/template/layered"
 )
@@ -74,14 +73,14 @@ func TestEnsureBaseTemplateIsLayered(t *testing.T) {
 		t.Fatal(err)
 	}
 	tpl := baseTemplate(t, cat)
-	fs, err := rootfs.TemplateRootFS(tpl.RootFSDir, tpl.Artifact)
+	ls, err := tpl.Layers()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fs.LowerDir != dir || len(fs.Layers) != 1 || fs.VirtualSize != 64<<20 {
-		t.Fatalf("base root filesystem = %+v (artifact %s)", fs, tpl.Artifact)
+	if tpl.RootFSDir != dir || ls == nil || len(ls.Layers) != 1 || ls.SizeMB != 64 {
+		t.Fatalf("base template = %+v, layers %+v", tpl, ls)
 	}
-	if _, err := os.Stat(fs.Layers[0].Path); err != nil {
+	if _, err := os.Stat(ls.Layers[0].Path); err != nil {
 		t.Fatal(err)
 	}
 	var a layered.Artifact
@@ -117,9 +116,8 @@ func TestEnsureBaseTemplateFallsBackToDirectory(t *testing.T) {
 	if tpl.Artifact != nil || !base.Built(tpl.RootFSDir) {
 		t.Fatalf("base template = %+v", tpl)
 	}
-	fs, err := rootfs.TemplateRootFS(tpl.RootFSDir, tpl.Artifact)
-	if err != nil || len(fs.Layers) != 0 || fs.LowerDir != tpl.RootFSDir {
-		t.Fatalf("root filesystem %+v, %v", fs, err)
+	if tpl.Layered() {
+		t.Fatalf("directory base is layered: %s", tpl.Artifact)
 	}
 }
 

@@ -39,7 +39,6 @@ import (
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
-	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/server"
 	"github.com/aenv-dev/aenv/internal/snapshot"
@@ -188,7 +187,7 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 		ShutdownAction:   orchestrator.ShutdownAction(cfg.Sandbox.ShutdownAction),
 		Registerer:       n.Metrics,
 		Logger:           n.Log,
-	}, n.Backend, n.Catalog, orchestrator.WithTemplateRootFS(rootfs.TemplateRootFS), orchestrator.WithPublisher(pub, repo.cache))
+	}, n.Backend, n.Catalog, orchestrator.WithPublisher(pub, repo.cache))
 	if err != nil {
 		return err
 	}

@@ -115,7 +115,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		Private:            req.Private,
 		Backend:            o.backend.Name(),
 		Launch: LaunchInfo{
-			RootFS:          sandbox.RootFS{LowerDir: tpl.RootFSDir},
+			RootFS:          sandbox.RootFS{LowerDir: o.directory(tpl.RootFSDir)},
 			TemplateEnvVars: maps.Clone(tpl.EnvVars),
 			DefaultUser:     tpl.DefaultUser,
 			DefaultWorkdir:  tpl.DefaultWorkdir,
@@ -131,10 +131,10 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 	rec.AutoPauseDisk = req.AutoPauseDisk
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFresh, SandboxID: id, RootFS: rec.Launch.RootFS,
 		Resources: rec.Resources, AllowInternet: rec.AllowInternet}
-	if tpl.Kind == catalog.KindTemplate && o.rootfs != nil {
-		fs, err := o.rootfs(tpl.RootFSDir, tpl.Artifact)
+	if tpl.Kind == catalog.KindTemplate {
+		fs, err := o.templateRoot(tpl)
 		if err != nil {
-			return nil, fmt.Errorf("template %s: root filesystem: %w", tpl.ID, err)
+			return nil, err
 		}
 		rec.Launch.RootFS, plan.RootFS = fs, fs
 	}
@@ -147,6 +147,44 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		rec.Launch.ParentSnapshot = tpl.ID
 	}
 	return o.start(ctx, opCreate, rec, plan, timeout)
+}
+
+// templateRoot is the root filesystem of sandboxes created from template t: its layer
+// stack, plus its directory for a backend that boots directories (sandbox.DirectoryBooter).
+// A template without layers on a backend that boots only layered roots is refused here,
+// so such a backend never sees a directory.
+func (o *Orchestrator) templateRoot(t catalog.Template) (sandbox.RootFS, error) {
+	ls, err := t.Layers()
+	if err != nil {
+		return sandbox.RootFS{}, fmt.Errorf("template %s: root filesystem: %w", t.ID, err)
+	}
+	var fs sandbox.RootFS
+	if ls != nil {
+		fs = ls.RootFS()
+	}
+	boots := o.bootsDirectories()
+	if boots {
+		fs.LowerDir = t.RootFSDir
+	}
+	if len(fs.Layers) == 0 && !boots {
+		return fs, fmt.Errorf("%w: template %s has no layers (a directory template) and backend %s boots layered templates only; "+
+			"pull the image with conversion (aenv pull --convert) or rebuild the template on a layered base",
+			ErrUnsupported, t.ID, o.backend.Name())
+	}
+	return fs, nil
+}
+
+// directory is dir for a backend that boots directory roots, else "".
+func (o *Orchestrator) directory(dir string) string {
+	if o.bootsDirectories() {
+		return dir
+	}
+	return ""
+}
+
+func (o *Orchestrator) bootsDirectories() bool {
+	b, ok := o.backend.(sandbox.DirectoryBooter)
+	return ok && b.BootsDirectories()
 }
 
 // decodeSnapshotTemplate turns a snapshot template's artifact back into a capture the

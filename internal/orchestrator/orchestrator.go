@@ -115,15 +115,6 @@ type Option func(*Orchestrator)
 // WithClock replaces the wall clock (TTL arithmetic and expiry timers).
 func WithClock(c Clock) Option { return func(o *Orchestrator) { o.clock = c } }
 
-// TemplateRootFS derives the root filesystem of sandboxes created from a template
-// (KindTemplate) from its unpacked directory and its catalog artifact, for example an
-// image template's converted layer stack.
-type TemplateRootFS func(dir string, artifact json.RawMessage) (sandbox.RootFS, error)
-
-// WithTemplateRootFS sets how templates' root filesystems are derived. Without it a
-// template's RootFSDir alone is used.
-func WithTemplateRootFS(f TemplateRootFS) Option { return func(o *Orchestrator) { o.rootfs = f } }
-
 // WithEnvdClient replaces the HTTP client used for envd /health and /init.
 func WithEnvdClient(c *http.Client) Option { return func(o *Orchestrator) { o.envd = c } }
 
@@ -146,11 +137,10 @@ type Orchestrator struct {
 	envd    *http.Client
 	seed    []byte
 	m       *metrics
-	rootfs  TemplateRootFS // nil: the template's directory
-	pub     Publisher      // nil: nothing is published or pinned
-	pins    PinLister      // nil: Start keeps every pin
-	crashAt string         // CrashPointEnv, read once at New (debug only)
-	logs    *logStore      // sandbox logs (logs.go)
+	pub     Publisher // nil: nothing is published or pinned
+	pins    PinLister // nil: Start keeps every pin
+	crashAt string    // CrashPointEnv, read once at New (debug only)
+	logs    *logStore // sandbox logs (logs.go)
 
 	// regMu orders a snapshot's registration and publication (read side) before a
 	// delete of the same entry (write side), so a delete that overtakes a snapshot

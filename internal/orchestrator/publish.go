@@ -183,13 +183,11 @@ func (o *Orchestrator) ForgetWarm(ctx context.Context, t catalog.Template) {
 	if !ok || t.Kind != catalog.KindTemplate {
 		return
 	}
-	root := sandbox.RootFS{LowerDir: t.RootFSDir}
-	if o.rootfs != nil {
-		// A root that cannot be described any more (its files are gone) still has its
-		// warm containers dropped: the backend drops those whose files are missing.
-		if fs, err := o.rootfs(t.RootFSDir, t.Artifact); err == nil {
-			root = fs
-		}
+	// A root that cannot be described any more (its artifact is unreadable) still has
+	// its warm containers dropped: the backend drops those whose files are missing.
+	root, err := o.templateRoot(t)
+	if err != nil {
+		root = sandbox.RootFS{LowerDir: o.directory(t.RootFSDir)}
 	}
 	if err := f.ForgetTemplate(context.WithoutCancel(ctx), root); err != nil {
 		o.log.Warn("stop the warm containers of a removed template", "template", t.ID, "err", err)

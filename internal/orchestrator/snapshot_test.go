@@ -342,37 +342,61 @@ func TestCreateFromSnapshotRefusals(t *testing.T) {
 	}
 }
 
-func TestTemplateRootFSOption(t *testing.T) {
+// TestTemplateRoot: a template's layer stack (catalog.LayerStack in its artifact) is the
+// sandbox's root; its directory is added only for a backend that boots directories, and
+// a directory-only template is refused, before any launch, by one that does not.
+// Snapshots carry their own filesystem.
+func TestTemplateRoot(t *testing.T) {
+	// errUnreadable: any error (a broken catalog record is a server fault, no sentinel).
+	errUnreadable := errors.New("unreadable")
 	ctx := context.Background()
-	layered := sandbox.RootFS{LowerDir: "/srv/base", Layers: []sandbox.LayerRef{{Path: "/l/0"}}, VirtualSize: 1 << 30}
-	var calls []string
-	h := newHarness(t, snapModes[0].opts, nil)
-	h.o.rootfs = func(dir string, artifact json.RawMessage) (sandbox.RootFS, error) {
-		calls = append(calls, dir)
-		if dir == "/srv/bad" {
-			return sandbox.RootFS{}, errors.New("corrupt artifact")
-		}
-		return layered, nil
-	}
-	sb := h.create(CreateRequest{})
-	if got := h.inst(sb.ID).Plan().RootFS; !reflect.DeepEqual(got, layered) {
-		t.Fatalf("plan rootfs %+v, want %+v", got, layered)
-	}
-	if got := h.stored(sb.ID).Launch.RootFS; !reflect.DeepEqual(got, layered) {
-		t.Fatalf("recorded rootfs %+v", got)
-	}
-	if err := h.cat.Templates().Put(catalog.Template{ID: "bad", Kind: catalog.KindTemplate, RootFSDir: "/srv/bad"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.o.Create(ctx, CreateRequest{TemplateID: "bad"}); err == nil {
-		t.Fatal("create with an unusable template artifact succeeded")
-	}
-	// Snapshots carry their own filesystem: the hook is for templates only.
-	if _, err := h.o.Snapshot(ctx, sb.ID, "s"); err != nil {
-		t.Fatal(err)
-	}
-	h.create(CreateRequest{TemplateID: "s"})
-	if !slices.Equal(calls, []string{"/srv/base", "/srv/bad"}) {
-		t.Fatalf("hook calls %v", calls)
+	layers := []sandbox.LayerRef{{Path: "/l/0", UUID: "u"}, {Digest: "sha256:01"}}
+	for _, tc := range []struct {
+		name        string
+		layeredOnly bool
+		artifact    string
+		want        sandbox.RootFS
+		wantErr     error
+	}{
+		{"layered template", false, `{"kind":"x","overlaybd":{"sizeMB":1024,"layers":[{"path":"/l/0","uuid":"u"},{"digest":"sha256:01"}]}}`,
+			sandbox.RootFS{LowerDir: "/srv/base", Layers: layers, VirtualSize: 1 << 30}, nil},
+		{"directory template", false, ``, sandbox.RootFS{LowerDir: "/srv/base"}, nil},
+		{"unreadable artifact", false, `{"overlaybd":7}`, sandbox.RootFS{}, errUnreadable},
+		{"layered template, layered-only backend", true, `{"overlaybd":{"sizeMB":1024,"layers":[{"path":"/l/0","uuid":"u"},{"digest":"sha256:01"}]}}`,
+			sandbox.RootFS{Layers: layers, VirtualSize: 1 << 30}, nil},
+		{"directory template, layered-only backend", true, ``, sandbox.RootFS{}, ErrUnsupported},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := snapModes[0].opts
+			opts.LayeredOnly = tc.layeredOnly
+			h := newHarness(t, opts, nil)
+			if err := h.cat.Templates().Put(catalog.Template{ID: "t", Kind: catalog.KindTemplate, RootFSDir: "/srv/base",
+				Artifact: json.RawMessage(tc.artifact)}); err != nil {
+				t.Fatal(err)
+			}
+			sb, err := h.o.Create(ctx, CreateRequest{TemplateID: "t"})
+			if tc.wantErr != nil {
+				if err == nil || (tc.wantErr != errUnreadable && !errors.Is(err, tc.wantErr)) || len(h.b.Launches()) != 0 {
+					t.Fatalf("create = %v (launches %d), want %v", err, len(h.b.Launches()), tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := h.inst(sb.ID).Plan().RootFS; !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("plan rootfs %+v, want %+v", got, tc.want)
+			}
+			if got := h.stored(sb.ID).Launch.RootFS; !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("recorded rootfs %+v", got)
+			}
+			if _, err := h.o.Snapshot(ctx, sb.ID, "s"); err != nil {
+				t.Fatal(err)
+			}
+			child := h.create(CreateRequest{TemplateID: "s"})
+			if got := h.inst(child.ID).Plan(); got.Kind != sandbox.LaunchFromSnapshot || len(got.RootFS.Layers) != 0 {
+				t.Fatalf("create from the snapshot: %+v", got)
+			}
+		})
 	}
 }

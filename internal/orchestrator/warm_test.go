@@ -3,7 +3,6 @@ package orchestrator
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
@@ -34,21 +33,14 @@ func TestForgetWarm(t *testing.T) {
 		fb = &forgettingBackend{Backend: b}
 		return fb
 	}
-	layered := sandbox.RootFS{Layers: []sandbox.LayerRef{{Path: "/data/l1.zfile"}}, VirtualSize: 1 << 30}
-	h.opts = []Option{WithTemplateRootFS(func(dir string, art json.RawMessage) (sandbox.RootFS, error) {
-		switch string(art) {
-		case `{"layered":true}`:
-			return layered, nil
-		case `{"broken":true}`:
-			return sandbox.RootFS{}, errors.New("layer gone")
-		}
-		return sandbox.RootFS{LowerDir: dir}, nil
-	})}
 	h.restart()
+	const layeredArt = `{"overlaybd":{"sizeMB":1024,"layers":[{"path":"/data/l1.zfile"}]}}`
+	layered := sandbox.RootFS{LowerDir: "/data/templates/lay/rootfs", Layers: []sandbox.LayerRef{{Path: "/data/l1.zfile"}}, VirtualSize: 1 << 30}
 
-	h.o.DiscardTemplate(ctx, catalog.Template{ID: "lay", Kind: catalog.KindTemplate, Artifact: json.RawMessage(`{"layered":true}`)})
+	h.o.DiscardTemplate(ctx, catalog.Template{ID: "lay", Kind: catalog.KindTemplate, RootFSDir: "/data/templates/lay/rootfs",
+		Artifact: json.RawMessage(layeredArt)})
 	h.o.ForgetWarm(ctx, catalog.Template{ID: "dir", Kind: catalog.KindTemplate, RootFSDir: "/data/templates/dir/rootfs"})
-	h.o.ForgetWarm(ctx, catalog.Template{ID: "gone", Kind: catalog.KindTemplate, RootFSDir: "/x", Artifact: json.RawMessage(`{"broken":true}`)})
+	h.o.ForgetWarm(ctx, catalog.Template{ID: "gone", Kind: catalog.KindTemplate, RootFSDir: "/x", Artifact: json.RawMessage(`{"overlaybd":"broken"}`)})
 	h.o.ForgetWarm(ctx, catalog.Template{ID: "snap", Kind: catalog.KindSnapshot})
 	want := []sandbox.RootFS{layered, {LowerDir: "/data/templates/dir/rootfs"}, {LowerDir: "/x"}}
 	if len(fb.forgot) != len(want) {

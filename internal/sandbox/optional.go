@@ -83,3 +83,15 @@ type WarmForgetter interface {
 type CapturedStopper interface {
 	StopAfterCapture(ctx context.Context) error
 }
+
+// DirectoryBooter is implemented by backends that can run a sandbox on a plain directory
+// tree: RootFS.LowerDir, a template's unpacked root filesystem (the OCI backend makes a
+// per-sandbox overlay over it).
+//
+// The orchestrator passes a template's directory in LaunchPlan.RootFS.LowerDir only to
+// backends whose BootsDirectories returns true, next to the template's layers when it
+// has them; others see layered roots only, and a create from a template that has no
+// layers is refused with ErrUnsupported before the backend is asked.
+type DirectoryBooter interface {
+	BootsDirectories() bool
+}

@@ -28,7 +28,6 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/image"
-	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/server/api"
 	"github.com/aenv-dev/aenv/internal/snapshot"
 )
@@ -368,9 +367,9 @@ func TestPullTemplateConvert(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Sandboxes from it get a layered block root, which is what snapshot and fork need.
-	fs, err := rootfs.TemplateRootFS(tpl.RootFSDir, tpl.Artifact)
-	if err != nil || len(fs.Layers) == 0 || fs.VirtualSize != 64<<20 {
-		t.Fatalf("root = %+v, %v", fs, err)
+	fs, err := tpl.Layers()
+	if err != nil || fs == nil || fs.SizeMB != 64 {
+		t.Fatalf("layers = %+v, %v", fs, err)
 	}
 	// It is published with its layers, so nodes sharing the repository see it.
 	got := e.pub.published()

@@ -13,13 +13,16 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/aenv-dev/aenv/internal/dirlock"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/dirlock"
+	"github.com/aenv-dev/aenv/internal/sandbox"
 
 	"golang.org/x/sys/unix"
 
@@ -62,6 +65,15 @@ type Result struct {
 	Keys   []string         `json:"keys"`
 	// Converted counts the layers made by this call (the rest were cached).
 	Converted int `json:"-"`
+}
+
+// Stack is the layer stack a template made from the image carries in its artifact.
+func (r *Result) Stack() *catalog.LayerStack {
+	s := &catalog.LayerStack{SizeMB: r.SizeMB, Layers: make([]sandbox.LayerRef, len(r.Layers))}
+	for i, l := range r.Layers {
+		s.Layers[i] = sandbox.LayerRef(l)
+	}
+	return s
 }
 
 // Manifest is a stack manifest with these layers as lowers and no upper.

@@ -8,7 +8,6 @@ package install
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -115,7 +114,7 @@ func Run(ctx context.Context, ts Templates, r Request) (catalog.Template, error)
 	if err != nil {
 		return catalog.Template{}, err
 	}
-	var obd json.RawMessage
+	var obd *catalog.LayerStack
 	if r.Convert {
 		size := r.Resources.DiskSizeMB
 		if size == 0 {
@@ -126,9 +125,7 @@ func Run(ctx context.Context, ts Templates, r Request) (catalog.Template, error)
 		if err != nil {
 			return catalog.Template{}, err
 		}
-		if obd, err = json.Marshal(res); err != nil {
-			return catalog.Template{}, err
-		}
+		obd = res.Stack()
 	}
 	t, err := image.Register(ts, built, image.RegisterOptions{ID: r.ID, Alias: r.Name, Resources: r.Resources,
 		StartCmd: r.StartCmd, ReadyCmd: r.ReadyCmd, StartFromImage: r.StartFromImage, User: user, Overlaybd: obd})

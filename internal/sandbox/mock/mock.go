@@ -52,6 +52,9 @@ type Options struct {
 	// their first line of output, until Envd.End, so tests can re-attach to them with
 	// Connect (as to a server a template starts). Otherwise they exit at once.
 	HoldStartCommands bool
+	// LayeredOnly makes the mock a backend that cannot boot directory roots (a VM), so
+	// it never gets a template's directory (sandbox.DirectoryBooter).
+	LayeredOnly bool
 }
 
 // PausedState is the mock's opaque paused state. With StopOnPause it carries the
@@ -95,6 +98,7 @@ var (
 	_ sandbox.Backend           = (*Backend)(nil)
 	_ sandbox.PausedDiscarder   = (*Backend)(nil)
 	_ sandbox.SnapshotDiscarder = (*Backend)(nil)
+	_ sandbox.DirectoryBooter   = (*Backend)(nil)
 	_ sandbox.EgressUpdater     = (*Instance)(nil)
 )
 
@@ -152,6 +156,9 @@ func (b *Backend) check(stage Stage, id string) error {
 
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "mock" }
+
+// BootsDirectories implements sandbox.DirectoryBooter: true unless Options.LayeredOnly.
+func (b *Backend) BootsDirectories() bool { return !b.opts.LayeredOnly }
 
 // Capabilities implements sandbox.Backend.
 func (b *Backend) Capabilities() sandbox.Capabilities { return b.opts.Capabilities }

@@ -94,8 +94,16 @@ type Config struct {
 	// UserNamespace is auto (default), on or off.
 	UserNamespace string
 	// UIDBase is the first host uid of the ranges sandbox roots map to; each sandbox gets
-	// its own 65536 ids (by network slot). Default 100000.
+	// its own 65536 ids (by network slot index), UIDRanges of them in all. 0 (default):
+	// the lowest block no other node on the host holds. Every node records its block in
+	// UIDRangeFile, and a block that overlaps another node's is refused.
 	UIDBase uint32
+	// UIDRanges is how many 65536-id ranges the node reserves: the most sandboxes (and
+	// warm network slots) it can hold at once. Default 2048 (2^27 ids: 31 nodes fit on a host).
+	UIDRanges int
+	// UIDRangeFile is the host-wide record of the nodes' uid blocks. Default
+	// DefaultUIDRangeFile.
+	UIDRangeFile string
 	// WarmContainers is how many created-but-not-started containers are kept per recently
 	// used template (up to 4 templates), so a launch only pays `runc start`. Default 2;
 	// negative disables.
@@ -148,8 +156,11 @@ func (c *Config) defaults() error {
 	default:
 		return fmt.Errorf("oci: UserNamespace %q is not auto, on or off", c.UserNamespace)
 	}
-	if c.UIDBase == 0 {
-		c.UIDBase = 100000
+	if c.UIDRanges == 0 {
+		c.UIDRanges = 2048
+	}
+	if c.UIDRangeFile == "" {
+		c.UIDRangeFile = DefaultUIDRangeFile
 	}
 	if c.WarmContainers == 0 {
 		c.WarmContainers = 2
@@ -228,6 +239,7 @@ var (
 	_ sandbox.SnapshotDiscarder = (*Backend)(nil)
 	_ sandbox.CaptureReconciler = (*Backend)(nil)
 	_ sandbox.WarmForgetter     = (*Backend)(nil)
+	_ sandbox.DirectoryBooter   = (*Backend)(nil)
 	_ sandbox.CapturedStopper   = (*Instance)(nil)
 	_ sandbox.EgressUpdater     = (*Instance)(nil)
 )
@@ -251,6 +263,11 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 			}
 		}
 	}
+	base, err := reserveUIDs(cfg.UIDRangeFile, cfg.DataDir, cfg.UIDBase, cfg.UIDRanges)
+	if err != nil {
+		return nil, err
+	}
+	cfg.UIDBase = base
 	b := &Backend{cfg: cfg, v2: unifiedOnly(), log: cfg.Logger, instances: map[string]*Instance{}, tearing: map[string]int{}, usernsFDs: newUsernsCache()}
 	b.memsw = hostAccountsSwap(b.v2)
 	rt, userns, err := b.probe(ctx)
@@ -265,12 +282,17 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	b.pool = pool
 	b.warm = newWarmPool(b, cfg.WarmContainers)
-	b.log.Info("oci backend ready", "runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2)
+	b.log.Info("oci backend ready", "runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2,
+		"uid_base", cfg.UIDBase, "uid_ranges", cfg.UIDRanges)
 	return b, nil
 }
 
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "oci" }
+
+// BootsDirectories implements sandbox.DirectoryBooter: a directory template's sandbox
+// runs on a per-sandbox overlay over the directory.
+func (b *Backend) BootsDirectories() bool { return true }
 
 // Runtime is the OCI runtime the probe chose ("runc", "crun", "runsc").
 func (b *Backend) Runtime() string { return b.rt.name }
@@ -438,6 +460,10 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 	inst.setSlot(slot)
 	var m *idMap
 	userns := -1
+	if b.userns && slot.Index >= b.cfg.UIDRanges {
+		return fmt.Errorf("oci: network slot %d has no uid range: the node reserved %d (backend.uid_ranges), "+
+			"the most sandboxes it holds at once", slot.Index, b.cfg.UIDRanges)
+	}
 	if b.userns {
 		m = &idMap{HostID: b.cfg.UIDBase + uint32(slot.Index)*idRangeSize, Size: idRangeSize}
 		if userns, err = b.usernsFDs.get(*m); err != nil {

@@ -163,6 +163,8 @@ func newTestBackend(t *testing.T, mod func(*Config)) *testEnv {
 		PidsLimit:    256,
 		// Off by default so each test controls what exists; TestWarmContainers turns it on.
 		WarmContainers: -1,
+		// A small block in the host-wide uid record: many test backends run at once.
+		UIDRanges: 64,
 		// No warm pool: it could refill a freed slot index before assertGone looks at it.
 		Network: testNetwork(-1),
 	}

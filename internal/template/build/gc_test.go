@@ -31,7 +31,7 @@ func TestDeleteCollectsImage(t *testing.T) {
 			imp = tp
 		}
 	}
-	if !isLayered(imp) {
+	if !imp.Layered() {
 		t.Fatalf("no layered import: %+v", all)
 	}
 	lowers := layerPaths(t, imp)

@@ -30,7 +30,7 @@ func (s *Service) importImage(ctx context.Context, img *image.Image, id, ref str
 	dir := filepath.Join(s.cfg.DataDir, install.TemplatesDir, id)
 	if t, err := s.tpls.Get(id); err == nil {
 		if _, err := os.Stat(t.RootFSDir); err == nil {
-			if !layered || isLayered(t) && preparedStack(t) {
+			if !layered || t.Layered() && preparedStack(t) {
 				logf("info", fmt.Sprintf("base: image %s already imported as %s", img.Digest, id))
 				return t, nil
 			}
@@ -63,7 +63,7 @@ func (s *Service) importImage(ctx context.Context, img *image.Image, id, ref str
 // import in the catalog.
 func (s *Service) registerImport(ctx context.Context, img *image.Image, built *image.Built, id, ref string,
 	store *image.Store, progress image.ProgressFunc, logf func(level, msg string)) (catalog.Template, error) {
-	var obd json.RawMessage
+	var obd *catalog.LayerStack
 	if s.convertImages() {
 		size := s.cfg.ImageDiskMB
 		if size <= 0 {
@@ -74,9 +74,7 @@ func (s *Service) registerImport(ctx context.Context, img *image.Image, built *i
 		if err != nil {
 			return catalog.Template{}, fmt.Errorf("convert %s into layers: %w", ref, err)
 		}
-		if obd, err = json.Marshal(res); err != nil {
-			return catalog.Template{}, err
-		}
+		obd = res.Stack()
 		logf("info", fmt.Sprintf("base: %d layers (%d converted now, the rest shared)", len(res.Layers), res.Converted))
 	}
 	t, err := image.Register(s.tpls, built, image.RegisterOptions{ID: id, Overlaybd: obd})
@@ -93,20 +91,15 @@ func (s *Service) convertImages() bool {
 		return s.cfg.ConvertImages()
 	}
 	t, err := s.tpls.Get("base")
-	return err == nil && isLayered(t)
+	return err == nil && t.Layered()
 }
 
 // preparedStack reports whether an import's converted stack ends with the layer that
 // makes it a sandbox root (convert.Options.User): the empty ext4, one layer per image
 // layer, then that one. Imports converted before it existed lack it.
 func preparedStack(t catalog.Template) bool {
-	var a struct {
-		Layers    []json.RawMessage `json:"layers"`
-		Overlaybd struct {
-			Layers []json.RawMessage `json:"layers"`
-		} `json:"overlaybd"`
-	}
-	if json.Unmarshal(t.Artifact, &a) != nil {
+	var a image.Artifact
+	if json.Unmarshal(t.Artifact, &a) != nil || a.Overlaybd == nil {
 		return false
 	}
 	return len(a.Overlaybd.Layers) == len(a.Layers)+2

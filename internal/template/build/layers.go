@@ -41,16 +41,15 @@ type SandboxCapturer interface {
 const LayersArtifactKind = "build-layers"
 
 // LayersArtifact is a layered build template's catalog artifact. Its "overlaybd" member
-// has the shape of a converted image's (rootfs.TemplateRootFS reads it to launch
-// sandboxes on the stack); layer refs are the storage engine's {path, digest, size,
-// uuid}, which is what the repository publisher rewrites for another node.
+// is the stack every layered template carries (catalog.LayerStack: what sandboxes are
+// launched on, and what the repository publisher rewrites for another node).
 type LayersArtifact struct {
 	Kind string `json:"kind"`
 	// Base is the template the build started from, Build the build that made this.
 	Base  string `json:"base,omitempty"`
 	Build string `json:"build,omitempty"`
 	// Overlaybd is the stack: the base's sealed layers, then the build's, bottom first.
-	Overlaybd LayerStack `json:"overlaybd"`
+	Overlaybd catalog.LayerStack `json:"overlaybd"`
 	// VirtualSize is the disk size in bytes; Resources those of the build sandbox.
 	VirtualSize uint64            `json:"virtualSize"`
 	Resources   sandbox.Resources `json:"resources"`
@@ -59,12 +58,6 @@ type LayersArtifact struct {
 	Image ImageConfig `json:"image"`
 	// Capture is the backend's capture the layers came from, discarded with the template.
 	Capture json.RawMessage `json:"capture"`
-}
-
-// LayerStack is a stack of sealed layers at a disk size.
-type LayerStack struct {
-	SizeMB int               `json:"sizeMB"`
-	Layers []json.RawMessage `json:"layers"`
 }
 
 // ImageConfig is the part of an image's configuration a template keeps.
@@ -78,9 +71,9 @@ type ImageConfig struct {
 
 // captureOf is the part of a backend capture (oci.Captured) the artifact is made of.
 type captureOf struct {
-	Layers      []json.RawMessage `json:"layers"`
-	VirtualSize uint64            `json:"virtualSize"`
-	Resources   sandbox.Resources `json:"resources"`
+	Layers      []sandbox.LayerRef `json:"layers"`
+	VirtualSize uint64             `json:"virtualSize"`
+	Resources   sandbox.Resources  `json:"resources"`
 }
 
 // snapshotCapture is the Capturer for build sandboxes on layered roots. A sandbox the
@@ -112,7 +105,7 @@ func (c snapshotCapture) Capture(ctx context.Context, s *Session, dir string, lo
 		return Captured{}, fmt.Errorf("capture: unusable capture from the backend: %w", err)
 	}
 	a := &LayersArtifact{Kind: LayersArtifactKind, VirtualSize: co.VirtualSize, Resources: co.Resources, Capture: raw,
-		Overlaybd: LayerStack{SizeMB: int((co.VirtualSize + 1<<20 - 1) >> 20), Layers: co.Layers}}
+		Overlaybd: catalog.LayerStack{SizeMB: int((co.VirtualSize + 1<<20 - 1) >> 20), Layers: co.Layers}}
 	logf("info", fmt.Sprintf("captured %d sealed layers (%d MiB disk)", len(co.Layers), a.Overlaybd.SizeMB))
 	return Captured{Layers: a}, nil
 }
@@ -206,17 +199,6 @@ func captureID(raw json.RawMessage) string {
 		return ""
 	}
 	return c.ID
-}
-
-// isLayered reports whether sandboxes of t run on a layered root (a converted image, the
-// layered base, a layered build).
-func isLayered(t catalog.Template) bool {
-	var a struct {
-		Overlaybd *struct {
-			Layers []json.RawMessage `json:"layers"`
-		} `json:"overlaybd"`
-	}
-	return len(t.Artifact) > 0 && json.Unmarshal(t.Artifact, &a) == nil && a.Overlaybd != nil && len(a.Overlaybd.Layers) > 0
 }
 
 // imageConfig is the image configuration a build inherits from its base: the catalog's

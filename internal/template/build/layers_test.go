@@ -278,7 +278,7 @@ func TestBuildLayeredFromImage(t *testing.T) {
 			imp = tp
 		}
 	}
-	if !isLayered(imp) {
+	if !imp.Layered() {
 		t.Fatalf("the image import is not layered: %+v", imp)
 	}
 	for _, c := range []struct {
@@ -334,11 +334,7 @@ func TestBuildCaptureReclaimed(t *testing.T) {
 		if err := json.Unmarshal(raw, &c); err != nil {
 			t.Fatal(err)
 		}
-		var top struct {
-			Path string `json:"path"`
-		}
-		json.Unmarshal(c.Layers[len(c.Layers)-1], &top)
-		return raw, top.Path
+		return raw, c.Layers[len(c.Layers)-1].Path
 	}
 	orphan, orphanLayer := capture()
 	kept, keptLayer := capture()

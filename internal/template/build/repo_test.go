@@ -64,7 +64,7 @@ func TestBuildLayeredOnSecondNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !isLayered(tpl) || tpl.ID != rec.TemplateID {
+	if !tpl.Layered() || tpl.ID != rec.TemplateID {
 		t.Fatalf("synced template: %+v", tpl)
 	}
 	if a, ok := layersArtifact(tpl); !ok || !slices.Equal(a.Image.ExposedPorts, []string{"9000"}) {

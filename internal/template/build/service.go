@@ -495,7 +495,7 @@ func (s *Service) base(ctx context.Context, spec Spec, logf func(level, msg stri
 		if err != nil {
 			return catalog.Template{}, fmt.Errorf("base template %q: %w", spec.FromTemplate, err)
 		}
-		if t.RootFSDir == "" && t.Kind == catalog.KindTemplate && !isLayered(t) {
+		if t.RootFSDir == "" && t.Kind == catalog.KindTemplate && !t.Layered() {
 			return catalog.Template{}, fmt.Errorf("base template %q has no root filesystem on this node", spec.FromTemplate)
 		}
 		logf("info", fmt.Sprintf("base: template %s", t.ID))

@@ -23,7 +23,6 @@ import (
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
-	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox/oci"
 	"github.com/aenv-dev/aenv/internal/template/base"
 	"github.com/aenv-dev/aenv/internal/template/layered"
@@ -143,8 +142,7 @@ func newNodeAt(t testing.TB, cfg Config, layeredBase bool, net int) *realNode {
 			os.Remove(d)
 		}
 	})
-	orch, err := orchestrator.New(orchestrator.Config{Registerer: prometheus.NewRegistry(), Logger: log}, be, cat,
-		orchestrator.WithTemplateRootFS(rootfs.TemplateRootFS))
+	orch, err := orchestrator.New(orchestrator.Config{Registerer: prometheus.NewRegistry(), Logger: log}, be, cat)
 	if err != nil {
 		t.Fatal(err)
 	}

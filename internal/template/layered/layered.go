@@ -17,12 +17,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/aenv-dev/aenv/internal/atomicfile"
-	"github.com/aenv-dev/aenv/internal/dirlock"
 	"io"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/atomicfile"
+	"github.com/aenv-dev/aenv/internal/catalog"
+	"github.com/aenv-dev/aenv/internal/dirlock"
+	"github.com/aenv-dev/aenv/internal/sandbox"
 
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
@@ -49,18 +52,11 @@ const (
 // ErrInvalid marks bad arguments (no such directory, a size too small).
 var ErrInvalid = errors.New("layered: invalid argument")
 
-// Stack is the overlaybd part of a template artifact; its JSON is what image templates
-// carry under "overlaybd" (convert.Result), so rootfs.TemplateRootFS accepts both.
-type Stack struct {
-	SizeMB int              `json:"sizeMB"`
-	Layers []stack.LayerRef `json:"layers"`
-}
-
 // Artifact is the catalog artifact of a layered template.
 type Artifact struct {
-	Kind      string `json:"kind"` // ArtifactKind
-	Key       string `json:"key"`  // the tree/size/version hash the layer was built for
-	Overlaybd Stack  `json:"overlaybd"`
+	Kind      string             `json:"kind"` // ArtifactKind
+	Key       string             `json:"key"`  // the tree/size/version hash the layer was built for
+	Overlaybd catalog.LayerStack `json:"overlaybd"`
 }
 
 // Result is what FromRootFS made or found.
@@ -151,7 +147,7 @@ func load(manifest, key string) (json.RawMessage, error) {
 		return nil, fmt.Errorf("layered: layer %s is missing or changed", ref.Path)
 	}
 	return json.Marshal(Artifact{Kind: ArtifactKind, Key: key,
-		Overlaybd: Stack{SizeMB: int(m.VirtualSize >> 20), Layers: m.Lowers}})
+		Overlaybd: catalog.LayerStack{SizeMB: int(m.VirtualSize >> 20), Layers: []sandbox.LayerRef{sandbox.LayerRef(ref)}}})
 }
 
 // buildLayer writes the ext4 image of rootfsDir as a compressed committed layer at out

@@ -16,8 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/image"
-	"github.com/aenv-dev/aenv/internal/rootfs"
 )
 
 // smallTree makes a directory tree with a file, a subdirectory and a symlink.
@@ -161,8 +161,9 @@ func needMkfs(t testing.TB) {
 	}
 }
 
-// decode checks the artifact's shape: what rootfs.TemplateRootFS reads, plus our own fields.
-func decode(t *testing.T, raw json.RawMessage, dir string) Artifact {
+// decode checks the artifact's shape: what sandboxes are launched on (catalog.DecodeLayers),
+// plus our own fields.
+func decode(t *testing.T, raw json.RawMessage) Artifact {
 	t.Helper()
 	var a Artifact
 	if err := json.Unmarshal(raw, &a); err != nil {
@@ -171,13 +172,12 @@ func decode(t *testing.T, raw json.RawMessage, dir string) Artifact {
 	if a.Kind != ArtifactKind || a.Key == "" || len(a.Overlaybd.Layers) != 1 {
 		t.Fatalf("artifact %s", raw)
 	}
-	fs, err := rootfs.TemplateRootFS(dir, raw)
+	ls, err := catalog.DecodeLayers(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fs.LowerDir != dir || len(fs.Layers) != 1 || fs.Layers[0].Path != a.Overlaybd.Layers[0].Path ||
-		fs.VirtualSize != uint64(a.Overlaybd.SizeMB)<<20 {
-		t.Fatalf("rootfs.TemplateRootFS(%s) = %+v", raw, fs)
+	if ls == nil || len(ls.Layers) != 1 || ls.Layers[0].Path != a.Overlaybd.Layers[0].Path || ls.SizeMB != a.Overlaybd.SizeMB {
+		t.Fatalf("catalog.DecodeLayers(%s) = %+v", raw, ls)
 	}
 	return a
 }
@@ -195,7 +195,7 @@ func TestBuildIsIdempotent(t *testing.T) {
 	if !first.Built {
 		t.Error("first build reported as reused")
 	}
-	a := decode(t, first.Artifact, tree)
+	a := decode(t, first.Artifact)
 	ref := a.Overlaybd.Layers[0]
 	if a.Overlaybd.SizeMB != 32 || filepath.Dir(ref.Path) != out || ref.UUID == "" {
 		t.Errorf("artifact %s", first.Artifact)
@@ -230,7 +230,7 @@ func TestBuildIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ab := decode(t, bigger.Artifact, tree); !bigger.Built || ab.Key == a.Key || ab.Overlaybd.SizeMB != 48 {
+	if ab := decode(t, bigger.Artifact); !bigger.Built || ab.Key == a.Key || ab.Overlaybd.SizeMB != 48 {
 		t.Errorf("size 48: built=%v %s", bigger.Built, bigger.Artifact)
 	}
 
@@ -242,7 +242,7 @@ func TestBuildIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if af := decode(t, fixed.Artifact, tree); !fixed.Built || af.Key != a.Key {
+	if af := decode(t, fixed.Artifact); !fixed.Built || af.Key != a.Key {
 		t.Errorf("after truncation: built=%v %s", fixed.Built, fixed.Artifact)
 	}
 
@@ -254,7 +254,7 @@ func TestBuildIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ac := decode(t, changed.Artifact, tree)
+	ac := decode(t, changed.Artifact)
 	if !changed.Built || ac.Key == a.Key || ac.Overlaybd.Layers[0].Path == ref.Path {
 		t.Errorf("changed tree: built=%v %s", changed.Built, changed.Artifact)
 	}
