@@ -47,6 +47,10 @@ unit:
 	scripts/s3-test-server.sh install
 	$(GO) test -count=1 -timeout 20m ./...
 
+# A real etcd and kube-apiserver for the Kubernetes tests (built once per machine; ~10 CPU-minutes cold).
+k8s-test-bins:
+	@scripts/k8s-test-bins.sh
+
 e2e: build
 	@test/e2e/run.sh
 
