@@ -73,6 +73,7 @@ func newRootCmd() *cobra.Command {
 		newDataplaneCmd(),
 		newSchedulerCmd(),
 		newGatewayCmd(),
+		newNodesCmd(g),
 		newStartCmd(g),
 		newListCmd(g),
 		newInfoCmd(g),
