@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
@@ -176,7 +175,6 @@ func newSnapshotBackend(t testing.TB) *Backend {
 	fixtures(t)
 	ctx := context.Background()
 	cfg := testConfig(t)
-	cfg.Network = network.Config{Bridge: "aenvmvs0", Subnet: "10.89.41.0/24", Prefix: "aenvms", PoolSize: -1}
 	b, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
