@@ -72,6 +72,7 @@ func newRootCmd() *cobra.Command {
 		newServeCmd(),
 		newSchedulerCmd(),
 		newGatewayCmd(),
+		newNodesCmd(g),
 		newStartCmd(g),
 		newListCmd(g),
 		newInfoCmd(g),
