@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -175,6 +176,9 @@ func newSnapshotBackend(t testing.TB) *Backend {
 	fixtures(t)
 	ctx := context.Background()
 	cfg := testConfig(t)
+	if os.Getenv("AENV_TEST_DEBUG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	b, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
