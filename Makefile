@@ -54,7 +54,12 @@ k8s-test-bins:
 e2e: build
 	@test/e2e/run.sh
 
-test: deps check-generated lint build unit e2e
+# scripts/deps.sh, the build and the generated-code check in a fresh minimal Debian root
+# (debootstrap, cached per machine): catches a package deps.sh forgets.
+fresh-check:
+	@scripts/fresh-check.sh
+
+test: deps check-generated lint build unit e2e fresh-check
 
 clean:
 	rm -rf $(BIN)
