@@ -70,6 +70,7 @@ func newRootCmd() *cobra.Command {
 		"give up when the node has not started answering a request after this long (0: wait forever)")
 	root.AddCommand(
 		newServeCmd(),
+		newDataplaneCmd(),
 		newSchedulerCmd(),
 		newGatewayCmd(),
 		newNodesCmd(g),

@@ -80,6 +80,10 @@ type Backend struct {
 	// removes every cgroup below it that the node does not know, so two nodes on one host
 	// need different parents.
 	CgroupParent string `toml:"cgroup_parent"`
+	// DataPlane serves layered root disks from the data-plane process (`aenv dataplane`),
+	// which outlives the node: sandboxes on layered roots survive a crash, restart or
+	// upgrade of `aenv serve`. False serves them from the node itself (they die with it).
+	DataPlane bool `toml:"data_plane"`
 	// Accel is the microvm backend's acceleration: auto, tcg or kvm.
 	Accel string `toml:"accel"`
 	// GuestKernel and GuestInitrd are the microvm backend's guest kernel and initramfs;

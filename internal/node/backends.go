@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/dataplane"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/sandbox/microvm"
@@ -44,6 +45,9 @@ type BackendEnv struct {
 	Registerer prometheus.Registerer
 	// Logger is tagged with component=<kind>.
 	Logger *slog.Logger
+	// DataPlane serves layered root disks from the data-plane process, which outlives the
+	// node (backend.data_plane); nil: the backend serves them itself.
+	DataPlane *dataplane.Client
 }
 
 // BackendFactory opens one kind of backend. It probes what it needs and fails with an
@@ -88,6 +92,7 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 		UIDRanges:       cfg.Backend.UIDRanges,
 		SnapshotQuiesce: cfg.Snapshot.Quiesce,
 		LayerResolver:   env.Layers,
+		DataPlane:       ociDataPlane(env.DataPlane),
 		Network: network.Config{
 			Bridge:   cfg.Network.Bridge,
 			Subnet:   cfg.Network.Subnet,
@@ -104,6 +109,14 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 	}
 	env.Logger.Info("oci backend ready", "runtime", b.Runtime(), "userns", b.UserNamespaces())
 	return b, nil
+}
+
+// ociDataPlane keeps a nil client a nil interface.
+func ociDataPlane(c *dataplane.Client) oci.DataPlane {
+	if c == nil {
+		return nil
+	}
+	return c
 }
 
 // openMicroVM is the "microvm" kind: a QEMU microVM per sandbox (package microvm).

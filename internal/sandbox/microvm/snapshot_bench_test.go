@@ -106,3 +106,53 @@ func stopRetry(b *testing.B, inst sandbox.Instance) {
 		}
 	}
 }
+
+// BenchmarkFork16: one capture and 16 children restored on its RAM file, until every
+// child's envd answers; then the children's total PSS against 16 × guest RAM (the
+// overcommit an idle fork fleet allows).
+func BenchmarkFork16(b *testing.B) {
+	be := newSnapshotBackend(b)
+	ctx := context.Background()
+	src := launch(b, be, "sbx-f16", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
+	const n = 16
+	var forkT, allT []time.Duration
+	var pss int64
+	round := 0
+	for b.Loop() {
+		specs := make([]sandbox.ForkSpec, n)
+		for k := range specs {
+			specs[k] = sandbox.ForkSpec{SandboxID: fmt.Sprintf("sbx-f16-%d-%d", round, k)}
+		}
+		round++
+		t0 := time.Now()
+		res, err := src.Fork(ctx, specs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		forkT = append(forkT, time.Since(t0))
+		for _, r := range res {
+			if r.Err != nil {
+				b.Fatal(r.Err)
+			}
+		}
+		for _, r := range res {
+			if err := envdReady(r.Instance.(*Instance), 120*time.Second); err != nil {
+				b.Fatal(err)
+			}
+		}
+		allT = append(allT, time.Since(t0))
+		time.Sleep(2 * time.Second) // idle
+		pss = 0
+		for _, r := range res {
+			p, _ := smapsRollup(b, r.Instance.(*Instance).PID())
+			pss += p
+		}
+		for _, r := range res {
+			stopRetry(b, r.Instance)
+		}
+	}
+	b.ReportMetric(medianMS(forkT), "fork-ms")
+	b.ReportMetric(medianMS(allT), "all-envd-ms")
+	b.ReportMetric(float64(pss>>20), "pss-MiB")
+	b.ReportMetric(float64(n*testMemMB)/float64(pss>>20), "overcommit-x")
+}

@@ -122,6 +122,9 @@ type Config struct {
 	// e.g. from a repository through the node's block cache). Without it every layer of
 	// a layered root needs an absolute path.
 	LayerResolver stack.Resolver
+	// DataPlane serves layered roots from the data-plane process, so they survive this
+	// one (Reconcile adopts them); nil serves them in this process.
+	DataPlane DataPlane
 	// SnapshotQuiesce is how snapshots of block roots make the filesystem consistent:
 	// "freeze" (default; fsfreeze, a clean image) or "sync" (syncfs, then a
 	// crash-consistent point-in-time seal: a much shorter write stall).
@@ -325,7 +328,7 @@ type savedState struct {
 	ID            string            `json:"id"` // sandbox id; "" for a warm container
 	ContainerID   string            `json:"containerID"`
 	LowerDir      string            `json:"lowerDir"`
-	Block         bool              `json:"block,omitempty"` // a layered block root (never adopted)
+	Block         bool              `json:"block,omitempty"` // a layered block root (adopted when the data plane serves it)
 	Resources     sandbox.Resources `json:"resources"`
 	SlotIndex     int               `json:"slotIndex"`
 	AllowInternet bool              `json:"allowInternet"`
