@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -82,6 +83,22 @@ func (bs Backends) factory(kind string) (BackendFactory, error) {
 // openOCI is the "oci" kind: containers run by an OCI runtime (package oci).
 func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 	cfg := env.Config
+	var allowRanges []netip.Prefix
+	for _, r := range cfg.Network.AllowRanges {
+		p, err := netip.ParsePrefix(r)
+		if err != nil {
+			return nil, fmt.Errorf("network.allow_ranges: %w", err)
+		}
+		allowRanges = append(allowRanges, p)
+	}
+	var dns []netip.Addr
+	for _, a := range cfg.Network.DNS {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			return nil, fmt.Errorf("network.dns: %w", err)
+		}
+		dns = append(dns, ip)
+	}
 	b, err := oci.New(ctx, oci.Config{
 		DataDir:         env.DataDir,
 		EnvdPath:        env.EnvdPath,
@@ -94,11 +111,13 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 		LayerResolver:   env.Layers,
 		DataPlane:       ociDataPlane(env.DataPlane),
 		Network: network.Config{
-			Bridge:   cfg.Network.Bridge,
-			Subnet:   cfg.Network.Subnet,
-			Prefix:   cfg.Network.Prefix,
-			PoolSize: cfg.Network.PoolSize,
+			Bridge:      cfg.Network.Bridge,
+			Subnet:      cfg.Network.Subnet,
+			Prefix:      cfg.Network.Prefix,
+			PoolSize:    cfg.Network.PoolSize,
+			AllowRanges: allowRanges,
 		},
+		DNS: dns,
 	})
 	if err != nil {
 		if errors.Is(err, oci.ErrNoRuntime) {
