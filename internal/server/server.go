@@ -46,6 +46,9 @@ type Orchestrator interface {
 	Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]orchestrator.ForkResult, error)
 	Capabilities() sandbox.Capabilities
 	BackendName() string
+	// Config reports the node's settings; the API reads the default resources from it to
+	// show what a template without its own CPU and memory runs with.
+	Config() orchestrator.Config
 }
 
 // Authenticator checks an API key from X-API-Key: ok is false for an unknown or revoked

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
-	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/server/api"
 	"github.com/aenv-dev/aenv/internal/template/build"
@@ -452,10 +451,7 @@ func derefInt(v *int32) int32 {
 }
 
 // defaultResources are what a sandbox gets for resources neither its request nor its
-// template sets (zero when the orchestrator does not say).
+// template sets.
 func (h *handlers) defaultResources() sandbox.Resources {
-	if c, ok := h.s.orch.(interface{ Config() orchestrator.Config }); ok {
-		return c.Config().DefaultResources
-	}
-	return sandbox.Resources{}
+	return h.s.orch.Config().DefaultResources
 }
