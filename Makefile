@@ -47,10 +47,19 @@ unit:
 	scripts/s3-test-server.sh install
 	$(GO) test -count=1 -timeout 20m ./...
 
+# A real etcd and kube-apiserver for the Kubernetes tests (built once per machine; ~10 CPU-minutes cold).
+k8s-test-bins:
+	@scripts/k8s-test-bins.sh
+
 e2e: build
 	@test/e2e/run.sh
 
-test: deps check-generated lint build unit e2e
+# scripts/deps.sh, the build and the generated-code check in a fresh minimal Debian root
+# (debootstrap, cached per machine): catches a package deps.sh forgets.
+fresh-check:
+	@scripts/fresh-check.sh
+
+test: deps check-generated lint build unit e2e fresh-check
 
 clean:
 	rm -rf $(BIN)

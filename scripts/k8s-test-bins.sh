@@ -11,8 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
-kas=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' test/k8s/kube-apiserver/go.mod)
-etcd=$(awk '$1=="require" && $2=="go.etcd.io/etcd/server/v3" {print $3}' test/k8s/etcd/go.mod)
+# The pinned version of module $2 in go.mod $1 (a single require line or inside a require block).
+pinned() { awk -v m="$2" '($1=="require" && $2==m) {print $3; exit} ($1==m) {print $2; exit}' "$1"; }
+kas=$(pinned test/k8s/kube-apiserver/go.mod k8s.io/kubernetes)
+etcd=$(pinned test/k8s/etcd/go.mod go.etcd.io/etcd/server/v3)
+[ -n "$kas" ] && [ -n "$etcd" ] || { echo "k8s-test-bins: cannot read the pinned versions from test/k8s/*/go.mod" >&2; exit 1; }
 cache=${XDG_CACHE_HOME:-$HOME/.cache}
 dir=${AENV_K8S_ASSETS:-$cache/aenv/k8s-assets/kube-$kas-etcd-$etcd}
 

@@ -70,8 +70,10 @@ func newRootCmd() *cobra.Command {
 		"give up when the node has not started answering a request after this long (0: wait forever)")
 	root.AddCommand(
 		newServeCmd(),
+		newDataplaneCmd(),
 		newSchedulerCmd(),
 		newGatewayCmd(),
+		newNodesCmd(g),
 		newStartCmd(g),
 		newListCmd(g),
 		newInfoCmd(g),

@@ -87,8 +87,13 @@ func newLogger(cfg config.Config) *slog.Logger {
 func serve(ctx context.Context, cfg config.Config) error {
 	log := newLogger(cfg)
 	slog.SetDefault(log)
-	// Bind first so a port conflict fails before anything is started.
-	ln, err := net.Listen("tcp", cfg.Listen)
+	// Bind before anything is started, so a port conflict fails early; but only once a
+	// predecessor killed half-way (a zombie still holding the port and the catalog) has
+	// been cleared.
+	if err := node.ClearStaleHolder(ctx, cfg.DataDir, log); err != nil {
+		return err
+	}
+	ln, err := node.Listen(ctx, cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (set --listen or AENV_LISTEN)", cfg.Listen, err)
 	}

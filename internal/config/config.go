@@ -80,6 +80,10 @@ type Backend struct {
 	// removes every cgroup below it that the node does not know, so two nodes on one host
 	// need different parents.
 	CgroupParent string `toml:"cgroup_parent"`
+	// DataPlane serves layered root disks from the data-plane process (`aenv dataplane`),
+	// which outlives the node: sandboxes on layered roots survive a crash, restart or
+	// upgrade of `aenv serve`. False serves them from the node itself (they die with it).
+	DataPlane bool `toml:"data_plane"`
 	// Accel is the microvm backend's acceleration: auto, tcg or kvm.
 	Accel string `toml:"accel"`
 	// GuestKernel and GuestInitrd are the microvm backend's guest kernel and initramfs;
@@ -101,6 +105,12 @@ type Network struct {
 	Subnet   string `toml:"subnet"`
 	Prefix   string `toml:"prefix"`
 	PoolSize int    `toml:"pool_size"`
+	// AllowRanges are IPv4 CIDRs inside the infrastructure ranges (private, link-local,
+	// CGNAT...) that sandboxes may reach anyway.
+	AllowRanges []string `toml:"allow_ranges"`
+	// DNS are the sandboxes' nameservers (IPv4); empty: the host's /etc/resolv.conf
+	// unless it names a loopback nameserver.
+	DNS []string `toml:"dns"`
 }
 
 // Templates configures the built-in templates.
@@ -442,6 +452,16 @@ func (c *Config) Validate() error {
 		bad("network", "bridge and prefix must not be empty")
 	}
 	c.Cluster.validate(bad)
+	for _, r := range c.Network.AllowRanges {
+		if p, err := netip.ParsePrefix(r); err != nil || !p.Addr().Is4() {
+			bad("network.allow_ranges", "%q is not an IPv4 CIDR prefix such as 10.20.0.0/16", r)
+		}
+	}
+	for _, a := range c.Network.DNS {
+		if ip, err := netip.ParseAddr(a); err != nil || !ip.Is4() {
+			bad("network.dns", "%q is not an IPv4 address", a)
+		}
+	}
 	if c.Network.PoolSize < 0 {
 		bad("network.pool_size", "must not be negative, got %d", c.Network.PoolSize)
 	}

@@ -89,7 +89,8 @@ func remoteNetns(t *testing.T, name, hostVeth string) (a, b string) {
 func TestEgressEnforced(t *testing.T) {
 	needRoot(t)
 	ctx := context.Background()
-	cfg := Config{Bridge: "ntegrbr", Subnet: "10.96.7.0/24", Prefix: "ntegr", PoolSize: -1}
+	// The remote stands in for a private network the node's operator opened.
+	cfg := Config{Bridge: "ntegrbr", Subnet: "10.96.7.0/24", Prefix: "ntegr", PoolSize: -1, AllowRanges: pp("10.97.7.0/24")}
 	p, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -43,7 +43,13 @@ type Config struct {
 	// PoolSize is how many prepared slots are kept ready. Default 4; negative disables.
 	PoolSize int
 	// MTU of the bridge and veths. Default 1500.
-	MTU    int
+	MTU int
+	// AllowRanges are IPv4 ranges inside DefaultDenyRanges that sandboxes may reach (the
+	// node operator's exceptions, e.g. an internal package mirror). Default none.
+	AllowRanges []netip.Prefix
+	// DNS are the nameservers sandboxes are given: reachable on port 53 even inside the
+	// denied ranges.
+	DNS    []netip.Addr
 	Logger *slog.Logger
 }
 
@@ -75,7 +81,7 @@ func (c *Config) defaults() error {
 	if len(c.Prefix) > 8 || !validName(c.Prefix) {
 		return fmt.Errorf("network: bad slot prefix %q (1-8 of [a-z0-9_-])", c.Prefix)
 	}
-	return nil
+	return c.checkInfra()
 }
 
 func validName(s string) bool {

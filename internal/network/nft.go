@@ -15,8 +15,8 @@ import (
 //   - inet: input drops everything a sandbox starts towards the host (any host address,
 //     any port) while replies to connections the host opened (envd, user ports) pass;
 //     forward drops sandbox-to-sandbox routing, connections from outside into sandboxes,
-//     spoofed sources, sources in the "blocked" set (no internet) and per-slot egress
-//     rules (egress.go); postrouting
+//     spoofed sources, infrastructure ranges (infra.go), sources in the "blocked" set
+//     (no internet) and per-slot egress rules (egress.go); postrouting
 //     masquerades the subnet.
 //   - bridge: forward drops frames between two sandbox ports, in addition to the kernel's
 //     isolated-port flag set on each veth.
@@ -30,7 +30,7 @@ table inet %[1]s {
 	set blocked { type ipv4_addr; }
 	set egress_allow { type ipv4_addr . ipv4_addr; flags interval; }
 	set egress_deny { type ipv4_addr . ipv4_addr; flags interval; }
-	chain input {
+%[4]s	chain input {
 		type filter hook input priority filter - 10; policy accept;
 		iifname "%[1]s" ct state established,related accept
 		iifname "%[1]s" drop
@@ -41,6 +41,7 @@ table inet %[1]s {
 		oifname "%[1]s" ct state established,related accept
 		oifname "%[1]s" drop
 		iifname "%[1]s" ip saddr != %[2]s drop
+		iifname "%[1]s" ip daddr @infra_deny jump infra
 		iifname "%[1]s" ip saddr . ip daddr @egress_allow accept
 		iifname "%[1]s" ip saddr @blocked drop
 		iifname "%[1]s" ip saddr . ip daddr @egress_deny drop
@@ -57,7 +58,7 @@ table bridge %[1]s {
 		iifname "%[3]sh*" oifname "%[3]sh*" drop
 	}
 }
-`, br, sub, pre)
+`, br, sub, pre, p.infraRules())
 }
 
 func (p *Pool) installRules(ctx context.Context) error {

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/dataplane"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/sandbox/microvm"
@@ -44,6 +46,9 @@ type BackendEnv struct {
 	Registerer prometheus.Registerer
 	// Logger is tagged with component=<kind>.
 	Logger *slog.Logger
+	// DataPlane serves layered root disks from the data-plane process, which outlives the
+	// node (backend.data_plane); nil: the backend serves them itself.
+	DataPlane *dataplane.Client
 }
 
 // BackendFactory opens one kind of backend. It probes what it needs and fails with an
@@ -78,6 +83,22 @@ func (bs Backends) factory(kind string) (BackendFactory, error) {
 // openOCI is the "oci" kind: containers run by an OCI runtime (package oci).
 func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 	cfg := env.Config
+	var allowRanges []netip.Prefix
+	for _, r := range cfg.Network.AllowRanges {
+		p, err := netip.ParsePrefix(r)
+		if err != nil {
+			return nil, fmt.Errorf("network.allow_ranges: %w", err)
+		}
+		allowRanges = append(allowRanges, p)
+	}
+	var dns []netip.Addr
+	for _, a := range cfg.Network.DNS {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			return nil, fmt.Errorf("network.dns: %w", err)
+		}
+		dns = append(dns, ip)
+	}
 	b, err := oci.New(ctx, oci.Config{
 		DataDir:         env.DataDir,
 		EnvdPath:        env.EnvdPath,
@@ -88,12 +109,15 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 		UIDRanges:       cfg.Backend.UIDRanges,
 		SnapshotQuiesce: cfg.Snapshot.Quiesce,
 		LayerResolver:   env.Layers,
+		DataPlane:       ociDataPlane(env.DataPlane),
 		Network: network.Config{
-			Bridge:   cfg.Network.Bridge,
-			Subnet:   cfg.Network.Subnet,
-			Prefix:   cfg.Network.Prefix,
-			PoolSize: cfg.Network.PoolSize,
+			Bridge:      cfg.Network.Bridge,
+			Subnet:      cfg.Network.Subnet,
+			Prefix:      cfg.Network.Prefix,
+			PoolSize:    cfg.Network.PoolSize,
+			AllowRanges: allowRanges,
 		},
+		DNS: dns,
 	})
 	if err != nil {
 		if errors.Is(err, oci.ErrNoRuntime) {
@@ -104,6 +128,14 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 	}
 	env.Logger.Info("oci backend ready", "runtime", b.Runtime(), "userns", b.UserNamespaces())
 	return b, nil
+}
+
+// ociDataPlane keeps a nil client a nil interface.
+func ociDataPlane(c *dataplane.Client) oci.DataPlane {
+	if c == nil {
+		return nil
+	}
+	return c
 }
 
 // openMicroVM is the "microvm" kind: a QEMU microVM per sandbox (package microvm).

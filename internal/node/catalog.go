@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,36 +20,48 @@ import (
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 )
 
-// openCatalog opens the node's catalog. A node killed with SIGKILL while one of its
-// threads waited on a filesystem that the node itself served over FUSE (an unmount, a
-// freeze) cannot finish exiting: that thread waits for a FUSE answer nobody will give,
-// and the half-exited process keeps the catalog's file lock. When the holder is such a
-// dying process, its FUSE connections under the data directory are aborted, which
-// fails the stuck requests and lets it exit, and the open is tried again. A live holder
-// (another `aenv serve`) is never touched.
+// openCatalog opens the node's catalog, after ClearStaleHolder.
 func openCatalog(ctx context.Context, dataDir, path string, log *slog.Logger) (*catalog.Catalog, error) {
-	cat, err := catalog.Open(path)
-	if !errors.Is(err, catalog.ErrLocked) {
-		return cat, err
+	if err := clearStaleHolder(ctx, dataDir, path, log); err != nil {
+		return nil, err
 	}
+	return catalog.Open(path)
+}
+
+// ClearStaleHolder is the stale-holder handling a node runs before it binds its port. A
+// node killed with SIGKILL while one of its threads waited on a filesystem that the node
+// itself served over FUSE (an unmount, a freeze) cannot finish exiting: that thread waits
+// for a FUSE answer nobody will give, and the half-exited process keeps the catalog's
+// file lock and the API port. When the holder is such a dying process, its FUSE
+// connections under the data directory are aborted, which fails the stuck requests and
+// lets it exit; this waits (up to 10 s) until it has. A live holder (another `aenv
+// serve`) is never touched, and neither are the disks the data plane serves (it is alive:
+// what waits on them gets its answer).
+func ClearStaleHolder(ctx context.Context, dataDir string, log *slog.Logger) error {
+	return clearStaleHolder(ctx, dataDir, filepath.Join(dataDir, CatalogFile), log)
+}
+
+func clearStaleHolder(ctx context.Context, dataDir, path string, log *slog.Logger) error {
 	pid, ok := lockHolder(path)
 	if !ok || !dying(pid) {
-		return nil, err
+		return nil
 	}
 	log.Warn("the catalog is held by a node that was killed but cannot exit (a thread waits on its own FUSE mount); "+
 		"aborting its FUSE connections", "pid", pid)
-	if _, serr := blockdev.SweepLoops(ctx, dataDir); serr != nil {
+	if _, serr := blockdev.SweepLoops(ctx, dataDir, dataPlaneDirs(ctx, dataDir)...); serr != nil {
 		log.Warn("sweep the dead node's block devices", "err", serr)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		cat, err = catalog.Open(path)
-		if !errors.Is(err, catalog.ErrLocked) || time.Now().After(deadline) {
-			return cat, err
+		if p, held := lockHolder(path); !held || p != pid {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the catalog is still held by the dying node %d", pid)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -103,4 +117,22 @@ func statState(stat string) byte {
 		return 0
 	}
 	return stat[i+2]
+}
+
+// Listen binds addr. A predecessor that ClearStaleHolder saw exit may hold the port a
+// moment longer (its sockets close as its last thread exits), so EADDRINUSE is retried
+// briefly.
+func Listen(ctx context.Context, addr string) (net.Listener, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ln, err := net.Listen("tcp", addr)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
+			return ln, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

@@ -117,9 +117,21 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	}
 	n.onClose(func(context.Context) { repo.Close() })
 
+	var dp *nodeDataPlane
+	// Only the oci backend opens its disks through the data plane so far (the microvm
+	// backend's QEMU opens a disk file it serves itself).
+	if cfg.Backend.DataPlane && cfg.Backend.Kind == "oci" {
+		if dp, err = startDataPlane(ctx, cfg, n.Log); err != nil {
+			return nil, err
+		}
+	}
 	kind := cfg.Backend.Kind
-	n.Backend, err = factory(ctx, BackendEnv{Config: cfg, DataDir: filepath.Join(cfg.DataDir, kind), EnvdPath: envd,
-		Layers: repo.layers, Registerer: n.Metrics, Logger: n.Log.With("component", kind)})
+	env := BackendEnv{Config: cfg, DataDir: filepath.Join(cfg.DataDir, kind), EnvdPath: envd,
+		Layers: repo.layers, Registerer: n.Metrics, Logger: n.Log.With("component", kind)}
+	if dp != nil {
+		env.DataPlane = dp.Client
+	}
+	n.Backend, err = factory(ctx, env)
 	if err != nil {
 		return nil, err
 	}
@@ -129,10 +141,18 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 		if err := n.Backend.Close(cctx); err != nil {
 			n.Log.Warn("close the sandbox backend", "backend", kind, "err", err)
 		}
+		// A data plane left with no disk (sandboxes stopped or paused) ends; one still
+		// serving the disks of kept sandboxes runs on for the next node.
+		if dp != nil {
+			dp.stopIfIdle(cctx)
+		}
 	})
 
 	if err := n.startSandboxes(ctx, repo); err != nil {
 		return nil, err
+	}
+	if dp != nil {
+		n.watchDataPlane(dp)
 	}
 	if err := ensureBaseTemplate(ctx, n.Catalog, cfg, n.Log); err != nil {
 		return nil, err

@@ -40,6 +40,9 @@ func nodeConfig(t *testing.T) config.Config {
 	cfg.Templates.BaseRootFS = src
 	cfg.Templates.LayeredBase = false
 	cfg.Envd.Path = envd
+	// The data plane is this binary's `aenv dataplane`, which a test binary is not (the
+	// integration tests run it).
+	cfg.Backend.DataPlane = false
 	return cfg
 }
 

@@ -456,3 +456,20 @@ func (o *Orchestrator) Metrics(ctx context.Context, id string) ([]sandbox.Stats,
 	}
 	return []sandbox.Stats{st}, nil
 }
+
+// DropLost removes sandboxes the backend has lost (their root disk's server died, why
+// says so): each is stopped (what is left of it is released) and forgotten, with an
+// error in the node's log and in aenv_sandbox_kills_total{reason="lost"}. A sandbox
+// busy in another operation is handled once that ends.
+func (o *Orchestrator) DropLost(ctx context.Context, ids []string, why string) {
+	for _, id := range ids {
+		e, _, err := o.acquire(ctx, id, waitOpts{})
+		if err != nil {
+			continue
+		}
+		o.log.Error("sandbox lost; removing it", "sandbox", id, "state", e.rec.State, "why", why)
+		if err := o.killLocked(ctx, e, "lost"); err != nil {
+			o.log.Error("remove a lost sandbox", "sandbox", id, "err", err)
+		}
+	}
+}

@@ -9,17 +9,20 @@
 package rootfs
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
+	"unsafe"
 
+	"github.com/aenv-dev/aenv/internal/dataplane"
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 	"golang.org/x/sys/unix"
@@ -28,12 +31,19 @@ import (
 // ErrNotExt4 means the stack does not hold an ext4 filesystem.
 var ErrNotExt4 = errors.New("rootfs: device holds no ext4 filesystem")
 
-// Names inside Spec.Dir.
-const (
-	upperData  = "upper.data"
-	upperIndex = "upper.index"
-	exposeDir  = "blk" // FUSE mount point lives at blk/fuse
-)
+// ServedDisk is a layer stack served as a file: in this process (dataplane.Local) or by
+// the data-plane daemon (dataplane.Client), which keeps serving it when this process dies.
+type ServedDisk interface {
+	Dir() string
+	Path() string
+	Size() int64
+	Lowers() []stack.LayerRef
+	BeginSnapshot(ctx context.Context) (dataplane.Snapshot, error)
+	Close() error
+}
+
+// Opener opens a disk for a root.
+type Opener func(ctx context.Context, spec dataplane.Spec) (ServedDisk, error)
 
 // Spec describes one block root.
 type Spec struct {
@@ -51,8 +61,12 @@ type Spec struct {
 	// UserNS is an fd of the user namespace the mount is id-mapped to (files owned by
 	// host id 0 appear owned by that namespace's root), or -1 for a plain mount.
 	UserNS int
-	// Resolver opens lowers that have no path; optional.
+	// Resolver opens lowers that have no path; optional. Such a root is always served in
+	// this process.
 	Resolver stack.Resolver
+	// Open serves the disk; nil (and any root with a lower that has no path) serves it
+	// in this process.
+	Open Opener
 	// MaxDirty caps the page cache the root may hold dirty (bytes; 0 = DefaultMaxDirty),
 	// and with it what a snapshot has to flush; the upper's unsynced growth on the host
 	// stays within 4*MaxDirty.
@@ -61,21 +75,16 @@ type Spec struct {
 
 // Block is a mounted block root. Close releases it; the upper's files stay in Dir.
 type Block struct {
-	dir      string
-	st       *stack.Stack
-	ex       *blockdev.Exposed
-	target   string
-	log      *slog.Logger
-	undirty  func() error // restores the loop device's dirty limits
-	stopSync chan struct{}
-	synced   chan struct{}
-	// flushMu keeps the flusher's fsyncs out of a snapshot's frozen window: the seal
-	// waits for the stack's I/O, an fsync included.
-	flushMu sync.Mutex
+	dir     string
+	disk    ServedDisk
+	loop    *blockdev.Loop
+	target  string
+	log     *slog.Logger
+	undirty func() error // restores the loop device's dirty limits
 }
 
-// Open opens the stack (creating an empty upper in spec.Dir), exposes it as a loop device
-// and mounts it at spec.Target. On error nothing stays mounted or attached.
+// Open serves the stack (creating an empty upper in spec.Dir), attaches a loop device to
+// it and mounts it at spec.Target. On error nothing stays mounted, attached or served.
 func Open(ctx context.Context, spec Spec) (b *Block, err error) {
 	if len(spec.Lowers) == 0 {
 		return nil, errors.New("rootfs: no lowers")
@@ -83,88 +92,134 @@ func Open(ctx context.Context, spec Spec) (b *Block, err error) {
 	if spec.VirtualSize%512 != 0 {
 		spec.VirtualSize = (spec.VirtualSize + 511) / 512 * 512
 	}
-	if err := os.MkdirAll(spec.Dir, 0o711); err != nil {
+	if spec.MaxDirty == 0 {
+		spec.MaxDirty = DefaultMaxDirty
+	}
+	dir, err := filepath.Abs(spec.Dir)
+	if err != nil {
 		return nil, fmt.Errorf("rootfs: %w", err)
 	}
-	m := &stack.Manifest{
-		Dir:         spec.Dir,
-		VirtualSize: spec.VirtualSize,
-		Lowers:      append([]stack.LayerRef(nil), spec.Lowers...),
-		Upper:       &stack.Upper{Data: upperData, Index: upperIndex},
+	ds := dataplane.Spec{Dir: dir, Lowers: append([]stack.LayerRef(nil), spec.Lowers...), VirtualSize: spec.VirtualSize, MaxDirty: spec.MaxDirty}
+	open := spec.Open
+	if open == nil || !allPaths(spec.Lowers) {
+		local := dataplane.Local{Resolver: spec.Resolver}
+		open = func(ctx context.Context, s dataplane.Spec) (ServedDisk, error) { return local.OpenDisk(ctx, s) }
 	}
-	st, err := stack.Open(ctx, m, stack.Options{Resolver: spec.Resolver})
+	disk, err := open(ctx, ds)
 	if err != nil {
 		return nil, fmt.Errorf("rootfs: open stack: %w", err)
 	}
-	b = &Block{dir: spec.Dir, st: st, target: spec.Target, log: slog.Default()}
+	b = &Block{dir: dir, disk: disk, target: spec.Target, log: slog.Default()}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, b.Close())
 		}
 	}()
-	fsSize, err := ext4Size(st)
+	fsSize, err := ext4SizeOfFile(disk.Path())
 	if err != nil {
 		return b, err
 	}
-	b.ex, err = blockdev.Expose(ctx, filepath.Join(spec.Dir, exposeDir), st, blockdev.MountOptions{})
+	b.loop, err = blockdev.AttachLoopWith(ctx, disk.Path(), blockdev.LoopOptions{DirectIO: true})
 	if err != nil {
 		return b, fmt.Errorf("rootfs: expose: %w", err)
 	}
-	if spec.MaxDirty == 0 {
-		spec.MaxDirty = DefaultMaxDirty
-	}
-	if b.undirty, err = limitDirty(b.ex.Device(), spec.MaxDirty); err != nil {
+	if b.undirty, err = limitDirty(b.loop.Path(), spec.MaxDirty); err != nil {
 		// Only snapshot latency suffers (it then grows with unflushed data).
-		b.log.Warn("rootfs: no dirty page limit", "dev", b.ex.Device(), "err", err)
+		b.log.Warn("rootfs: no dirty page limit", "dev", b.loop.Path(), "err", err)
 		err = nil
 	}
 	// Grow only by whole megabytes: rounding differences are not worth a resize2fs.
-	if uint64(st.Size()) >= fsSize+1<<20 {
-		if err := grow(ctx, b.ex.Device()); err != nil {
+	if uint64(disk.Size()) >= fsSize+1<<20 {
+		if err := grow(ctx, b.loop.Path()); err != nil {
 			return b, err
 		}
 	}
 	if err := os.MkdirAll(spec.Target, 0o755); err != nil {
 		return b, fmt.Errorf("rootfs: %w", err)
 	}
-	if err := mountExt4(b.ex.Device(), spec.Target, spec.UserNS); err != nil {
+	if err := mountExt4(b.loop.Path(), spec.Target, spec.UserNS); err != nil {
 		return b, err
 	}
-	b.stopSync, b.synced = make(chan struct{}), make(chan struct{})
-	go b.flusher(spec.MaxDirty, b.stopSync, b.synced)
 	return b, nil
 }
 
+func allPaths(ls []stack.LayerRef) bool {
+	for _, l := range ls {
+		if l.Path == "" {
+			return false
+		}
+	}
+	return true
+}
+
+// Adopt takes over a root a previous process opened and that still runs: disk is served
+// by the data plane, its file is attached to a loop device and the filesystem is mounted
+// at target. A filesystem left frozen (the previous process died in a snapshot) is thawed.
+func Adopt(disk ServedDisk, target string) (*Block, error) {
+	dev, err := blockdev.MountedDevice(target)
+	if err != nil {
+		return nil, fmt.Errorf("rootfs: adopt %s: %w", target, err)
+	}
+	backing, err := blockdev.LoopBacking(dev)
+	if err != nil {
+		return nil, fmt.Errorf("rootfs: adopt %s: %w", target, err)
+	}
+	if backing != disk.Path() {
+		return nil, fmt.Errorf("rootfs: adopt %s: %s is backed by %q, not the disk's %s", target, dev, backing, disk.Path())
+	}
+	loop, err := blockdev.OpenLoop(dev)
+	if err != nil {
+		return nil, fmt.Errorf("rootfs: adopt %s: %w", target, err)
+	}
+	if err := blockdev.Thaw(target); err != nil {
+		loop.Release()
+		return nil, fmt.Errorf("rootfs: adopt %s: %w", target, err)
+	}
+	b := &Block{dir: disk.Dir(), disk: disk, loop: loop, target: target, log: slog.Default()}
+	if bdi, err := bdiDir(dev); err == nil {
+		b.undirty = func() error { return resetDirty(bdi) }
+	}
+	return b, nil
+}
+
+// OutOfProcess reports whether the data plane serves the disk (the root survives this
+// process).
+func (b *Block) OutOfProcess() bool {
+	_, ok := b.disk.(*dataplane.RemoteDisk)
+	return ok
+}
+
 // Device is the loop device the filesystem is mounted from.
-func (b *Block) Device() string { return b.ex.Device() }
+func (b *Block) Device() string { return b.loop.Path() }
+
+// DiskPath is the file the loop device is attached to (the served stack).
+func (b *Block) DiskPath() string { return b.disk.Path() }
 
 // Size is the block device's size in bytes.
-func (b *Block) Size() int64 { return b.st.Size() }
+func (b *Block) Size() int64 { return b.disk.Size() }
 
 // Lowers returns the stack's current sealed layers, bottom first.
-func (b *Block) Lowers() []stack.LayerRef { return b.st.Manifest().Lowers }
+func (b *Block) Lowers() []stack.LayerRef { return b.disk.Lowers() }
 
 // UpperBytes is the size of the upper's data file (what this root wrote since its last
 // snapshot, plus headers).
-func (b *Block) UpperBytes() int64 {
-	m := b.st.Manifest()
-	fi, err := os.Stat(filepath.Join(m.Dir, upperData))
-	if err != nil {
-		return 0
+func (b *Block) UpperBytes() int64 { return dataplane.UpperBytes(b.dir) }
+
+// Abandon lets go of this process's handles on the root without unmounting, detaching or
+// closing anything: what a crash of the process does (tests use it to simulate one).
+func (b *Block) Abandon() {
+	if b.loop != nil {
+		b.loop.Release()
+		b.loop = nil
 	}
-	return fi.Size()
+	b.disk, b.undirty = nil, nil
 }
 
-// Close unmounts the filesystem, detaches the loop device, unmounts FUSE and closes the
-// stack. It is idempotent; the upper's files are left for the caller to remove.
+// Close unmounts the filesystem, detaches the loop device, and stops serving the stack.
+// It is idempotent; the upper's files are left for the caller to remove.
 func (b *Block) Close() error {
 	var errs []error
-	if b.stopSync != nil {
-		close(b.stopSync)
-		<-b.synced
-		b.stopSync = nil
-	}
-	if b.ex != nil {
+	if b.loop != nil {
 		if err := unmount(b.target); err != nil {
 			errs = append(errs, err)
 		}
@@ -172,12 +227,12 @@ func (b *Block) Close() error {
 			errs = append(errs, b.undirty())
 			b.undirty = nil
 		}
-		errs = append(errs, b.ex.Close())
-		b.ex = nil
+		errs = append(errs, b.loop.Detach())
+		b.loop = nil
 	}
-	if b.st != nil {
-		errs = append(errs, b.st.Close())
-		b.st = nil
+	if b.disk != nil {
+		errs = append(errs, b.disk.Close())
+		b.disk = nil
 	}
 	return errors.Join(errs...)
 }
@@ -247,10 +302,26 @@ func grow(ctx context.Context, dev string) error {
 	return nil
 }
 
-// ext4Size reads the filesystem size from the ext4 superblock on the device.
-func ext4Size(st *stack.Stack) (uint64, error) {
+// ext4SizeOfFile reads the filesystem size from the ext4 superblock in the device file.
+// It reads with O_DIRECT so no page of the file stays cached beside the loop device's
+// direct I/O.
+func ext4SizeOfFile(path string) (uint64, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("rootfs: read superblock: %w", err)
+	}
+	defer unix.Close(fd)
+	buf := alignedBlock()
+	if _, err := unix.Pread(fd, buf, 0); err != nil {
+		return 0, fmt.Errorf("rootfs: read superblock: %w", err)
+	}
+	return ext4Size(bytes.NewReader(buf))
+}
+
+// ext4Size reads the filesystem size from the ext4 superblock at offset 1024 of r.
+func ext4Size(r io.ReaderAt) (uint64, error) {
 	sb := make([]byte, 1024)
-	if _, err := st.ReadAt(sb, 1024); err != nil {
+	if _, err := r.ReadAt(sb, 1024); err != nil {
 		return 0, fmt.Errorf("rootfs: read superblock: %w", err)
 	}
 	if binary.LittleEndian.Uint16(sb[0x38:]) != 0xEF53 {
@@ -266,4 +337,15 @@ func ext4Size(st *stack.Stack) (uint64, error) {
 		return 0, fmt.Errorf("%w: block size 2^(10+%d)", ErrNotExt4, logBlock)
 	}
 	return blocks << (10 + logBlock), nil
+}
+
+// alignedBlock is a 4 KiB buffer aligned for O_DIRECT.
+func alignedBlock() []byte {
+	const n = 4096
+	raw := make([]byte, 2*n)
+	off := n - int(uintptr(unsafe.Pointer(&raw[0]))&(n-1))
+	if off == n {
+		off = 0
+	}
+	return raw[off : off+n]
 }

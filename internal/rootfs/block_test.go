@@ -202,9 +202,8 @@ func TestSweep(t *testing.T) {
 		t.Logf("sweep: %v", err) // a busy loop is marked autoclear and reported
 	}
 	// The handles of the "crashed" owner go away last (in a crash, with the process).
-	b.ex.Loop.Detach()
-	b.ex.Mount.Close()
-	b.st.Close()
+	b.loop.Detach()
+	b.disk.Close()
 	if raw, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(raw), dir) {
 		t.Fatalf("mounts left under %s", dir)
 	}
@@ -331,7 +330,7 @@ func fsck(t *testing.T, ctx context.Context, dir string, lowers []stack.LayerRef
 	t.Helper()
 	m := &stack.Manifest{Dir: dir, Lowers: lowers}
 	if withUpper {
-		m.Upper = &stack.Upper{Data: upperData, Index: upperIndex}
+		m.Upper = &stack.Upper{Data: "upper.data", Index: "upper.index"}
 	}
 	st, err := stack.Open(ctx, m, stack.Options{})
 	if err != nil {

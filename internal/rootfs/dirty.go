@@ -7,7 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
+
+	"github.com/aenv-dev/aenv/internal/dataplane"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,7 +19,7 @@ import (
 // BenchmarkSnapshotAfterWrites, 2 vCPUs): at 8 / 16 / 32 MiB the window with a writer in a
 // loop was ~7 / ~10 / ~17 ms (p90 ~8-23 / 10-13 / 25-34) and a 1 GiB burst was written
 // at ~590 / ~700 / ~800 MiB/s.
-const DefaultMaxDirty = 16 << 20
+const DefaultMaxDirty = dataplane.DefaultMaxDirty
 
 // limitDirty caps the dirty page cache of block device dev at max bytes, strictly (also
 // below the global background threshold), so written data keeps flowing down to the
@@ -52,54 +53,18 @@ func limitDirty(dev string, max uint64) (restore func() error, err error) {
 	return restore, nil
 }
 
-// flushEvery is how often the flusher looks at the upper's growth.
-const flushEvery = 20 * time.Millisecond
-
-// flusher keeps the upper's data flowing to the host's disk as it is written, until stop
-// is closed: it starts writeback (without waiting) whenever the upper has grown by max/2,
-// and fsyncs it whenever it has grown by 4*max. The host would write the data back
-// anyway, but only after seconds or gigabytes; doing it as it comes keeps what a
-// snapshot must make durable (the upper's unsynced tail) small, whatever was written.
-func (b *Block) flusher(max uint64, stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
-	t := time.NewTicker(flushEvery)
-	defer t.Stop()
-	synced := b.UpperBytes()
-	kicked := synced
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
-		n := b.UpperBytes()
-		if n < synced || n < kicked {
-			// A snapshot restacked: a fresh upper.
-			synced, kicked = n, n
-		}
-		var err error
-		switch {
-		case uint64(n-synced) >= 4*max:
-			b.flushMu.Lock()
-			err = b.st.Sync()
-			b.flushMu.Unlock()
-			synced, kicked = n, n
-		case uint64(n-kicked) >= max/2:
-			b.flushMu.Lock()
-			err = b.st.StartWriteback()
-			b.flushMu.Unlock()
-			kicked = n
-		}
-		if err != nil {
-			// Closed or broken: the owner sees it on its own path.
-			return
-		}
-	}
-}
-
 // resetDirty puts a device's writeback limits back to the kernel's defaults.
 func resetDirty(bdi string) error {
 	return errors.Join(
 		os.WriteFile(filepath.Join(bdi, "strict_limit"), []byte("0"), 0o644),
 		os.WriteFile(filepath.Join(bdi, "max_ratio"), []byte("100"), 0o644))
+}
+
+// bdiDir is the writeback settings directory of block device dev.
+func bdiDir(dev string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return "", fmt.Errorf("rootfs: stat %s: %w", dev, err)
+	}
+	return filepath.Join("/sys/class/bdi", fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))), nil
 }

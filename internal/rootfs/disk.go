@@ -11,6 +11,13 @@ import (
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 )
 
+// Names inside Spec.Dir, as dataplane.Disk uses them.
+const (
+	upperData  = "upper.data"
+	upperIndex = "upper.index"
+	exposeDir  = "blk" // FUSE mount point lives at blk/fuse
+)
+
 // Disk is a layered root served as a plain file through FUSE, with no loop device and no
 // host mount: what a VMM opens as a guest's block device (the guest mounts the ext4
 // filesystem itself). Close releases it; the upper's files stay in the spec's Dir.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
@@ -68,16 +67,19 @@ func (b *Block) Snapshot(ctx context.Context, output string, q Quiesce) ([]stack
 	var t SnapshotTimes
 	t0 := time.Now()
 	// Until the thaw, flushes only move data into the host's page cache: what the seal
-	// needs. Persist makes it durable afterwards with one fsync per file.
-	release := b.st.HoldSync()
-	defer release()
+	// needs. Finish makes it durable afterwards with one fsync per file.
+	snap, err := b.disk.BeginSnapshot(ctx)
+	if err != nil {
+		return nil, t, fmt.Errorf("rootfs: snapshot: %w", err)
+	}
+	defer snap.End()
 	if err := syncfs(b.target); err != nil {
 		return nil, t, err
 	}
 	// Waiting for a flusher fsync in progress belongs to the sync, not the window.
-	b.flushMu.Lock()
-	unlockFlusher := sync.OnceFunc(b.flushMu.Unlock)
-	defer unlockFlusher()
+	if err := snap.Quiet(ctx); err != nil {
+		return nil, t, fmt.Errorf("rootfs: snapshot: %w", err)
+	}
 	t1 := time.Now()
 	t.Sync = t1.Sub(t0)
 	thaw := func() error { return nil }
@@ -91,36 +93,27 @@ func (b *Block) Snapshot(ctx context.Context, output string, q Quiesce) ([]stack
 		}
 	}
 	tf := time.Now()
-	ref, serr := b.st.Restack(ctx, output)
+	// The seal runs even when ctx is done: a frozen filesystem must not wait on it.
+	_, serr := snap.Seal(context.WithoutCancel(ctx), output)
 	ts := time.Now()
 	terr := thaw()
 	t2 := time.Now()
-	release()
-	unlockFlusher()
 	t.Freeze, t.Seal, t.Thaw, t.Frozen = tf.Sub(t1), ts.Sub(tf), t2.Sub(ts), t2.Sub(t1)
 	if serr != nil {
 		t.Total = time.Since(t0)
 		return nil, t, errors.Join(fmt.Errorf("rootfs: snapshot: %w", serr), terr)
 	}
-	perr := b.st.Persist(ref)
-	t.Durable = time.Since(t2)
+	lowers, durable, perr := snap.Finish(context.WithoutCancel(ctx))
+	t.Durable = durable
+	t.Total = time.Since(t0)
 	if perr != nil {
-		t.Total = time.Since(t0)
 		return nil, t, errors.Join(fmt.Errorf("rootfs: snapshot: %w", perr), terr)
 	}
 	if terr != nil {
 		// The filesystem stays frozen: the root is of no use any more.
-		t.Total = time.Since(t0)
 		return nil, t, fmt.Errorf("rootfs: %w", terr)
 	}
-	if _, err := b.st.CompactIfDeep(ctx, output); err != nil {
-		// The snapshot is good; the stack just stays deeper than it should.
-		b.log.Warn("rootfs: compaction after snapshot failed", "err", err)
-	}
-	t.Total = time.Since(t0)
-	// The stack's lowers now end with the sealed upper (or a compaction of the newest
-	// lowers, which holds the same data).
-	return b.st.Manifest().Lowers, t, nil
+	return lowers, t, nil
 }
 
 func syncfs(dir string) error {

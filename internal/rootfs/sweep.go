@@ -15,13 +15,14 @@ import (
 // anything that touched the roots would wait for it forever), lazily unmounts their ext4
 // filesystems, detaches their loop devices and unmounts FUSE; then the loop devices'
 // writeback limits are put back (loop devices are reused). Call it at startup, after
-// killing the processes that used the roots.
-func Sweep(ctx context.Context, root string) error {
+// killing the processes that used the roots. Roots whose directory is in keep (adopted,
+// their disks served by the data plane) are left alone.
+func Sweep(ctx context.Context, root string, keep ...string) error {
 	root, err := filepath.Abs(root)
 	if err != nil {
 		return fmt.Errorf("rootfs: sweep: %w", err)
 	}
-	loops, err := blockdev.SweepLoops(ctx, root)
+	loops, err := blockdev.SweepLoops(ctx, root, keep...)
 	errs := []error{err, sweepExpedited(root)}
 	for _, dev := range loops {
 		var st unix.Stat_t

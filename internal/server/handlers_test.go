@@ -375,7 +375,11 @@ func TestGetSandbox(t *testing.T) {
 func TestUnknownRouteIsJSON(t *testing.T) {
 	e := newEnv(t)
 	wantError(t, e.do("GET", "/nope", ""), 404, "route not found")
-	wantError(t, e.do("PATCH", "/sandboxes/a", ""), 404, "")
+	rec := e.do("PATCH", "/sandboxes/a", "")
+	wantError(t, rec, 405, "not allowed")
+	if got := rec.Header().Get("Allow"); got != "GET, HEAD, DELETE" {
+		t.Errorf("Allow = %q", got)
+	}
 }
 
 func TestSandboxMetrics(t *testing.T) {

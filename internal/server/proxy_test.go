@@ -384,7 +384,7 @@ func TestProxySignedURL(t *testing.T) {
 		{"upload with user and expiry", "POST", signed("tok1", "write", "root", future), 418, ""},
 		{"operation mismatch", "POST", signed("tok1", "read", "", 0), 401, "does not match"},
 		{"unknown token", "GET", signed("tok3", "read", "", 0), 401, "does not match"},
-		{"expired", "GET", signed("tok1", "read", "", past), 401, "expired"},
+		{"expired", "GET", signed("tok1", "read", "", past), 401, "signature is already expired"},
 		{"bad expiration", "GET", "/files?path=x&signature=v1_x&signature_expiration=soon", 400, "unix seconds"},
 		{"wrong method", "DELETE", signed("tok1", "read", "", 0), 405, "GET and POST"},
 	}

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -153,10 +154,9 @@ func New(o Options) (*Server, error) {
 	s.proxy = newSandboxProxy(s.orch, o.Transport, s.log)
 
 	s.mux = http.NewServeMux()
-	// Unmatched control-plane routes still answer E2B's JSON error shape.
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "route not found: %s %s", r.Method, r.URL.Path)
-	})
+	// Unmatched control-plane routes still answer E2B's JSON error shape: 405 when the
+	// path is served with other methods, 404 otherwise.
+	s.mux.HandleFunc("/", s.unmatched)
 	api.HandlerWithOptions(&handlers{s: s}, api.StdHTTPServerOptions{
 		BaseRouter:       routeMux{s.mux},
 		Middlewares:      []api.MiddlewareFunc{s.requireAPIKey},
@@ -191,6 +191,12 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) (source, route
 	if r.URL.Path == "/files" && r.URL.Query().Has("signature") {
 		s.proxy.bySignature(w, r)
 		return "proxy_signed", "/files"
+	}
+	// A query the parser cannot decode would be dropped by r.URL.Query(), and a filter in
+	// it silently ignored.
+	if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
+		writeError(w, http.StatusBadRequest, "malformed query string: %v", err)
+		return "control_plane", "malformed_query"
 	}
 	// Handler only reports the pattern; ServeHTTP is what sets the path values.
 	_, pattern := s.mux.Handler(r)
@@ -316,4 +322,28 @@ func randomKey() []byte {
 	k := make([]byte, 32)
 	rand.Read(k)
 	return k
+}
+
+// methodsToTry are the methods a 405's Allow header can name.
+var methodsToTry = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// unmatched answers a control-plane request no route took.
+func (s *Server) unmatched(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range methodsToTry {
+		if m == r.Method {
+			continue
+		}
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := s.mux.Handler(probe); pattern != "/" && pattern != "" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		writeError(w, http.StatusMethodNotAllowed, "method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", "))
+		return
+	}
+	writeError(w, http.StatusNotFound, "route not found: %s %s", r.Method, r.URL.Path)
 }

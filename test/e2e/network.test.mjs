@@ -55,7 +55,12 @@ function teardownRemote(r) {
 }
 
 before(async () => {
-  node = await startNode({ apiKey, bin: process.env.AENV_E2E_BIN || undefined, tag: 'aenv-e2e-net-' })
+  // The remote stands in for a private network the operator opened (network.allow_ranges):
+  // infrastructure ranges such as 10/8 are closed to sandboxes by default.
+  node = await startNode({
+    apiKey, bin: process.env.AENV_E2E_BIN || undefined, tag: 'aenv-e2e-net-',
+    env: { AENV_NETWORK_ALLOW_RANGES: '10.98.0.0/16' },
+  })
   skipReason = node.skip
   if (skipReason) return
   process.env.E2B_API_URL = node.url

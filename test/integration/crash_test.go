@@ -19,8 +19,8 @@ import (
 // the warm containers of the dead process, and that after killing everything through the API
 // and stopping the node nothing is left on the host.
 //
-// The node runs a directory base template: a layered (block) root disk is served by the
-// node process and cannot outlive it (internal/sandbox/oci covers that crash path).
+// The node runs a directory base template (TestLayeredSandboxesSurviveNodeKill covers
+// layered roots, whose disks the data plane serves across the crash).
 func TestCrashRecovery(t *testing.T) {
 	n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION=stop", "AENV_TEMPLATES_LAYERED_BASE=false")
 	n.start()

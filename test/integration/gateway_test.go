@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
 	"slices"
 	"sort"
 	"strings"
@@ -24,13 +25,14 @@ type cluster struct {
 	nodes   map[string]*node
 	gateway string // base URL
 	key     string
+	bins    binaries
 }
 
 func startCluster(t *testing.T, nodes int) *cluster {
 	t.Helper()
 	bins := needNode(t)
 	sd, sc := startScheduler(t, bins)
-	c := &cluster{sched: sc, nodes: map[string]*node{}, key: "e2b_" + randHex(20)}
+	c := &cluster{sched: sc, nodes: map[string]*node{}, key: "e2b_" + randHex(20), bins: bins}
 	for i := range nodes {
 		id := fmt.Sprintf("it-node-%d", i)
 		c.nodes[id] = clusterNode(t, sd.addr, id, c.key, "AENV_CLUSTER_CPU_COUNT=64", "AENV_CLUSTER_MEMORY_MB=65536")
@@ -113,6 +115,16 @@ func TestGatewayCluster(t *testing.T) {
 		t.Fatalf("6 creates on 3 idle nodes all went to %v", perNode)
 	}
 	t.Logf("placement: %v", perNode)
+
+	// aenv nodes, pointed at the gateway, lists the three nodes.
+	out, err := exec.CommandContext(ctx, c.bins.aenv, "nodes", "-o", "json", "--url", c.gateway, "--api-key", c.key).Output()
+	var listed []struct {
+		NodeID string `json:"nodeID"`
+		State  string `json:"state"`
+	}
+	if err != nil || json.Unmarshal(out, &listed) != nil || len(listed) != 3 || listed[0].State != "ready" {
+		t.Fatalf("aenv nodes: %v\n%s", err, out)
+	}
 
 	// envd traffic by header through the gateway, for sandboxes on different nodes.
 	for _, sb := range sbs[:3] {

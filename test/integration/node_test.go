@@ -79,6 +79,7 @@ func newNode(t testing.TB, env ...string) *node {
 			t.Logf("aenv serve (%s) output:\n%s", net.prefix, n.output())
 		}
 		forceCleanup(t, dd, n.seen)
+		removeDataPlaneCgroup(dd)
 		net.teardown(t)
 		os.RemoveAll(dd)
 	})

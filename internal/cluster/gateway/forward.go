@@ -18,6 +18,8 @@ import (
 type target struct {
 	node string
 	base *url.URL
+	// sandbox is the sandbox the request was routed for ("" for node-wide calls).
+	sandbox string
 }
 
 type targetKey struct{}
@@ -41,6 +43,11 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, t *target) {
 // toSandbox forwards r to the node holding sandbox id, or says clearly why it cannot:
 // unknown sandbox (404), its node silent (503: the sandbox is lost unless the node returns).
 func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
+	now := time.Now()
+	if t := g.routes.get(id, now); t != nil {
+		g.forward(w, r, t)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), schedulerTimeout)
 	l, err := g.sched.Lookup(ctx, &pb.LookupRequest{SandboxId: id})
 	cancel()
@@ -64,6 +71,8 @@ func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 		writeError(w, http.StatusBadGateway, "%v", err)
 		return
 	}
+	t.sandbox = id
+	g.routes.put(id, t, now)
 	g.forward(w, r, t)
 }
 

@@ -52,6 +52,7 @@ type Gateway struct {
 	domains []string
 	proxy   *httputil.ReverseProxy
 	client  *http.Client
+	routes  routeCache
 	log     *slog.Logger
 }
 
@@ -105,6 +106,9 @@ func New(cfg Config) (*Gateway, error) {
 		ModifyResponse: g.bindForked,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			t := r.Context().Value(targetKey{}).(*target)
+			if t.sandbox != "" {
+				g.routes.drop(t.sandbox)
+			}
 			g.log.Warn("forward to node failed", "node", t.node, "path", r.URL.Path, "err", err)
 			writeError(w, http.StatusBadGateway, "node %s (%s) did not answer: %v", t.node, t.base, err)
 		},

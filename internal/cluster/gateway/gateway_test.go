@@ -29,7 +29,7 @@ type recorder struct {
 	n   int
 }
 
-func newRecorder(t *testing.T, id string) *recorder {
+func newRecorder(t testing.TB, id string) *recorder {
 	r := &recorder{id: id}
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
@@ -58,10 +58,11 @@ type fixture struct {
 	clock *time.Time
 }
 
-func newFixture(t *testing.T, nodeIDs ...string) *fixture {
+func newFixture(t testing.TB, nodeIDs ...string) *fixture {
 	now := time.Unix(1_800_000_000, 0)
 	f := &fixture{clock: &now, nodes: map[string]*recorder{}}
 	f.state = scheduler.New(scheduler.Config{StaleAfter: 5 * time.Second, Now: func() time.Time { return *f.clock }})
+	*f.clock = f.clock.Add(6 * time.Second) // past the scheduler's warm-up
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +89,7 @@ func newFixture(t *testing.T, nodeIDs ...string) *fixture {
 	return f
 }
 
-func (f *fixture) beat(t *testing.T, id string, sandboxes ...string) {
+func (f *fixture) beat(t testing.TB, id string, sandboxes ...string) {
 	req := &pb.HeartbeatRequest{Node: &pb.NodeInfo{Id: id, Endpoint: f.nodes[id].srv.URL, Backend: "oci"}}
 	for _, s := range sandboxes {
 		req.Sandboxes = append(req.Sandboxes, &pb.SandboxReport{Id: s, State: "running"})
@@ -182,6 +183,15 @@ func TestCreateSkipsUnreachableNode(t *testing.T) {
 		if code != 201 || !strings.HasPrefix(body["sandboxID"].(string), "b-") {
 			t.Fatalf("create with node a unreachable = %d %v", code, body)
 		}
+	}
+}
+
+func TestSchedulerWarmingUp(t *testing.T) {
+	f := newFixture(t, "a")
+	*f.clock = f.clock.Add(-6 * time.Second) // as if the scheduler had just started
+	code, body := f.do(t, "GET", "/sandboxes/unknown", map[string]string{"X-API-Key": "k1"})
+	if code != 503 || !strings.Contains(fmt.Sprint(body["message"]), "started moments ago") {
+		t.Fatalf("lookup miss while the scheduler warms up = %d %v; want 503", code, body)
 	}
 }
 

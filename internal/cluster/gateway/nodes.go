@@ -9,28 +9,29 @@ import (
 	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
 )
 
-// nodeBody is one node of GET /nodes.
-type nodeBody struct {
+// NodeStatus is one node of GET /nodes (what `aenv nodes` prints).
+type NodeStatus struct {
 	NodeID        string    `json:"nodeID"`
 	Endpoint      string    `json:"endpoint"`
 	State         string    `json:"state"`
 	Backend       string    `json:"backend"`
 	Version       string    `json:"version"`
-	Capacity      resources `json:"capacity"`
-	Allocated     resources `json:"allocated"`
-	Reserved      resources `json:"reserved"`
+	Capacity      Resources `json:"capacity"`
+	Allocated     Resources `json:"allocated"`
+	Reserved      Resources `json:"reserved"`
 	Sandboxes     int32     `json:"sandboxes"`
 	LastHeartbeat time.Time `json:"lastHeartbeat"`
 }
 
-type resources struct {
+// Resources is an amount of CPUs, memory and sandbox slots.
+type Resources struct {
 	CPUCount  int32 `json:"cpuCount"`
 	MemoryMB  int64 `json:"memoryMB"`
 	Sandboxes int32 `json:"sandboxes"`
 }
 
-func resourcesOf(r *pb.Resources) resources {
-	return resources{CPUCount: r.GetCpuCount(), MemoryMB: r.GetMemoryMb(), Sandboxes: r.GetSandboxes()}
+func resourcesOf(r *pb.Resources) Resources {
+	return Resources{CPUCount: r.GetCpuCount(), MemoryMB: r.GetMemoryMb(), Sandboxes: r.GetSandboxes()}
 }
 
 // nodes answers GET /nodes from the scheduler's view: every known node, live or not.
@@ -40,9 +41,9 @@ func (g *Gateway) nodes(w http.ResponseWriter, r *http.Request) {
 		g.schedulerError(w, "list nodes", err)
 		return
 	}
-	out := make([]nodeBody, 0, len(resp.Nodes))
+	out := make([]NodeStatus, 0, len(resp.Nodes))
 	for _, n := range resp.Nodes {
-		out = append(out, nodeBody{
+		out = append(out, NodeStatus{
 			NodeID:        n.Node.GetId(),
 			Endpoint:      n.Node.GetEndpoint(),
 			State:         strings.ToLower(strings.TrimPrefix(n.State.String(), "NODE_STATE_")),

@@ -14,13 +14,15 @@ type candidate struct {
 	n        *node
 	locality int     // template held (1) + requested layers held
 	load     float64 // the most used of CPU, memory and sandbox slots, after this placement
+	count    int64   // sandboxes after this placement: ranks nodes whose capacity is unlimited
 }
 
 // Place picks a node for a new sandbox and reserves the resources on it:
 //  1. filter: fresh heartbeat, not draining, backend kind, not excluded, enough free
 //     CPU, memory and sandbox slots (allocated + reserved + the request ≤ capacity);
 //  2. locality: keep the nodes holding the most of the template and its layers;
-//  3. best of K: of K nodes drawn at random, the least loaded (ties: lowest id).
+//  3. best of K: of K nodes drawn at random, the least loaded (ties: fewest sandboxes,
+//     which is all there is to go by on nodes of unlimited capacity; then lowest id).
 //
 // Drawing K instead of taking the global minimum keeps concurrent gateways from all
 // piling onto the same least-loaded node between heartbeats.
@@ -75,7 +77,7 @@ func (s *State) Place(req *pb.PlaceRequest) (*pb.PlaceResponse, error) {
 			best = loc
 			cands = cands[:0]
 		}
-		cands = append(cands, candidate{n: n, locality: loc, load: load})
+		cands = append(cands, candidate{n: n, locality: loc, load: load, count: used.sandboxes})
 	}
 	if len(cands) == 0 {
 		return nil, fmt.Errorf("%w: %s", ErrNoCapacity, why.String(len(s.nodes)))
@@ -102,11 +104,22 @@ func (s *State) bestOfKLocked(cands []candidate) candidate {
 	}
 	best := cands[0]
 	for _, c := range cands[1:] {
-		if c.load < best.load || (c.load == best.load && c.n.info.Id < best.n.info.Id) {
+		if c.less(best) {
 			best = c
 		}
 	}
 	return best
+}
+
+// less ranks by load, then sandbox count, then id (for a stable choice).
+func (c candidate) less(o candidate) bool {
+	if c.load != o.load {
+		return c.load < o.load
+	}
+	if c.count != o.count {
+		return c.count < o.count
+	}
+	return c.n.info.Id < o.n.info.Id
 }
 
 // loadOf returns the highest used/capacity ratio and whether used fits; a capacity of 0

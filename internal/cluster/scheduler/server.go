@@ -56,6 +56,8 @@ func grpcError(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, ErrUnknownNode):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, ErrWarmingUp):
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, ErrNoCapacity):
 		return status.Error(codes.ResourceExhausted, err.Error())
 	}

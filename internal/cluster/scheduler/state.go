@@ -22,6 +22,9 @@ var (
 	ErrNotFound    = errors.New("not found")
 	ErrNoCapacity  = errors.New("no node can take the sandbox")
 	ErrUnknownNode = errors.New("unknown node")
+	// ErrWarmingUp is a lookup miss shortly after the scheduler started, when nodes may
+	// not have reported their sandboxes yet: "try again", not "no such sandbox".
+	ErrWarmingUp = errors.New("the scheduler started moments ago and is still learning the cluster from heartbeats")
 )
 
 // Config tunes the scheduler. Zero values take the defaults.
@@ -121,19 +124,22 @@ type State struct {
 	pending  map[string]*hold           // sandbox id → hold, bound but not yet in a heartbeat
 	nextID   uint64
 	cands    []candidate // Place's scratch space, reused under mu
+	// warmUntil ends the warm-up after start: by then every live node has reported.
+	warmUntil time.Time
 }
 
 // New returns an empty State.
 func New(cfg Config) *State {
 	cfg.fill()
 	return &State{
-		cfg:      cfg,
-		events:   newBroadcaster(),
-		nodes:    map[string]*node{},
-		bindings: map[string]string{},
-		holders:  map[string]map[string]bool{},
-		reserved: map[string]*hold{},
-		pending:  map[string]*hold{},
+		cfg:       cfg,
+		warmUntil: cfg.Now().Add(cfg.StaleAfter),
+		events:    newBroadcaster(),
+		nodes:     map[string]*node{},
+		bindings:  map[string]string{},
+		holders:   map[string]map[string]bool{},
+		reserved:  map[string]*hold{},
+		pending:   map[string]*hold{},
 	}
 }
 
@@ -328,6 +334,9 @@ func (s *State) Lookup(sandboxID string) (*pb.LookupResponse, error) {
 	defer s.mu.Unlock()
 	nid, ok := s.bindings[sandboxID]
 	if !ok {
+		if now.Before(s.warmUntil) {
+			return nil, fmt.Errorf("%w: sandbox %q is not known yet", ErrWarmingUp, sandboxID)
+		}
 		return nil, fmt.Errorf("%w: sandbox %q is on no known node", ErrNotFound, sandboxID)
 	}
 	n := s.nodes[nid]

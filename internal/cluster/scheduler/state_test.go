@@ -20,6 +20,7 @@ func newTestState(t *testing.T) (*State, *clock) {
 	c := &clock{t: time.Unix(1_800_000_000, 0)}
 	s := New(Config{HeartbeatInterval: time.Second, StaleAfter: 5 * time.Second, ForgetAfter: time.Minute,
 		ReservationTTL: 10 * time.Second, Now: c.now, Rand: rand.New(rand.NewPCG(1, 2))})
+	c.advance(6 * time.Second) // past the warm-up (TestWarmUp covers it)
 	return s, c
 }
 
@@ -158,6 +159,33 @@ func TestReservationsSpreadAndExpire(t *testing.T) {
 	}
 }
 
+// Nodes that set no capacity are ranked by their sandbox count.
+func TestPlaceSpreadsOnUnlimitedNodes(t *testing.T) {
+	s, _ := newTestState(t)
+	beat(t, s, hb{id: "a", sandboxes: []string{"x", "y"}}, hb{id: "b"})
+	r := hb{id: "a", sandboxes: []string{"x", "y"}}.req()
+	r.Node.Capacity = nil
+	r2 := hb{id: "b"}.req()
+	r2.Node.Capacity = nil
+	for _, req := range []*pb.HeartbeatRequest{r, r2} {
+		if err := s.Heartbeat(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	counts := map[string]int{}
+	for range 6 {
+		got, err := place(s, &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[got]++
+	}
+	// b catches up with a's two sandboxes first, then they alternate.
+	if counts["a"] != 2 || counts["b"] != 4 {
+		t.Fatalf("6 placements on unlimited nodes a (2 sandboxes) and b (none): %v, want a 2, b 4", counts)
+	}
+}
+
 func TestBindHoldsUntilHeartbeat(t *testing.T) {
 	s, _ := newTestState(t)
 	beat(t, s, hb{id: "a", cpu: 2, mem: 8192})
@@ -246,6 +274,23 @@ func TestRebuildFromHeartbeats(t *testing.T) {
 	}
 	if p, err := s.Peers("L", ""); err != nil || len(p) != 1 || p[0].Id != "a" {
 		t.Fatalf("Peers(L) = %v, %v", p, err)
+	}
+}
+
+// Right after a (re)start, a miss may be a sandbox whose node has not reported yet.
+func TestWarmUp(t *testing.T) {
+	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	s := New(Config{HeartbeatInterval: time.Second, StaleAfter: 5 * time.Second, Now: c.now})
+	if _, err := s.Lookup("x"); !errors.Is(err, ErrWarmingUp) {
+		t.Fatalf("lookup miss at start: %v, want ErrWarmingUp", err)
+	}
+	beat(t, s, hb{id: "a", sandboxes: []string{"x"}})
+	if l, err := s.Lookup("x"); err != nil || l.Node.Id != "a" {
+		t.Fatalf("Lookup(x) after a's heartbeat = %v, %v", l, err)
+	}
+	c.advance(5 * time.Second)
+	if _, err := s.Lookup("y"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("lookup miss after the warm-up: %v, want ErrNotFound", err)
 	}
 }
 

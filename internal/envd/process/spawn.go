@@ -235,7 +235,7 @@ func (s *Service) start(sp *spec, attach bool) (_ *proc, sub *subscriber, err er
 	})
 	runtime.KeepAlive(childFiles)
 	if err != nil {
-		return nil, nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("error starting process: %w", err))
+		return nil, nil, connect.NewError(startErrorCode(err), fmt.Errorf("error starting process: %w", err))
 	}
 	p.pid = uint32(pid)
 	// Like E2B's envd: user commands are preferred victims of the OOM killer, envd is not.
@@ -271,4 +271,18 @@ func clampU16(v uint32) uint16 {
 		return 0xffff
 	}
 	return uint16(v)
+}
+
+// startErrorCode classifies a fork/exec failure: a command that cannot be executed is the
+// caller's mistake, a fork refused for lack of processes or memory (the sandbox's pids limit
+// reached) is resource_exhausted, and anything else is internal.
+func startErrorCode(err error) connect.Code {
+	switch {
+	case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.ENOMEM):
+		return connect.CodeResourceExhausted
+	case errors.Is(err, syscall.ENOENT), errors.Is(err, syscall.EACCES), errors.Is(err, syscall.ENOEXEC),
+		errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.E2BIG), errors.Is(err, syscall.ELOOP):
+		return connect.CodeInvalidArgument
+	}
+	return connect.CodeInternal
 }

@@ -209,6 +209,10 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b.pool = pool
+	if err := pinBridgeMAC(pool.Gateway()); err != nil {
+		// Restored guests then reach their gateway only after their ARP entry expires.
+		b.log.Warn("microvm: bridge MAC not pinned", "err", err)
+	}
 	b.log.Info("microvm backend ready", "qemu", cfg.QEMU, "accel", b.accel, "kernel", cfg.Kernel, "tsc_khz", cfg.TSCKHz)
 	return b, nil
 }

@@ -24,11 +24,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/template/base"
 )
 
-// Names no other package's tests use, so parallel test binaries never sweep each other.
 const (
-	testBridge = "aenvmvt0"
-	testPrefix = "aenvmv"
-	testSubnet = "10.91.7.0/24"
 	// testMemMB keeps guests small: touching guest memory under TCG is slow.
 	testMemMB = 192
 	// templateMB is the test template's ext4 size.
@@ -149,16 +145,28 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// testNetwork is a network no other test binary uses: names and subnet (10.91.x.0/24,
+// which no other package's tests use) follow this process's pid, so that the same tests
+// run from two checkouts at once never tear down each other's bridge. The crash test's
+// child gets it through its config.
+func testNetwork() network.Config {
+	n := os.Getpid()
+	return network.Config{
+		Bridge: fmt.Sprintf("mvt%d", n%100000), Prefix: fmt.Sprintf("mv%d", n%100000),
+		Subnet: fmt.Sprintf("10.91.%d.0/24", n%250+1), PoolSize: -1,
+	}
+}
+
 // testConfig is a backend configuration private to one test.
 func testConfig(t testing.TB) Config {
 	dataDir := t.TempDir()
 	ram := fmt.Sprintf("/dev/shm/aenv-mvtest-%d-%d", os.Getpid(), backendSeq.Add(1))
-	t.Cleanup(func() { os.Remove(ram) })
+	t.Cleanup(func() { os.RemoveAll(ram) })
 	return Config{
 		DataDir: dataDir, EnvdPath: fix.envd, GuestDir: filepath.Join(repoRoot(), "bin", "microvm"),
 		RAMDir: ram, MemoryMB: testMemMB, Accel: AccelTCG,
 		// No warm pool: it could refill a freed slot index before a test looks at it.
-		Network: network.Config{Bridge: testBridge, Subnet: testSubnet, Prefix: testPrefix, PoolSize: -1},
+		Network: testNetwork(),
 	}
 }
 

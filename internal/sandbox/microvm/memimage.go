@@ -57,6 +57,8 @@ type guestIdentity struct {
 	Addr    netip.Prefix `json:"addr"`
 	Gateway netip.Addr   `json:"gateway"`
 	MAC     string       `json:"mac"`
+	// GatewayMAC is the bridge's MAC, which the guest has cached for its gateway.
+	GatewayMAC string `json:"gatewayMac,omitempty"`
 }
 
 // Encode implements sandbox.Captured and sandbox.PausedState.

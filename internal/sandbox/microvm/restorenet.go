@@ -46,6 +46,12 @@ func (b *Backend) attachRestoredTap(ctx context.Context, slot *network.Slot, g g
 		}
 		return attachTap(slot)
 	}
+	// The tap must wear the MAC the guest has cached for its gateway, or the namespace
+	// drops the guest's frames as meant for another host.
+	gwMAC := br.Attrs().HardwareAddr
+	if m, err := net.ParseMAC(g.GatewayMAC); err == nil {
+		gwMAC = m
+	}
 	ns, err := netns.GetFromPath(slot.NetnsPath)
 	if err != nil {
 		return nil, fmt.Errorf("microvm: netns %s: %w", slot.Netns, err)
@@ -69,7 +75,7 @@ table ip %[5]s {
   chain post { type nat hook postrouting priority srcnat; oifname "eth0" ip saddr %[3]s snat to %[4]s; }
 }
 EOF
-`, tapName, br.Attrs().HardwareAddr, g.Addr.Addr(), slot.IP, natTable)
+`, tapName, gwMAC, g.Addr.Addr(), slot.IP, natTable)
 	cmd := exec.CommandContext(ctx, "nsenter", "--net="+slot.NetnsPath, "sh", "-c", script)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -118,6 +124,21 @@ func takeMAC(slot *network.Slot, br netlink.Link, mac net.HardwareAddr) error {
 		IP: slot.IP.AsSlice(), HardwareAddr: mac}
 	if err := netlink.NeighSet(neigh); err != nil {
 		return fmt.Errorf("microvm: neighbour entry for %s: %w", slot.IP, err)
+	}
+	return nil
+}
+
+// pinBridgeMAC makes the bridge keep its current MAC. A Linux bridge otherwise takes the
+// lowest MAC of its ports, which changes as slots come and go, while every guest keeps the
+// MAC it saw for its gateway in memory across snapshots and restores. Setting the address
+// (to the same value) marks it as assigned, and the bridge stops recalculating it.
+func pinBridgeMAC(gw netip.Addr) error {
+	br, err := gatewayLink(gw)
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkSetHardwareAddr(br, br.Attrs().HardwareAddr); err != nil {
+		return fmt.Errorf("microvm: pin the bridge's MAC: %w", err)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/vmm"
 )
@@ -51,29 +52,9 @@ func (i *Instance) capture(ctx context.Context, pause bool) (_ *capture, err err
 	if stopped || proc == nil || proc.exited() || disk == nil || slot == nil {
 		return nil, fmt.Errorf("%w: %s", sandbox.ErrGone, i.id)
 	}
-	guest := mem.guest
-	if guest == nil {
-		g, err := slotIdentity(slot.NetnsPath, slot.IP, slot.PrefixLen, slot.Gateway)
-		if err != nil {
-			return nil, err
-		}
-		guest = &g
-	}
-	id, err := newCaptureID()
+	c, err := i.newCapture(disk.Size(), slot, mem)
 	if err != nil {
 		return nil, err
-	}
-	c := &capture{Backend: "microvm", ID: id, Dir: filepath.Join(i.b.cfg.capturesDir(), id),
-		VirtualSize: uint64(disk.Size()), Resources: i.res, Guest: *guest,
-		Memory: &memImage{Dir: filepath.Join(i.b.cfg.imagesDir(), id)}}
-	for _, d := range []string{c.Dir, c.Memory.Dir} {
-		err := os.MkdirAll(d, 0o700)
-		if errors.Is(err, os.ErrNotExist) { // a discard removed the emptied parent meanwhile
-			err = os.MkdirAll(d, 0o700)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("microvm: capture: %w", err)
-		}
 	}
 	m := proc.m
 	t0 := time.Now()
@@ -121,20 +102,8 @@ func (i *Instance) capture(ctx context.Context, pause bool) (_ *capture, err err
 	}
 	tDisk := time.Now()
 	if !mem.privateRAM {
-		c.Memory.RAM = filepath.Join(c.Memory.Dir, "ram")
-		if pause {
-			err = os.Rename(i.ramFile, c.Memory.RAM) // QEMU's mapping follows the inode
-		} else {
-			err = vmm.CopyRAMFile(i.ramFile, c.Memory.RAM)
-		}
-		if err == nil {
-			err = vmm.MarkTemplate(c.Memory.RAM)
-		}
-		if err != nil {
-			if pause {
-				_ = os.Rename(c.Memory.RAM, i.ramFile)
-			}
-			return nil, fmt.Errorf("microvm: capture %s: RAM: %w", i.id, err)
+		if err := i.captureRAM(c, pause); err != nil {
+			return nil, err
 		}
 	}
 	tRAM := time.Now()
@@ -143,9 +112,63 @@ func (i *Instance) capture(ctx context.Context, pause bool) (_ *capture, err err
 			return nil, fmt.Errorf("microvm: capture %s: continue: %w", i.id, err)
 		}
 	}
-	i.b.log.Debug("microvm: captured", "id", i.id, "capture", id, "pause", pause,
+	i.b.log.Debug("microvm: captured", "id", i.id, "capture", c.ID, "pause", pause,
 		"state", tState.Sub(t0), "disk", tDisk.Sub(tState), "ram", tRAM.Sub(tDisk), "total", time.Since(t0))
 	return c, nil
+}
+
+// newCapture names a capture of inst and creates its directories.
+func (i *Instance) newCapture(diskSize int64, slot *network.Slot, mem memState) (*capture, error) {
+	guest := mem.guest
+	if guest == nil {
+		g, err := slotIdentity(slot.NetnsPath, slot.IP, slot.PrefixLen, slot.Gateway)
+		if err != nil {
+			return nil, err
+		}
+		if br, err := gatewayLink(slot.Gateway); err == nil {
+			g.GatewayMAC = br.Attrs().HardwareAddr.String()
+		}
+		guest = &g
+	}
+	id, err := newCaptureID()
+	if err != nil {
+		return nil, err
+	}
+	c := &capture{Backend: "microvm", ID: id, Dir: filepath.Join(i.b.cfg.capturesDir(), id),
+		VirtualSize: uint64(diskSize), Resources: i.res, Guest: *guest,
+		Memory: &memImage{Dir: filepath.Join(i.b.cfg.imagesDir(), id)}}
+	for _, d := range []string{c.Dir, c.Memory.Dir} {
+		err := os.MkdirAll(d, 0o700)
+		if errors.Is(err, os.ErrNotExist) { // a discard removed the emptied parent meanwhile
+			err = os.MkdirAll(d, 0o700)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("microvm: capture: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// captureRAM makes the stopped VM's own RAM file the capture's memory image: a copy for a
+// VM that goes on, the file itself (QEMU's mapping follows the inode) for a pause.
+func (i *Instance) captureRAM(c *capture, pause bool) error {
+	c.Memory.RAM = filepath.Join(c.Memory.Dir, "ram")
+	var err error
+	if pause {
+		err = os.Rename(i.ramFile, c.Memory.RAM)
+	} else {
+		err = vmm.CopyRAMFile(i.ramFile, c.Memory.RAM)
+	}
+	if err == nil {
+		err = vmm.MarkTemplate(c.Memory.RAM)
+	}
+	if err != nil {
+		if pause {
+			_ = os.Rename(c.Memory.RAM, i.ramFile)
+		}
+		return fmt.Errorf("microvm: capture %s: RAM: %w", i.id, err)
+	}
+	return nil
 }
 
 // slotIdentity is the identity a VM that booted in slot has: the slot's address and

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -12,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
@@ -176,7 +176,9 @@ func newSnapshotBackend(t testing.TB) *Backend {
 	fixtures(t)
 	ctx := context.Background()
 	cfg := testConfig(t)
-	cfg.Network = network.Config{Bridge: "aenvmvs0", Subnet: "10.89.41.0/24", Prefix: "aenvms", PoolSize: -1}
+	if os.Getenv("AENV_TEST_DEBUG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	b, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

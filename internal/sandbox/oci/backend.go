@@ -114,6 +114,10 @@ type Config struct {
 	CgroupParent string
 	// Network configures the slot pool (bridge, subnet, warm pool size).
 	Network network.Config
+	// DNS are the sandboxes' nameservers, written to <DataDir>/resolv.conf and bind-mounted
+	// (ResolvConf is then ignored). Empty: ResolvConf decides. Either way the nameservers
+	// sandboxes are given are reachable on port 53 through the infrastructure deny.
+	DNS []netip.Addr
 	// ResolvConf is bind-mounted read-only at /etc/resolv.conf in every sandbox: "" (auto)
 	// uses the host's /etc/resolv.conf unless its nameservers are loopback addresses (which
 	// a sandbox cannot reach), "none" keeps the template's file, anything else is a path.
@@ -122,6 +126,9 @@ type Config struct {
 	// e.g. from a repository through the node's block cache). Without it every layer of
 	// a layered root needs an absolute path.
 	LayerResolver stack.Resolver
+	// DataPlane serves layered roots from the data-plane process, so they survive this
+	// one (Reconcile adopts them); nil serves them in this process.
+	DataPlane DataPlane
 	// SnapshotQuiesce is how snapshots of block roots make the filesystem consistent:
 	// "freeze" (default; fsfreeze, a clean image) or "sync" (syncfs, then a
 	// crash-consistent point-in-time seal: a much shorter write stall).
@@ -263,6 +270,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 			}
 		}
 	}
+	if err := cfg.sandboxDNS(); err != nil {
+		return nil, err
+	}
 	base, err := reserveUIDs(cfg.UIDRangeFile, cfg.DataDir, cfg.UIDBase, cfg.UIDRanges)
 	if err != nil {
 		return nil, err
@@ -325,7 +335,7 @@ type savedState struct {
 	ID            string            `json:"id"` // sandbox id; "" for a warm container
 	ContainerID   string            `json:"containerID"`
 	LowerDir      string            `json:"lowerDir"`
-	Block         bool              `json:"block,omitempty"` // a layered block root (never adopted)
+	Block         bool              `json:"block,omitempty"` // a layered block root (adopted when the data plane serves it)
 	Resources     sandbox.Resources `json:"resources"`
 	SlotIndex     int               `json:"slotIndex"`
 	AllowInternet bool              `json:"allowInternet"`
@@ -531,6 +541,38 @@ func (b *Backend) initArgs() []string {
 		return b.cfg.InitArgs
 	}
 	return append([]string{envdMount}, b.cfg.EnvdArgs...)
+}
+
+// sandboxDNS writes the configured nameservers into the backend's own resolv.conf, and
+// lets the network pool's infrastructure deny pass the nameservers sandboxes get.
+func (c *Config) sandboxDNS() error {
+	if len(c.DNS) > 0 {
+		var b strings.Builder
+		for _, a := range c.DNS {
+			fmt.Fprintf(&b, "nameserver %s\n", a)
+		}
+		path := filepath.Join(c.DataDir, "resolv.conf")
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			return fmt.Errorf("oci: write the sandboxes' resolv.conf: %w", err)
+		}
+		c.ResolvConf = path
+	}
+	c.Network.DNS = nil
+	if c.ResolvConf == "" {
+		return nil
+	}
+	raw, err := os.ReadFile(c.ResolvConf)
+	if err != nil {
+		return fmt.Errorf("oci: %w", err)
+	}
+	for _, l := range strings.Split(string(raw), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "nameserver" {
+			if ip, err := netip.ParseAddr(f[1]); err == nil && ip.Is4() {
+				c.Network.DNS = append(c.Network.DNS, ip)
+			}
+		}
+	}
+	return nil
 }
 
 // hostResolvConf returns path when it names at least one nameserver and none on loopback.

@@ -150,7 +150,7 @@ func blockKey(layers []stack.LayerRef, vsize uint64) string {
 func (b *Backend) mountBlock(ctx context.Context, inst *Instance, o createOpts, userns int) error {
 	blk, err := rootfs.Open(ctx, rootfs.Spec{
 		Dir: inst.l.dir, Lowers: o.layers, VirtualSize: o.vsize, Target: inst.l.rootfs(), UserNS: userns,
-		Resolver: b.cfg.LayerResolver,
+		Resolver: b.cfg.LayerResolver, Open: b.diskOpener(),
 	})
 	if err != nil {
 		return fmt.Errorf("oci: block root: %w", err)

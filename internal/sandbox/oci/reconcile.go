@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 )
 
 // Reconcile implements sandbox.Backend. It adopts the containers of known ids that are
@@ -22,18 +24,28 @@ import (
 // of block roots, cgroups under CgroupParent, network slots, and layer files no capture
 // record lists. Call it once at startup, before Launch.
 //
-// Sandboxes on block roots are never adopted: their FUSE server lived in the previous
-// process, so their root filesystem is gone. They are removed (a sandbox paused to disk
-// is not affected: it has no container, only its capture).
+// A sandbox on a block root is adopted when the data plane (Config.DataPlane) still
+// serves its disk; one whose disk was served by the previous process itself has lost its
+// root filesystem and is removed (a sandbox paused to disk is not affected: it has no
+// container, only its capture). The data plane's disks of sandboxes not adopted are
+// closed once the sweep has removed their mounts and loop devices.
 func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]sandbox.Instance, error) {
 	want := map[string]bool{}
 	for _, id := range known {
 		want[id] = true
 	}
+	blockedBefore := blockdev.BlockedOnFUSE()
 	containers, err := b.rt.list(ctx)
 	if err != nil {
 		return nil, err
 	}
+	disks, err := b.dataPlaneDisks(ctx)
+	if err != nil {
+		// Without the list no root can be adopted, and none may be swept either: its
+		// disk may still be served. Fail the start rather than lose the sandboxes.
+		return nil, fmt.Errorf("oci: reconcile: list the data plane's disks: %w", err)
+	}
+	var keepDirs []string // bundle dirs of adopted block roots
 	var errs []error
 	adopt := map[string]*Instance{}   // by sandbox id
 	states := map[string]savedState{} // by sandbox id
@@ -46,8 +58,23 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 			if st.ContainerID == "" {
 				st.ContainerID = st.ID
 			}
-			if err == nil && st.ID != "" && want[st.ID] && st.ContainerID == c.ID && adopt[st.ID] == nil && !st.Block {
-				adopt[st.ID] = &Instance{b: b, id: st.ID, cid: c.ID, l: l, res: st.Resources, started: st.Created, idmap: st.IDMap}
+			if err == nil && st.ID != "" && want[st.ID] && st.ContainerID == c.ID && adopt[st.ID] == nil {
+				inst := &Instance{b: b, id: st.ID, cid: c.ID, l: l, res: st.Resources, started: st.Created, idmap: st.IDMap}
+				if st.Block {
+					info, ok := disks[absDir(l.dir)]
+					if !ok {
+						b.log.Warn("oci: reconcile: sandbox on a block root whose disk nobody serves any more; removing it", "id", st.ID)
+						stale = append(stale, c.ID)
+						continue
+					}
+					if err := b.adoptBlock(inst, info); err != nil {
+						b.log.Warn("oci: reconcile: cannot adopt block root; removing the sandbox", "id", st.ID, "err", err)
+						stale = append(stale, c.ID)
+						continue
+					}
+					keepDirs = append(keepDirs, info.Dir)
+				}
+				adopt[st.ID] = inst
 				states[st.ID] = st
 				cids[c.ID] = true
 				continue
@@ -61,8 +88,18 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	// server died, and takes effect once the sweep aborts the connection.
 	b.killCgroups(cids)
 	// Block roots first (FUSE connections aborted, then ext4 mounts, loop devices, FUSE
-	// mounts): the adopted sandboxes all have overlay roots, which this leaves alone.
-	errs = append(errs, rootfs.Sweep(ctx, filepath.Join(b.cfg.DataDir, "sandboxes")))
+	// mounts), except the adopted ones; overlay roots are left alone.
+	errs = append(errs, rootfs.Sweep(ctx, filepath.Join(b.cfg.DataDir, "sandboxes"), keepDirs...))
+	var gone []string
+	for dir := range disks {
+		if !slices.Contains(keepDirs, dir) {
+			gone = append(gone, dir)
+		}
+	}
+	if len(gone) > 0 {
+		errs = append(errs, b.closeDisks(ctx, gone))
+	}
+	b.reportBlocked(blockedBefore)
 	for _, id := range stale {
 		if err := b.rt.remove(ctx, id); err != nil {
 			errs = append(errs, err)
@@ -94,7 +131,8 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	for id, inst := range adopt {
 		slot := slots[states[id].SlotIndex]
 		if slot == nil {
-			// Its network namespace is gone: the sandbox is unreachable, remove it.
+			// Its network namespace is gone: the sandbox is unreachable, remove it (its
+			// block root too).
 			b.log.Warn("oci: reconcile: sandbox lost its network slot", "id", id)
 			errs = append(errs, inst.Stop(ctx))
 			continue

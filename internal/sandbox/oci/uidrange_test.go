@@ -1,6 +1,8 @@
 package oci
 
 import (
+	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,5 +102,27 @@ func TestReserveUIDsConcurrent(t *testing.T) {
 			t.Fatalf("bases overlap or are misaligned: %v", bases)
 		}
 		seen[b] = true
+	}
+}
+
+// The configured nameservers become the sandboxes' resolv.conf and the network pool's
+// DNS exception; without them the host file's IPv4 nameservers are the exception.
+func TestSandboxDNS(t *testing.T) {
+	dir := t.TempDir()
+	c := Config{DataDir: dir, DNS: []netip.Addr{netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("9.9.9.9")}}
+	if err := c.sandboxDNS(); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(c.ResolvConf)
+	if err != nil || string(raw) != "nameserver 10.1.2.3\nnameserver 9.9.9.9\n" || fmt.Sprint(c.Network.DNS) != "[10.1.2.3 9.9.9.9]" {
+		t.Fatalf("resolv.conf %q (%v), network DNS %v", raw, err, c.Network.DNS)
+	}
+	host := filepath.Join(dir, "host-resolv.conf")
+	if err := os.WriteFile(host, []byte("search x\nnameserver 10.255.255.53\nnameserver fd00::1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c = Config{DataDir: dir, ResolvConf: host}
+	if err := c.sandboxDNS(); err != nil || c.ResolvConf != host || fmt.Sprint(c.Network.DNS) != "[10.255.255.53]" {
+		t.Fatalf("host file: %v, %s, %v", err, c.ResolvConf, c.Network.DNS)
 	}
 }

@@ -439,8 +439,9 @@ func testLimits(t *testing.T, e *Env) {
 		if err != nil {
 			t.Fatalf("%s: limits: %v", id, err)
 		}
-		// A VM's kernel keeps part of its RAM: up to 20 % below the request is allowed.
-		if got.CPUCount != res.CPUCount || got.MemoryMB > res.MemoryMB || got.MemoryMB < res.MemoryMB*8/10 {
+		// A VM's kernel keeps part of its RAM: up to 20 %, or 40 MiB (its code and data:
+		// ~36 MiB for Debian's 6.1 cloud kernel, 92 of 128 MiB left), below the request.
+		if got.CPUCount != res.CPUCount || got.MemoryMB > res.MemoryMB || got.MemoryMB < min(res.MemoryMB*8/10, res.MemoryMB-40) {
 			t.Errorf("%s: the sandbox sees %d CPUs and %d MiB, asked for %d and %d", id, got.CPUCount, got.MemoryMB, res.CPUCount, res.MemoryMB)
 		}
 		stop(t, inst)

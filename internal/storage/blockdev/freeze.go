@@ -1,6 +1,7 @@
 package blockdev
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -34,4 +35,18 @@ func Freeze(dir string) (thaw func() error, err error) {
 		}
 		return nil
 	}, nil
+}
+
+// Thaw thaws the filesystem mounted at dir if it is frozen (a process that froze it died
+// before thawing); one that is not frozen is fine.
+func Thaw(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("blockdev: thaw: %w", err)
+	}
+	defer f.Close()
+	if err := unix.IoctlSetInt(int(f.Fd()), fiThaw, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("blockdev: thaw %s: %w", dir, err)
+	}
+	return nil
 }

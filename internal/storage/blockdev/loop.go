@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -113,4 +115,56 @@ func (l *Loop) Detach() error {
 		return fmt.Errorf("blockdev: detach %s: %w", l.path, err)
 	}
 	return nil
+}
+
+// OpenLoop returns an attached loop device (another process attached it, e.g. a node
+// before its restart), so Detach can release it.
+func OpenLoop(dev string) (*Loop, error) {
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("blockdev: %w", err)
+	}
+	return &Loop{path: dev, f: f}, nil
+}
+
+// Release lets go of the device without detaching it.
+func (l *Loop) Release() {
+	if l.f != nil {
+		l.f.Close()
+		l.f = nil
+	}
+}
+
+// LoopBacking is the backing file of loop device dev (e.g. /dev/loop3) as sysfs shows it.
+func LoopBacking(dev string) (string, error) {
+	raw, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
+	if err != nil {
+		return "", fmt.Errorf("blockdev: backing file of %s: %w", dev, err)
+	}
+	return strings.TrimSuffix(strings.TrimSpace(string(raw)), " (deleted)"), nil
+}
+
+// MountedDevice is the block device (/dev/NAME) of the filesystem mounted at dir.
+func MountedDevice(dir string) (string, error) {
+	mounts, err := readMountinfo()
+	if err != nil {
+		return "", err
+	}
+	for i := len(mounts) - 1; i >= 0; i-- {
+		m := mounts[i]
+		if m.dir != dir {
+			continue
+		}
+		raw, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/uevent", unix.Major(m.dev), unix.Minor(m.dev)))
+		if err != nil {
+			return "", fmt.Errorf("blockdev: %s is not mounted from a block device: %w", dir, err)
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			if name, ok := strings.CutPrefix(line, "DEVNAME="); ok {
+				return "/dev/" + name, nil
+			}
+		}
+		return "", fmt.Errorf("blockdev: no device name for the mount at %s", dir)
+	}
+	return "", fmt.Errorf("blockdev: nothing mounted at %s", dir)
 }

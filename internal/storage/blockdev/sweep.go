@@ -47,15 +47,34 @@ func Sweep(ctx context.Context, root string) error {
 // backing file shows as "/disk": the mount was detached, or lived in a mount namespace
 // that is gone) is recognised by the path AttachLoop recorded in it and by its backing
 // device, the FUSE connection. Connections and loop devices of other roots are left
-// alone. Each step is bounded by a timeout and by ctx.
-func SweepLoops(ctx context.Context, root string) ([]string, error) {
+// alone, and so is everything under a directory in keep (devices a live process still
+// serves, e.g. the data plane's disks of adopted sandboxes). Each step is bounded by a
+// timeout and by ctx.
+func SweepLoops(ctx context.Context, root string, keep ...string) ([]string, error) {
 	root, err := filepath.Abs(root)
 	if err != nil {
 		return nil, fmt.Errorf("blockdev: sweep: %w", err)
 	}
-	mounts, err := readMountinfo()
+	all, err := readMountinfo()
 	if err != nil {
 		return nil, err
+	}
+	kept := func(p string) bool {
+		for _, k := range keep {
+			if under(p, k) {
+				return true
+			}
+		}
+		return false
+	}
+	keptDevs := map[uint64]bool{}
+	var mounts []mountEntry
+	for _, m := range all {
+		if kept(m.dir) {
+			keptDevs[m.dev] = true
+			continue
+		}
+		mounts = append(mounts, m)
 	}
 	var errs []error
 	conns := map[uint64]bool{}     // FUSE connections (device numbers) of root
@@ -85,6 +104,9 @@ func SweepLoops(ctx context.Context, root string) ([]string, error) {
 
 	var ours []loopDev
 	for _, l := range listLoops() {
+		if kept(l.backing) || keptDevs[l.dev] {
+			continue
+		}
 		mine := under(l.backing, root)
 		if !mine {
 			for _, m := range mounts {
@@ -110,11 +132,11 @@ func SweepLoops(ctx context.Context, root string) ([]string, error) {
 			name = name[:i]
 		}
 		// The name is cut at 63 bytes, but a cut keeps root as a prefix.
-		if !mine && !strings.HasPrefix(name, root+"/") {
+		if !mine && !strings.HasPrefix(name, root+"/") || kept(name) {
 			continue
 		}
 		ours = append(ours, l)
-		if c := info.Device; unix.Major(c) == 0 && !elsewhere[c] && connExists(c) {
+		if c := info.Device; unix.Major(c) == 0 && !elsewhere[c] && !keptDevs[c] && connExists(c) {
 			conns[c] = true
 		}
 	}

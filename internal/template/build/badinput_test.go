@@ -37,6 +37,7 @@ type hdr struct {
 	name, link, body string
 	typ              byte
 	major, minor     int64
+	mode             int64 // default 0o644 (0o755 for directories)
 }
 
 func layerTar(t *testing.T, ents ...hdr) []byte {
@@ -54,6 +55,9 @@ func layerTar(t *testing.T, ents ...hdr) []byte {
 		}
 		if h.Typeflag != tar.TypeReg {
 			h.Size = 0
+		}
+		if e.mode != 0 {
+			h.Mode = e.mode
 		}
 		if err := tw.WriteHeader(h); err != nil {
 			t.Fatal(err)
@@ -269,6 +273,10 @@ func TestBuildBadImages(t *testing.T) {
 		{"dot-dot path", reg.push(t, "dotdot:1", withTop(hdr{name: "../../evil", body: "x"})), nil, []string{"unsafe path", "../../evil"}},
 		{"hard link out", reg.push(t, "linkout:1", withTop(hdr{name: "h", typ: tar.TypeLink, link: "../../../etc/passwd"})), nil,
 			[]string{"unsafe path"}},
+		{"no sh", reg.push(t, "nosh:1", imageOf(t, layerOf(t, layerTar(t, hdr{name: "etc/passwd", body: "root:x:0:0::/root:/bin/sh\n"}), types.OCILayer))),
+			nil, []string{"cannot run sandboxes", "no /bin/sh"}},
+		{"no passwd", reg.push(t, "nopasswd:1", imageOf(t, layerOf(t, layerTar(t, hdr{name: "bin/sh", body: "#!", mode: 0o755}), types.OCILayer))),
+			nil, []string{"cannot run sandboxes", "no /etc/passwd"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

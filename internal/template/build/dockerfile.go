@@ -437,9 +437,39 @@ func (p *dfParser) copyInstr(kw, rest string) error {
 		if len(args) > 2 && !strings.HasSuffix(d, "/") {
 			d += "/" // several sources: the destination is a directory
 		}
+		if kw == "ADD" && localArchive(clean) {
+			p.addArchive(clean, d)
+			continue
+		}
 		p.df.Steps = append(p.df.Steps, Step{Type: StepCopy, Args: []string{clean, d, owner, mode}})
 	}
 	return nil
+}
+
+// archiveSuffixes are the names of the local archives ADD extracts, as Docker does (Docker
+// looks at the content; a name is what is known before the context is read).
+var archiveSuffixes = []string{".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz"}
+
+func localArchive(src string) bool {
+	for _, s := range archiveSuffixes {
+		if strings.HasSuffix(strings.ToLower(src), s) {
+			return true
+		}
+	}
+	return false
+}
+
+// addArchive makes ADD of a local tar archive extract it into dest (a directory), as Docker
+// does: the archive is copied to a scratch directory, unpacked as root (keeping the owners
+// and modes it records) and removed.
+func (p *dfParser) addArchive(src, dest string) {
+	tmp := fmt.Sprintf("/tmp/.aenv-add-%d", len(p.df.Steps))
+	archive := tmp + "/" + path.Base(src)
+	p.df.Steps = append(p.df.Steps,
+		Step{Type: StepCopy, Args: []string{src, tmp + "/", "root", ""}},
+		Step{Type: StepRun, Args: []string{"mkdir -p " + image.ShellJoin([]string{dest}) + " && tar -xf " +
+			image.ShellJoin([]string{archive}) + " -C " + image.ShellJoin([]string{dest}) + " && rm -rf " +
+			image.ShellJoin([]string{tmp}), "root"}})
 }
 
 // ContextPath cleans a COPY source relative to the build context and refuses paths that

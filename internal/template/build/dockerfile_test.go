@@ -91,6 +91,16 @@ RUN make V=$VERSION
 			},
 		},
 		{
+			name: "ADD of a local tar archive extracts it; other files are copied",
+			in:   "FROM x\nADD app.tar.gz /opt/app/\nADD notes.txt /opt/\n",
+			from: "x",
+			steps: []Step{
+				{Type: StepCopy, Args: []string{"app.tar.gz", "/tmp/.aenv-add-0/", "root", ""}},
+				{Type: StepRun, Args: []string{"mkdir -p /opt/app/ && tar -xf /tmp/.aenv-add-0/app.tar.gz -C /opt/app/ && rm -rf /tmp/.aenv-add-0", "root"}},
+				{Type: StepCopy, Args: []string{"notes.txt", "/opt/", "root", ""}},
+			},
+		},
+		{
 			name:  "FROM AS and platform, lowercase instructions",
 			in:    "from --platform=linux/amd64 ubuntu:22.04 as build\nrun true\n",
 			from:  "ubuntu:22.04",

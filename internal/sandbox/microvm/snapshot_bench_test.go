@@ -1,0 +1,158 @@
+package microvm
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+func medianMS(ds []time.Duration) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return float64(s[len(s)/2].Microseconds()) / 1000
+}
+
+// BenchmarkRestoreFromSnapshot: one capture of a booted sandbox, then per iteration a
+// launch from it (network slot, disk on the sealed layers, tap, QEMU restored on a
+// private mapping of the RAM file, cont) until envd answers /health on the slot address.
+// launch-ms is Launch returning (the VM runs), envd-ms envd answering.
+func BenchmarkRestoreFromSnapshot(b *testing.B) {
+	be := newSnapshotBackend(b)
+	ctx := context.Background()
+	src := launch(b, be, "sbx-bsrc", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
+	c, err := src.Snapshot(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.DiscardSnapshot(ctx, c)
+	if err := src.Stop(ctx); err != nil {
+		b.Fatal(err)
+	}
+	var launchT, envdT []time.Duration
+	n := 0
+	for b.Loop() {
+		t0 := time.Now()
+		inst, err := be.Launch(ctx, sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: fmt.Sprintf("sbx-b%d", n), Snapshot: c})
+		if err != nil {
+			b.Fatal(err)
+		}
+		n++
+		launchT = append(launchT, time.Since(t0))
+		if err := envdReady(inst.(*Instance), 60*time.Second); err != nil {
+			b.Fatal(err)
+		}
+		envdT = append(envdT, time.Since(t0))
+		stopRetry(b, inst)
+	}
+	b.ReportMetric(medianMS(launchT), "launch-ms")
+	b.ReportMetric(medianMS(envdT), "envd-ms")
+}
+
+// BenchmarkSnapshotAndPause: a live snapshot of a running sandbox (stop, device state,
+// disk seal, RAM file copy, cont) and, separately, a pause (no RAM copy, VM ended) with
+// the resume that follows it.
+func BenchmarkSnapshotAndPause(b *testing.B) {
+	be := newSnapshotBackend(b)
+	ctx := context.Background()
+	id := "sbx-bsnap"
+	i := launch(b, be, id, sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
+	var snapT, pauseT, resumeT []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		c, err := i.Snapshot(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		snapT = append(snapT, time.Since(t0))
+		be.DiscardSnapshot(ctx, c)
+		t1 := time.Now()
+		ps, err := i.Pause(ctx, sandbox.PauseOptions{KeepMemory: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		pauseT = append(pauseT, time.Since(t1))
+		t2 := time.Now()
+		inst, err := be.Launch(ctx, sandbox.LaunchPlan{Kind: sandbox.LaunchResume, SandboxID: id, Paused: ps})
+		if err != nil {
+			b.Fatal(err)
+		}
+		i = inst.(*Instance)
+		if err := envdReady(i, 60*time.Second); err != nil {
+			b.Fatal(err)
+		}
+		resumeT = append(resumeT, time.Since(t2))
+	}
+	b.ReportMetric(medianMS(snapT), "snapshot-ms")
+	b.ReportMetric(medianMS(pauseT), "pause-ms")
+	b.ReportMetric(medianMS(resumeT), "resume-envd-ms")
+}
+
+// stopRetry stops an instance, once more after an error: the FUSE server may not have
+// seen the killed QEMU's file release yet when the disk is unmounted.
+func stopRetry(b *testing.B, inst sandbox.Instance) {
+	ctx := context.Background()
+	if err := inst.Stop(ctx); err != nil {
+		b.Logf("stop %s: %v; retrying", inst.ID(), err)
+		time.Sleep(500 * time.Millisecond)
+		if err := inst.Stop(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkFork16: one capture and 16 children restored on its RAM file, until every
+// child's envd answers; then the children's total PSS against 16 × guest RAM (the
+// overcommit an idle fork fleet allows).
+func BenchmarkFork16(b *testing.B) {
+	be := newSnapshotBackend(b)
+	ctx := context.Background()
+	src := launch(b, be, "sbx-f16", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
+	const n = 16
+	var forkT, allT []time.Duration
+	var pss int64
+	round := 0
+	for b.Loop() {
+		specs := make([]sandbox.ForkSpec, n)
+		for k := range specs {
+			specs[k] = sandbox.ForkSpec{SandboxID: fmt.Sprintf("sbx-f16-%d-%d", round, k)}
+		}
+		round++
+		t0 := time.Now()
+		res, err := src.Fork(ctx, specs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		forkT = append(forkT, time.Since(t0))
+		for _, r := range res {
+			if r.Err != nil {
+				b.Fatal(r.Err)
+			}
+		}
+		for _, r := range res {
+			if err := envdReady(r.Instance.(*Instance), 120*time.Second); err != nil {
+				b.Fatal(err)
+			}
+		}
+		allT = append(allT, time.Since(t0))
+		time.Sleep(2 * time.Second) // idle
+		pss = 0
+		for _, r := range res {
+			p, _ := smapsRollup(b, r.Instance.(*Instance).PID())
+			pss += p
+		}
+		for _, r := range res {
+			stopRetry(b, r.Instance)
+		}
+	}
+	b.ReportMetric(medianMS(forkT), "fork-ms")
+	b.ReportMetric(medianMS(allT), "all-envd-ms")
+	b.ReportMetric(float64(pss>>20), "pss-MiB")
+	b.ReportMetric(float64(n*testMemMB)/float64(pss>>20), "overcommit-x")
+}

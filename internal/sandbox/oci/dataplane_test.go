@@ -1,0 +1,114 @@
+package oci
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"testing"
+
+	"github.com/aenv-dev/aenv/internal/dataplane"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// startDataPlane serves a data plane on a socket in a temp dir for the test's life.
+func startDataPlane(t *testing.T) *dataplane.Client {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "dp.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := dataplane.NewServer("test", nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = srv.Serve(ctx, ln); close(done) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if n := srv.NumDisks(); n > 0 {
+			t.Errorf("the data plane still serves %d disks at the end", n)
+		}
+		srv.Close()
+	})
+	return dataplane.NewClient(sock)
+}
+
+// TestAdoptBlockRoot drops a backend whose layered roots the data plane serves (a node
+// crash) and checks that a new backend adopts the running sandbox on its block root (same
+// init, files intact, writable, snapshots work), removes the unknown one and closes its
+// disk in the data plane, and that a stop afterwards leaves nothing.
+func TestAdoptBlockRoot(t *testing.T) {
+	dp := startDataPlane(t)
+	e := newTestBackend(t, func(c *Config) { c.DataPlane = dp })
+	fs := testLayered(t)
+	ctx := context.Background()
+	keep := e.launchBlock(t, "dp-keep", fs, sandbox.Resources{CPUCount: 1, MemoryMB: 128})
+	lost := e.launchBlock(t, "dp-lost", fs, sandbox.Resources{CPUCount: 1, MemoryMB: 128})
+	if !keep.block.OutOfProcess() {
+		t.Fatal("the root is not served by the data plane")
+	}
+	e.mustSh(t, keep, "echo kept > /root/mark && sync")
+	pid := keep.pidOf(t)
+	lostSlot := lost.slot
+	if got, _ := dp.List(ctx); len(got) != 2 {
+		t.Fatalf("the data plane serves %d disks, want 2", len(got))
+	}
+	// The crash: this process's handles on the roots go; the data plane's stay.
+	dev := keep.block.Device()
+	keep.block.Abandon()
+	lost.block.Abandon()
+
+	b2, err := New(ctx, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive, err := b2.Reconcile(ctx, []string{"dp-keep"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adopted, ok := alive["dp-keep"].(*Instance)
+	if !ok || len(alive) != 1 {
+		t.Fatalf("alive %v, want only dp-keep", alive)
+	}
+	if adopted.block == nil || adopted.block.Device() != dev {
+		t.Fatalf("adopted root %+v, was on %s", adopted.block, dev)
+	}
+	env2 := &testEnv{b: b2, cfg: b2.cfg, template: e.template}
+	if got := adopted.pidOf(t); got != pid {
+		t.Fatalf("adopted init is pid %d, was %d", got, pid)
+	}
+	if out := env2.mustSh(t, adopted, "cat /root/mark && echo more > /root/more && cat /root/more"); out != "kept\nmore\n" {
+		t.Fatalf("adopted sandbox reads %q", out)
+	}
+	c, err := adopted.Snapshot(ctx)
+	if err != nil {
+		t.Fatalf("snapshot of the adopted root: %v", err)
+	}
+	if err := b2.DiscardSnapshot(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, b2, lost.cid, lostSlot)
+	if got, _ := dp.List(ctx); len(got) != 1 || got[0].Dir != absDir(adopted.l.dir) {
+		t.Fatalf("the data plane serves %v, want only the adopted root", got)
+	}
+	if err := adopted.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := dp.List(ctx); len(got) != 0 {
+		t.Fatalf("the data plane still serves %v after the stop", got)
+	}
+	// The first backend's instances are the same sandboxes: nothing of them is left.
+	e.b.mu.Lock()
+	clear(e.b.instances)
+	e.b.mu.Unlock()
+}
+
+// pidOf is the host pid of the sandbox's init, from the runtime.
+func (i *Instance) pidOf(t *testing.T) int {
+	t.Helper()
+	st, err := i.b.rt.state(context.Background(), i.cid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Pid
+}

@@ -1,0 +1,118 @@
+// SDK end-to-end test of a cluster: the pinned e2b JS SDK against `aenv gateway` in front of
+// two real nodes (`aenv serve --scheduler`) and `aenv scheduler`, every one a process of its
+// own, started from ../../bin. The SDK is configured exactly as for one node
+// (E2B_API_URL = E2B_SANDBOX_URL = the gateway). Skips, saying why, where a node cannot run.
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { randomBytes } from 'node:crypto'
+import { spawn } from 'node:child_process'
+import { join } from 'node:path'
+
+import { Sandbox, NotFoundError } from 'e2b'
+
+import { startNode, stopNode, freePort, sleep, binDir } from './lib.mjs'
+
+const apiKey = 'e2b_' + randomBytes(20).toString('hex')
+const runId = randomBytes(4).toString('hex')
+
+let skipReason = ''
+const nodes = []
+const daemons = []
+let gateway = ''
+let schedulerAddr = ''
+
+// startDaemon runs `aenv <args>` and waits until ready() resolves true.
+async function startDaemon(args, env, ready) {
+  let log = ''
+  const proc = spawn(join(binDir, 'aenv'), args, { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
+  proc.stdout.on('data', (d) => { log += d })
+  proc.stderr.on('data', (d) => { log += d })
+  const d = { proc, log: () => log }
+  daemons.push(d)
+  const deadline = Date.now() + 30_000
+  while (Date.now() < deadline) {
+    if (proc.exitCode !== null) throw new Error(`aenv ${args[0]} exited:\n${log}`)
+    if (await ready().catch(() => false)) return d
+    await sleep(100)
+  }
+  throw new Error(`aenv ${args[0]} not ready within 30 s:\n${log}`)
+}
+
+async function api(path, init = {}) {
+  const r = await fetch(gateway + path, { ...init, headers: { 'x-api-key': apiKey, ...(init.headers || {}) } })
+  return { status: r.status, body: await r.json().catch(() => null), headers: r.headers }
+}
+
+before(async () => {
+  const sp = await freePort()
+  schedulerAddr = `127.0.0.1:${sp}`
+  const gp = await freePort()
+  gateway = `http://127.0.0.1:${gp}`
+  // The scheduler has no HTTP endpoint: it is ready once the gateway's /nodes answers.
+  await startDaemon(['scheduler', '--listen', schedulerAddr, '--heartbeat-interval', '500ms'], {}, async () => true)
+  await startDaemon(['gateway', '--listen', `127.0.0.1:${gp}`, '--scheduler', schedulerAddr], { AENV_API_KEY: apiKey },
+    async () => (await fetch(gateway + '/health')).status === 204)
+  for (const id of ['e2e-node-a', 'e2e-node-b']) {
+    const n = await startNode({
+      apiKey, tag: 'aenv-e2e-cluster-',
+      env: { AENV_CLUSTER_SCHEDULER: schedulerAddr, AENV_CLUSTER_NODE_ID: id },
+    })
+    if (n.skip) {
+      skipReason = n.skip
+      return
+    }
+    nodes.push(n)
+  }
+  for (let i = 0; i < 100; i++) {
+    const r = await api('/nodes')
+    if (r.status === 200 && r.body.filter((n) => n.state === 'ready').length === 2) break
+    await sleep(100)
+  }
+  process.env.E2B_API_URL = gateway
+  process.env.E2B_SANDBOX_URL = gateway
+  process.env.E2B_API_KEY = apiKey
+})
+
+after(async () => {
+  for (const n of nodes) await stopNode(n)
+  for (const d of daemons) d.proc.kill('SIGKILL')
+})
+
+test('SDK through the gateway: create on both nodes, commands, files, list, pause, connect, kill', { timeout: 300_000 }, async (t) => {
+  if (skipReason) return t.skip(skipReason)
+  const { body: ns } = await api('/nodes')
+  assert.deepEqual(ns.map((n) => n.nodeID).sort(), ['e2e-node-a', 'e2e-node-b'])
+
+  const metadata = { suite: runId }
+  const sbxs = []
+  try {
+    for (let i = 0; i < 4; i++) sbxs.push(await Sandbox.create({ metadata, timeoutMs: 120_000 }))
+    // Placement spread them: each node runs some (asked directly, not through the gateway).
+    for (const n of nodes) {
+      const r = await fetch(`${n.url}/v2/sandboxes`, { headers: { 'x-api-key': apiKey } })
+      assert.ok((await r.json()).length >= 1, `node ${n.url} runs none of the 4 sandboxes`)
+    }
+    const [a, b] = sbxs
+    const hi = await a.commands.run('echo hi')
+    assert.equal(hi.stdout, 'hi\n')
+    await b.files.write('/home/user/x.txt', 'through the gateway')
+    assert.equal(await b.files.read('/home/user/x.txt'), 'through the gateway')
+    const url = await b.downloadUrl('/home/user/x.txt')
+    assert.equal(await (await fetch(url)).text(), 'through the gateway')
+
+    // Listed once each, across both nodes, with paging.
+    const paginator = Sandbox.list({ query: { metadata }, limit: 3 })
+    const seen = []
+    while (paginator.hasNext) seen.push(...(await paginator.nextItems()).map((s) => s.sandboxId))
+    assert.deepEqual(seen.sort(), sbxs.map((s) => s.sandboxId).sort())
+
+    await a.pause()
+    const again = await Sandbox.connect(a.sandboxId)
+    assert.equal((await again.commands.run('echo back')).stdout, 'back\n')
+
+    await b.kill()
+    await assert.rejects(Sandbox.connect(b.sandboxId), NotFoundError)
+  } finally {
+    for (const s of sbxs) await Sandbox.kill(s.sandboxId).catch(() => {})
+  }
+})
