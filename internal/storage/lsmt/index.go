@@ -3,7 +3,6 @@ package lsmt
 import (
 	"encoding/binary"
 	"fmt"
-	"math/bits"
 )
 
 // Field limits of the 16-byte on-disk mapping (reference 1.5).
@@ -55,13 +54,15 @@ func (m Mapping) backwardTo(x uint64) Mapping {
 }
 
 // clip restricts m to [lo, hi); m must intersect the range.
+// It uses min and max rather than branches: whether a lookup starts inside a
+// mapping is random, so branches here mispredict about half the time.
 func (m Mapping) clip(lo, hi uint64) Mapping {
-	if m.Offset < lo {
-		m = m.forwardTo(lo)
+	s, e := max(m.Offset, lo), min(m.End(), hi)
+	if !m.Zeroed {
+		m.MOffset += s - m.Offset
 	}
-	if m.End() > hi {
-		m = m.backwardTo(hi)
-	}
+	m.Offset = s
+	m.Length = uint32(e - s)
 	return m
 }
 
@@ -104,32 +105,13 @@ var invalidEntry = func() [entrySize]byte {
 // of a sealed layer's index and of a merged stack of lowers.
 type Index struct {
 	m []Mapping
-	// eyt holds the mapping ends in Eytzinger (BFS) order, 1-based, and
-	// eytPos the sorted position of each: a cache-friendly search tree that
-	// keeps lookups fast on large indexes.
-	eyt []eytNode
-}
-
-type eytNode struct {
-	end uint64
-	pos uint64 // sorted position; in the node so the search ends on one cache line
+	// bt is a static B+tree over the mapping ends, built once here: lookups
+	// run many times per read on indexes of up to millions of mappings.
+	bt stree
 }
 
 func newIndex(ms []Mapping) *Index {
-	ix := &Index{m: ms, eyt: make([]eytNode, len(ms)+1)}
-	i := 0
-	var fill func(k int)
-	fill = func(k int) {
-		if k > len(ms) {
-			return
-		}
-		fill(2 * k)
-		ix.eyt[k] = eytNode{end: ms[i].End(), pos: uint64(i)}
-		i++
-		fill(2*k + 1)
-	}
-	fill(1)
-	return ix
+	return &Index{m: ms, bt: newStree(ms)}
 }
 
 // NewIndex checks that ms is sorted and non-overlapping and wraps it.
@@ -153,22 +135,7 @@ func (ix *Index) Len() int { return len(ix.m) }
 func (ix *Index) Mappings() []Mapping { return ix.m }
 
 // first returns the position of the first mapping ending after sector off.
-func (ix *Index) first(off uint64) int {
-	e := ix.eyt
-	n := len(e) - 1
-	k := 1
-	for k <= n {
-		k <<= 1
-		if e[k>>1].end <= off {
-			k |= 1
-		}
-	}
-	k >>= bits.TrailingZeros(^uint(k)) + 1
-	if k == 0 {
-		return len(ix.m)
-	}
-	return int(ix.eyt[k].pos)
-}
+func (ix *Index) first(off uint64) int { return ix.bt.search(off) }
 
 // Lookup calls fn for every mapping intersecting sectors [off, off+n),
 // clipped to that range, in ascending order; gaps are not reported.
