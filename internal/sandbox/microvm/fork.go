@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -85,15 +84,8 @@ func (b *Backend) launchCaptured(ctx context.Context, plan sandbox.LaunchPlan) (
 // from the capture's memory image, and continues the guest.
 func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resume, allowInternet bool) error {
 	t0 := time.Now()
-	slot, err := b.pool.Acquire(ctx, allowInternet)
+	slot, err := b.takeSlot(ctx, inst, allowInternet)
 	if err != nil {
-		return fmt.Errorf("microvm: network slot: %w", err)
-	}
-	inst.mu.Lock()
-	inst.slot = slot
-	inst.mu.Unlock()
-	st := savedState{ID: inst.id, SlotIndex: slot.Index, Resources: inst.res, RAMFile: inst.ramFile}
-	if err := writeState(filepath.Join(inst.dir, stateFile), st); err != nil {
 		return err
 	}
 	layers := make([]stack.LayerRef, len(c.Layers))

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
@@ -109,18 +110,28 @@ func (b *Backend) forget(inst *Instance) {
 	b.mu.Unlock()
 }
 
-// boot gives inst a network slot, its root disk and a running QEMU.
-func (b *Backend) boot(ctx context.Context, inst *Instance, layers []stack.LayerRef, vsize uint64, allowInternet bool) error {
-	t0 := time.Now()
+// takeSlot gives inst a network slot and records it in inst's state file first, so a
+// node that dies before QEMU starts still finds and releases the slot at Reconcile.
+func (b *Backend) takeSlot(ctx context.Context, inst *Instance, allowInternet bool) (*network.Slot, error) {
 	slot, err := b.pool.Acquire(ctx, allowInternet)
 	if err != nil {
-		return fmt.Errorf("microvm: network slot: %w", err)
+		return nil, fmt.Errorf("microvm: network slot: %w", err)
 	}
 	inst.mu.Lock()
 	inst.slot = slot
 	inst.mu.Unlock()
 	st := savedState{ID: inst.id, SlotIndex: slot.Index, Resources: inst.res, RAMFile: inst.ramFile}
 	if err := writeState(filepath.Join(inst.dir, stateFile), st); err != nil {
+		return nil, err
+	}
+	return slot, nil
+}
+
+// boot gives inst a network slot, its root disk and a running QEMU.
+func (b *Backend) boot(ctx context.Context, inst *Instance, layers []stack.LayerRef, vsize uint64, allowInternet bool) error {
+	t0 := time.Now()
+	slot, err := b.takeSlot(ctx, inst, allowInternet)
+	if err != nil {
 		return err
 	}
 	t1 := time.Now()
