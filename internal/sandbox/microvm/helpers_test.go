@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -177,7 +178,11 @@ func newTestBackend(t testing.TB) *Backend {
 	needVM(t)
 	fixtures(t)
 	ctx := context.Background()
-	b, err := New(ctx, testConfig(t))
+	cfg := testConfig(t)
+	if os.Getenv("AENV_TEST_DEBUG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	b, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

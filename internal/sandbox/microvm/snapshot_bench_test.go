@@ -24,7 +24,7 @@ func medianMS(ds []time.Duration) float64 {
 // private mapping of the RAM file, cont) until envd answers /health on the slot address.
 // launch-ms is Launch returning (the VM runs), envd-ms envd answering.
 func BenchmarkRestoreFromSnapshot(b *testing.B) {
-	be := newSnapshotBackend(b)
+	be := newTestBackend(b)
 	ctx := context.Background()
 	src := launch(b, be, "sbx-bsrc", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
 	c, err := src.Snapshot(ctx)
@@ -59,7 +59,7 @@ func BenchmarkRestoreFromSnapshot(b *testing.B) {
 // disk seal, RAM file copy, cont) and, separately, a pause (no RAM copy, VM ended) with
 // the resume that follows it.
 func BenchmarkSnapshotAndPause(b *testing.B) {
-	be := newSnapshotBackend(b)
+	be := newTestBackend(b)
 	ctx := context.Background()
 	id := "sbx-bsnap"
 	i := launch(b, be, id, sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
@@ -111,7 +111,7 @@ func stopRetry(b *testing.B, inst sandbox.Instance) {
 // child's envd answers; then the children's total PSS against 16 × guest RAM (the
 // overcommit an idle fork fleet allows).
 func BenchmarkFork16(b *testing.B) {
-	be := newSnapshotBackend(b)
+	be := newTestBackend(b)
 	ctx := context.Background()
 	src := launch(b, be, "sbx-f16", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
 	const n = 16

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -42,7 +41,7 @@ func counterState(t testing.TB, i *Instance) (pid string, running bool, value in
 // disks are their own; the source keeps running. Also reports the forks' PSS against
 // 4 × guest RAM.
 func TestForkKeepsProcesses(t *testing.T) {
-	b := newSnapshotBackend(t)
+	b := newTestBackend(t)
 	ctx := context.Background()
 	src := launch(t, b, "sbx-fsrc", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
 	pid := strings.TrimSpace(mustSh(t, src, counterScript))
@@ -124,7 +123,7 @@ func TestForkKeepsProcesses(t *testing.T) {
 // TestPauseResumeKeepsProcess: pause ends the VM, resume brings back the same process
 // with its memory, and a second pause/resume cycle works on the resumed VM.
 func TestPauseResumeKeepsProcess(t *testing.T) {
-	b := newSnapshotBackend(t)
+	b := newTestBackend(t)
 	ctx := context.Background()
 	id := "sbx-pause"
 	i := launch(t, b, id, sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
@@ -166,44 +165,6 @@ func TestPauseResumeKeepsProcess(t *testing.T) {
 			t.Errorf("round %d: marks %q", round, got)
 		}
 	}
-}
-
-// newSnapshotBackend is newTestBackend on a network of its own, so these tests can run
-// while the lifecycle tests of another checkout use the default test network.
-func newSnapshotBackend(t testing.TB) *Backend {
-	t.Helper()
-	needVM(t)
-	fixtures(t)
-	ctx := context.Background()
-	cfg := testConfig(t)
-	if os.Getenv("AENV_TEST_DEBUG") != "" {
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	b, err := New(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		b.mu.Lock()
-		var insts []*Instance
-		for _, i := range b.instances {
-			insts = append(insts, i)
-		}
-		b.mu.Unlock()
-		for _, i := range insts {
-			if err := i.Stop(ctx); err != nil {
-				t.Errorf("stop %s: %v", i.id, err)
-			}
-		}
-		if err := b.pool.Teardown(ctx); err != nil {
-			t.Errorf("network teardown: %v", err)
-		}
-		assertClean(t, b)
-	})
-	if _, err := b.Reconcile(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 func waitEnvdErr(t testing.TB, i *Instance) {
