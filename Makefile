@@ -5,7 +5,7 @@ BIN := bin
 DATA_DIR ?= /var/lib/aenv
 export CGO_ENABLED ?= 0
 
-.PHONY: all deps build binaries base guest serve test unit e2e lint gen check-generated clean
+.PHONY: all deps build binaries base guest serve test unit e2e lint gen check-generated clean k8s-test-bins
 
 all: build
 
@@ -47,7 +47,8 @@ unit:
 	scripts/s3-test-server.sh install
 	$(GO) test -count=1 -timeout 20m ./...
 
-# A real etcd and kube-apiserver for the Kubernetes tests (built once per machine; ~10 CPU-minutes cold).
+# A real etcd and kube-apiserver for the Kubernetes tests (built once per machine; ~10 CPU-minutes cold;
+# a no-op when they exist). `make test` builds them first, so CI runs the Kubernetes tests.
 k8s-test-bins:
 	@scripts/k8s-test-bins.sh
 
@@ -59,7 +60,7 @@ e2e: build
 fresh-check:
 	@scripts/fresh-check.sh
 
-test: deps check-generated lint build unit e2e fresh-check
+test: deps check-generated lint build k8s-test-bins unit e2e fresh-check
 
 clean:
 	rm -rf $(BIN)

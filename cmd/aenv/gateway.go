@@ -12,10 +12,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/aenv-dev/aenv/internal/cluster/gateway"
+	schedpkg "github.com/aenv-dev/aenv/internal/cluster/scheduler"
 	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
 	"github.com/aenv-dev/aenv/internal/config"
 )
@@ -40,7 +39,7 @@ func newGatewayCmd() *cobra.Command {
 			if key == "" {
 				return errors.New("set AENV_API_KEY to the cluster's API key (the one every node is started with)")
 			}
-			conn, err := grpc.NewClient(scheduler, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			conn, err := schedpkg.Dial(scheduler)
 			if err != nil {
 				return fmt.Errorf("--scheduler %s: %w", scheduler, err)
 			}
@@ -75,7 +74,7 @@ func newGatewayCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address of the cluster's API")
-	f.StringVar(&scheduler, "scheduler", "127.0.0.1:9090", "the scheduler's gRPC address")
+	f.StringVar(&scheduler, "scheduler", "127.0.0.1:9090", "the scheduler's gRPC address: one (a DNS name may resolve to every replica) or a comma-separated list of replicas")
 	f.StringSliceVar(&domains, "proxy-domain", nil, "route Host {port}-{sandboxID}.{domain} to sandboxes (nodes need the same proxy.domains)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")

@@ -1,18 +1,30 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/aenv-dev/aenv/internal/cluster/kube"
 	"github.com/aenv-dev/aenv/internal/cluster/scheduler"
 	"github.com/aenv-dev/aenv/internal/config"
 )
+
+// schedulerKube is how the scheduler uses Kubernetes (all optional).
+type schedulerKube struct {
+	kubeconfig, namespace, lease, advertise, nodesService string
+	leaseDuration, renewDeadline, retryPeriod             time.Duration
+}
 
 func newSchedulerCmd() *cobra.Command {
 	var (
@@ -20,24 +32,45 @@ func newSchedulerCmd() *cobra.Command {
 		cfg       scheduler.Config
 		logLevel  string
 		logFormat string
+		nodes     []string
+		k         schedulerKube
 	)
 	cmd := &cobra.Command{
 		Use:   "scheduler",
 		Short: "Run the cluster scheduler: node heartbeats, placement and sandbox lookup (gRPC)",
 		Long: "scheduler keeps the cluster's view of its nodes (capacity, allocations, sandboxes, layers),\n" +
 			"reported by `aenv serve --scheduler ADDR` heartbeats, and answers gateways' placement and\n" +
-			"lookup calls. Its state is memory only and rebuilt from heartbeats after a restart.",
+			"lookup calls. Its state is memory only and rebuilt from heartbeats after a restart.\n\n" +
+			"With --lease, several replicas elect a leader through a Kubernetes Lease; the others forward\n" +
+			"every call to it. --nodes or --nodes-service restrict the cluster to discovered nodes.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(config.Config{LogLevel: logLevel, LogFormat: logFormat})
+			if len(nodes) > 0 && k.nodesService != "" {
+				return errors.New("--nodes and --nodes-service are two ways to discover nodes: use one")
+			}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
 				return fmt.Errorf("listen on %s: %w (set --listen)", listen, err)
 			}
+			defer ln.Close()
 			state := scheduler.New(cfg)
-			g := grpc.NewServer()
-			scheduler.NewServer(state, log).Register(g)
-			go state.Run(cmd.Context())
+			srv := scheduler.NewServer(state, log)
+			defer srv.Close()
+			if len(nodes) > 0 {
+				state.SetMembers(staticMembers(nodes))
+			}
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			elected, err := startSchedulerKube(ctx, k, ln.Addr(), state, srv, log)
+			if err != nil {
+				return err
+			}
+			g := grpc.NewServer(srv.ServerOptions()...)
+			srv.Register(g)
+			hs := health.NewServer()
+			healthpb.RegisterHealthServer(g, hs)
+			go state.Run(ctx)
 			errc := make(chan error, 1)
 			go func() { errc <- g.Serve(ln) }()
 			log.Info("aenv scheduler serving", "listen", ln.Addr().String())
@@ -49,6 +82,10 @@ func newSchedulerCmd() *cobra.Command {
 				}
 			case <-cmd.Context().Done():
 			}
+			hs.Shutdown()
+			// Give up the Lease first, so the other replica leads while this one drains.
+			cancel()
+			<-elected
 			stopGracefully(g, 5*time.Second)
 			return nil
 		},
@@ -61,7 +98,88 @@ func newSchedulerCmd() *cobra.Command {
 	f.IntVar(&cfg.Choices, "choices", 2, "placement draws this many fitting nodes and takes the least loaded")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	f.StringSliceVar(&nodes, "nodes", nil, "static discovery: the node ids allowed to join (default: any node that heartbeats)")
+	f.StringVar(&k.nodesService, "nodes-service", "", "Kubernetes discovery: nodes are the endpoints of this Service's EndpointSlices")
+	f.StringVar(&k.lease, "lease", "", "elect a leader among scheduler replicas through this coordination.k8s.io Lease")
+	f.StringVar(&k.advertise, "advertise", "", "with --lease: this replica's gRPC address for the others (default: the listen address; in a pod $POD_IP and the listen port)")
+	f.StringVar(&k.namespace, "namespace", "", "namespace of the Lease and the nodes' Service (default: $POD_NAMESPACE or the pod's own)")
+	f.StringVar(&k.kubeconfig, "kubeconfig", "", "kubeconfig file (default: the pod's service account)")
+	f.DurationVar(&k.leaseDuration, "lease-duration", 15*time.Second, "a leader that stops renewing the Lease is replaced after this long")
+	f.DurationVar(&k.renewDeadline, "renew-deadline", 10*time.Second, "a leader that cannot renew the Lease within this steps down")
+	f.DurationVar(&k.retryPeriod, "retry-period", 2*time.Second, "how often replicas try to take or renew the Lease")
 	return cmd
+}
+
+func staticMembers(ids []string) []scheduler.Member {
+	m := make([]scheduler.Member, 0, len(ids))
+	for _, id := range ids {
+		if id = strings.TrimSpace(id); id != "" {
+			m = append(m, scheduler.Member{ID: id, Serving: true})
+		}
+	}
+	return m
+}
+
+// startSchedulerKube starts EndpointSlice discovery and leader election where asked;
+// the returned channel closes once the election has ended (its Lease released).
+func startSchedulerKube(ctx context.Context, k schedulerKube, addr net.Addr, state *scheduler.State,
+	srv *scheduler.Server, log *slog.Logger) (<-chan struct{}, error) {
+	done := make(chan struct{})
+	if k.lease == "" && k.nodesService == "" {
+		close(done)
+		return done, nil
+	}
+	cs, err := kube.Client(k.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	ns := k.namespace
+	if ns == "" {
+		ns = kube.Namespace()
+	}
+	if k.nodesService != "" {
+		if err := kube.WatchNodes(ctx, cs, ns, k.nodesService, state, 30*time.Second, log); err != nil {
+			return nil, err
+		}
+	}
+	if k.lease == "" {
+		close(done)
+		return done, nil
+	}
+	adv, err := advertiseAddr(k.advertise, addr)
+	if err != nil {
+		return nil, err
+	}
+	// Follow until the election says otherwise: serving calls before then would answer
+	// from an empty state as if it led.
+	srv.Follow("")
+	go func() {
+		defer close(done)
+		err := kube.RunElection(ctx, cs, kube.Election{Namespace: ns, Lease: k.lease, Address: adv,
+			LeaseDuration: k.leaseDuration, RenewDeadline: k.renewDeadline, RetryPeriod: k.retryPeriod, Log: log}, srv)
+		if err != nil {
+			log.Error("scheduler leader election stopped", "err", err)
+		}
+	}()
+	return done, nil
+}
+
+// advertiseAddr is the address other replicas dial this one at.
+func advertiseAddr(flag string, addr net.Addr) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	tcp, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return "", fmt.Errorf("cannot advertise %s: set --advertise", addr)
+	}
+	if !tcp.IP.IsUnspecified() {
+		return tcp.String(), nil
+	}
+	if ip := os.Getenv("POD_IP"); ip != "" {
+		return net.JoinHostPort(ip, fmt.Sprint(tcp.Port)), nil
+	}
+	return "", fmt.Errorf("the scheduler listens on %s, which other replicas cannot dial: set --advertise (or $POD_IP)", addr)
 }
 
 // stopGracefully lets in-flight RPCs finish, then cuts streams (watchers) at the deadline.

@@ -9,11 +9,9 @@ import (
 	"net"
 	"os"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/cluster/nodeagent"
+	"github.com/aenv-dev/aenv/internal/cluster/scheduler"
 	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/envd"
@@ -33,7 +31,7 @@ func joinCluster(ctx context.Context, cfg config.Config, addr net.Addr, backend 
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(cl.Scheduler, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := scheduler.Dial(cl.Scheduler)
 	if err != nil {
 		return nil, fmt.Errorf("cluster.scheduler %s: %w", cl.Scheduler, err)
 	}

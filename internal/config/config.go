@@ -137,8 +137,12 @@ type Cluster struct {
 
 func (cl Cluster) validate(bad func(key, format string, args ...any)) {
 	if cl.Scheduler != "" {
-		if h, p, err := net.SplitHostPort(cl.Scheduler); err != nil || h == "" || p == "" {
-			bad("cluster.scheduler", "%q is not host:port (e.g. 10.0.0.5:9090)", cl.Scheduler)
+		// Scheduler replicas: one host:port (a DNS name may resolve to all) or a list.
+		for _, a := range strings.Split(cl.Scheduler, ",") {
+			if h, p, err := net.SplitHostPort(strings.TrimSpace(a)); err != nil || h == "" || p == "" {
+				bad("cluster.scheduler", "%q is not host:port or a comma-separated list of them (e.g. 10.0.0.5:9090)", cl.Scheduler)
+				break
+			}
 		}
 	}
 	if cl.NodeID != "" && !nodeIDPattern.MatchString(cl.NodeID) {

@@ -51,6 +51,9 @@ func (s *State) Place(req *pb.PlaceRequest) (*pb.PlaceResponse, error) {
 		case n.draining:
 			why.draining++
 			continue
+		case !s.servingLocked(id):
+			why.unserving++
+			continue
 		case req.Backend != "" && n.info.Backend != req.Backend:
 			why.backend++
 			continue
@@ -140,7 +143,7 @@ func loadOf(used, capacity res) (float64, bool) {
 
 // rejections counts why nodes were passed over, for an error that says what to fix.
 type rejections struct {
-	excluded, stale, draining, backend, full int
+	excluded, stale, draining, unserving, backend, full int
 }
 
 func (r rejections) String(total int) string {
@@ -152,6 +155,7 @@ func (r rejections) String(total int) string {
 		n    int
 		what string
 	}{{r.full, "lack free CPU, memory or sandbox slots"}, {r.stale, "have stale heartbeats"}, {r.draining, "are draining"},
+		{r.unserving, "are not serving in discovery (not ready, terminating or unlisted)"},
 		{r.backend, "run another backend"}, {r.excluded, "were excluded"}} {
 		if p.n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.what))

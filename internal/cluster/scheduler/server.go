@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
 )
@@ -18,6 +19,8 @@ type Server struct {
 	pb.UnimplementedSchedulerServer
 	state *State
 	log   *slog.Logger
+	rep   replica
+	types map[string][2]protoreflect.MessageType
 }
 
 // NewServer wraps s for gRPC; register it with pb.RegisterSchedulerServer.
@@ -25,7 +28,14 @@ func NewServer(s *State, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Server{state: s, log: log}
+	return &Server{state: s, log: log, rep: replica{leading: true, term: make(chan struct{})}, types: methodTypes()}
+}
+
+// ServerOptions are the options a gRPC server needs for this Server to forward calls to
+// the leader while it follows (see Lead and Follow).
+func (srv *Server) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(srv.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(srv.StreamInterceptor())}
 }
 
 // Register adds the scheduler service to g.

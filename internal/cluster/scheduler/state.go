@@ -122,6 +122,7 @@ type State struct {
 	holders  map[string]map[string]bool // layer digest → node ids
 	reserved map[string]*hold           // reservation id → hold
 	pending  map[string]*hold           // sandbox id → hold, bound but not yet in a heartbeat
+	members  map[string]bool            // discovered node id → serving; nil: any node may join
 	nextID   uint64
 	cands    []candidate // Place's scratch space, reused under mu
 	// warmUntil ends the warm-up after start: by then every live node has reported.
@@ -143,6 +144,20 @@ func New(cfg Config) *State {
 	}
 }
 
+// Reset forgets every node, binding and reservation and starts a new warm-up, as a
+// restarted scheduler would: a replica that starts leading knows nothing it can trust.
+func (s *State) Reset() {
+	now := s.cfg.Now()
+	s.mu.Lock()
+	s.warmUntil = now.Add(s.cfg.StaleAfter)
+	s.nodes = map[string]*node{}
+	s.bindings = map[string]string{}
+	s.holders = map[string]map[string]bool{}
+	s.reserved = map[string]*hold{}
+	s.pending = map[string]*hold{}
+	s.mu.Unlock()
+}
+
 // Interval is the heartbeat interval nodes are asked to keep.
 func (s *State) Interval() time.Duration { return s.cfg.HeartbeatInterval }
 
@@ -156,6 +171,10 @@ func (s *State) Heartbeat(req *pb.HeartbeatRequest) error {
 	now := s.cfg.Now()
 	var evs []*pb.Event
 	s.mu.Lock()
+	if !s.admitsLocked(info.Id) {
+		s.mu.Unlock()
+		return fmt.Errorf("%w %q: it is not among the discovered nodes (the scheduler's static --nodes list or the EndpointSlices of --nodes-service)", ErrUnknownNode, info.Id)
+	}
 	n, ok := s.nodes[info.Id]
 	if !ok || n.stale || n.info.InstanceId != info.InstanceId {
 		evs = append(evs, &pb.Event{Type: pb.Event_TYPE_NODE_UP, NodeId: info.Id})
@@ -347,7 +366,7 @@ func (s *State) stateLocked(n *node, now time.Time) pb.NodeState {
 	switch {
 	case now.Sub(n.lastSeen) > s.cfg.StaleAfter:
 		return pb.NodeState_NODE_STATE_STALE
-	case n.draining:
+	case n.draining || !s.servingLocked(n.info.Id):
 		return pb.NodeState_NODE_STATE_DRAINING
 	}
 	return pb.NodeState_NODE_STATE_READY
