@@ -142,16 +142,16 @@ func forwardContext(ctx context.Context) context.Context {
 // UnaryInterceptor forwards unary calls to the leader when this replica follows.
 func (srv *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		types, ok := srv.types[info.FullMethod]
+		if !ok {
+			return handler(ctx, req) // another service (health): every replica answers itself
+		}
 		conn, _, err := srv.route(ctx)
 		if err != nil {
 			return nil, err
 		}
 		if conn == nil {
 			return handler(ctx, req)
-		}
-		types, ok := srv.types[info.FullMethod]
-		if !ok {
-			return nil, status.Errorf(codes.Unimplemented, "unknown method %s", info.FullMethod)
 		}
 		reply := types[1].New().Interface()
 		if err := conn.Invoke(forwardContext(ctx), info.FullMethod, req, reply); err != nil {
@@ -165,16 +165,16 @@ func (srv *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 // follows, and ends a leader's streams when it stops leading.
 func (srv *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 	return func(s any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		types, ok := srv.types[info.FullMethod]
+		if !ok {
+			return handler(s, ss)
+		}
 		conn, term, err := srv.route(ss.Context())
 		if err != nil {
 			return err
 		}
 		if conn == nil {
 			return srv.serveTerm(s, ss, term, handler)
-		}
-		types, ok := srv.types[info.FullMethod]
-		if !ok {
-			return status.Errorf(codes.Unimplemented, "unknown method %s", info.FullMethod)
 		}
 		return relay(ss, conn, info.FullMethod, types)
 	}

@@ -9,6 +9,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
@@ -31,19 +33,24 @@ func startReplica(t *testing.T) *replicaServer {
 	srv := NewServer(s, nil)
 	g := grpc.NewServer(srv.ServerOptions()...)
 	srv.Register(g)
+	healthpb.RegisterHealthServer(g, health.NewServer())
 	go g.Serve(ln)
 	t.Cleanup(func() { g.Stop(); srv.Close() })
 	return &replicaServer{addr: ln.Addr().String(), srv: srv, state: s}
 }
 
-func dialT(t *testing.T, target string) pb.SchedulerClient {
+func mustDial(t *testing.T, target string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := Dial(target)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return pb.NewSchedulerClient(conn)
+	return conn
+}
+
+func dialT(t *testing.T, target string) pb.SchedulerClient {
+	return pb.NewSchedulerClient(mustDial(t, target))
 }
 
 func TestFollowerForwards(t *testing.T) {
@@ -92,6 +99,11 @@ func TestFollowerForwards(t *testing.T) {
 	// The leader steps down: its streams end, it forwards nowhere until it learns of a new
 	// leader, and the new leader starts empty and warming up.
 	a.srv.Follow("")
+	// Health is every replica's own: a follower with no leader is still up.
+	if r, err := healthpb.NewHealthClient(mustDial(t, a.addr)).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil ||
+		r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health of a follower = %v, %v", r, err)
+	}
 	if _, err := watch.Recv(); status.Code(err) != codes.Unavailable {
 		t.Fatalf("a watch on a leader that stepped down = %v, want Unavailable", err)
 	}
