@@ -35,6 +35,9 @@ func (i *Instance) Fork(ctx context.Context, specs []sandbox.ForkSpec) ([]sandbo
 			inst, err := i.b.Launch(ctx, sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot,
 				SandboxID: s.SandboxID, Resources: s.Resources, AllowInternet: allow, Snapshot: c})
 			out[n] = sandbox.ForkResult{Instance: inst, Err: err}
+			if err == nil {
+				i.b.crashPoint(crashForkLaunched)
+			}
 		}()
 	}
 	wg.Wait()
@@ -93,7 +96,7 @@ func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resum
 		layers[n] = stack.LayerRef{Path: l.Path, Digest: l.Digest, Size: l.Size, UUID: l.UUID}
 	}
 	t1 := time.Now()
-	disk, err := rootfs.OpenDisk(ctx, rootfs.Spec{Dir: inst.dir, Lowers: layers, VirtualSize: c.VirtualSize, Resolver: b.cfg.LayerResolver})
+	disk, err := rootfs.OpenDisk(ctx, rootfs.Spec{Dir: inst.dir, Lowers: layers, VirtualSize: c.VirtualSize, Resolver: b.cfg.LayerResolver, Open: b.diskOpener()})
 	if err != nil {
 		return fmt.Errorf("microvm: root disk: %w", err)
 	}
@@ -113,6 +116,13 @@ func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resum
 	ram, private := inst.ramFile, false
 	switch {
 	case c.Memory.RAM != "" && resume:
+		// Recorded first: a crash from here on gives the file back (Reconcile).
+		inst.mu.Lock()
+		inst.ramFrom = c.Memory.RAM
+		inst.mu.Unlock()
+		if err := inst.saveState(); err != nil {
+			return err
+		}
 		if err := os.Rename(c.Memory.RAM, inst.ramFile); err != nil {
 			return fmt.Errorf("microvm: take over RAM file: %w", err)
 		}
@@ -139,6 +149,9 @@ func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resum
 	guest := c.Guest
 	inst.mem = memState{privateRAM: private, guest: &guest}
 	inst.mu.Unlock()
+	if err := inst.saveState(); err != nil {
+		return err
+	}
 	t4 := time.Now()
 	if err := proc.m.Resume(ctx); err != nil {
 		return fmt.Errorf("microvm: continue restored VM: %w", err)

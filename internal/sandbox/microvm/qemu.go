@@ -28,6 +28,7 @@ type vmSpec struct {
 	console    string // serial console log
 	log        string // QEMU's own output
 	tscKHz     int    // TCG: the host TSC rate (tsc_early_khz)
+	confine    *vmm.Confinement
 }
 
 // config is the VMM configuration. Device order is fixed (disk, then NIC): a migration
@@ -38,7 +39,7 @@ func (s vmSpec) config() vmm.Config {
 		Memory: vmm.Memory{SizeMiB: s.memMB, Path: s.ramFile, Share: !s.privateRAM},
 		Kernel: s.kernel, Initrd: s.initrd, Cmdline: s.cmdline,
 		ConsoleLog: s.console, QMPSocket: s.qmp, PIDFile: s.pidFile, LogFile: s.log, TSCKHz: s.tscKHz,
-		Drives: []vmm.Drive{{ID: "root", Path: s.disk}},
+		Drives: []vmm.Drive{{ID: "root", Path: s.disk}}, Confine: s.confine,
 	}
 	if s.nic != nil {
 		c.NICs = []vmm.NIC{{ID: "n0", TapFile: s.nic.tap, MAC: s.nic.mac.String()}}
