@@ -155,6 +155,7 @@ func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 		Kernel:        cfg.Backend.GuestKernel,
 		Initrd:        cfg.Backend.GuestInitrd,
 		Accel:         cfg.Backend.Accel,
+		QEMUUser:      cfg.Backend.QEMUUser,
 		LayerResolver: env.Layers,
 		DataPlane:     microvmDataPlane(env.DataPlane),
 		Logger:        env.Logger,
