@@ -348,6 +348,12 @@ func lastNode(t *testing.T, spec adoptSpec, prev []vmReport) {
 		t.Fatal(err)
 	}
 	adoptTime := time.Since(t0)
+	for id, inst := range alive {
+		if err := envdReady(inst.(*Instance), 30*time.Second); err != nil {
+			t.Errorf("adopted %s: envd: %v", id, err)
+		}
+	}
+	answerTime := time.Since(t0)
 	if err := b.ReconcileCaptures(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -377,7 +383,8 @@ func lastNode(t *testing.T, spec adoptSpec, prev []vmReport) {
 		}
 		reports = append(reports, r)
 	}
-	t.Logf("last restart: Reconcile adopted %d VMs in %v", len(alive), adoptTime.Round(time.Millisecond))
+	t.Logf("last restart: Reconcile adopted %d VMs in %v, all envd answering after %v", len(alive),
+		adoptTime.Round(time.Millisecond), answerTime.Round(time.Millisecond))
 	checkSame(t, "last restart", prev, reports)
 	if q := qemusUnder(cfg.DataDir); len(q) != len(spec.IDs) {
 		t.Errorf("QEMU processes: %v, want only the %d adopted", q, len(spec.IDs))
