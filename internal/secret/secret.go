@@ -29,8 +29,8 @@ import (
 
 // Errors the API maps to statuses.
 var (
-	ErrNotFound = errors.New("secret not found")      // 404
-	ErrExists   = errors.New("secret already exists") // 409
+	ErrNotFound = errors.New("secret not found")       // 404
+	ErrExists   = errors.New("secret already exists")  // 409
 	ErrInvalid  = errors.New("invalid secret request") // 400
 )
 

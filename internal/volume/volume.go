@@ -30,8 +30,8 @@ import (
 
 // Errors the API maps to statuses.
 var (
-	ErrNotFound = errors.New("volume not found")      // 404
-	ErrExists   = errors.New("volume already exists") // 409
+	ErrNotFound = errors.New("volume not found")       // 404
+	ErrExists   = errors.New("volume already exists")  // 409
 	ErrInvalid  = errors.New("invalid volume request") // 400
 	ErrQuota    = errors.New("volume quota exceeded")  // 400 (nothing was created)
 )
@@ -271,4 +271,17 @@ func (s *Store) CheckToken(id, token string) (Volume, error) {
 		return Volume{}, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
 	return v, nil
+}
+
+// MountDir is the host directory of volume id for a sandbox of owner (the orchestrator's
+// Volumes): another owner's volume is not found.
+func (s *Store) MountDir(owner, id string) (string, error) {
+	v, err := s.ByID(id)
+	if err != nil {
+		return "", err
+	}
+	if v.Owner != owner {
+		return "", fmt.Errorf("%w: %q belongs to another API key", ErrNotFound, id)
+	}
+	return s.dataDir(id), nil
 }
