@@ -48,7 +48,6 @@ const (
 
 var (
 	nameRE        = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
-	idRE          = regexp.MustCompile(`^sec_[0-9a-f]{20}$`)
 	placeholderRE = regexp.MustCompile(`\$\{e2b\.secrets\.([^{}]*)\}`)
 )
 

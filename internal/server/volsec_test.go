@@ -2,7 +2,7 @@ package server
 
 import (
 	"context"
-		"net/http"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -32,7 +32,6 @@ func newVolSecEnv(t *testing.T) (*env, *volume.Store, *secret.Store) {
 	e := newEnv(t, func(o *Options) { o.Auth, o.Volumes, o.Secrets = twoKeys{}, vs, ss })
 	return e, vs, ss
 }
-
 
 func TestVolumeAPI(t *testing.T) {
 	e, _, _ := newVolSecEnv(t)
