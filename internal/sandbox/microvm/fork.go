@@ -149,7 +149,9 @@ func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resum
 			b.log.Warn("microvm: remove a resumed pause's memory image", "id", inst.id, "err", err)
 		}
 	}
+	qt := proc.m.Timings()
 	b.log.Debug("microvm: restored", "id", inst.id, "capture", c.ID, "slot", slot.Index, "pid", proc.pid,
-		"network", t1.Sub(t0), "disk", t2.Sub(t1), "tap", t3.Sub(t2), "memory", t4.Sub(t3), "qemu", t5.Sub(t4), "total", time.Since(t0))
+		"network", t1.Sub(t0), "disk", t2.Sub(t1), "tap", t3.Sub(t2), "memory", t4.Sub(t3), "qemu", t5.Sub(t4),
+		"qemu_spawn", qt.Spawn, "qemu_load", qt.Load, "cont", time.Since(t5), "total", time.Since(t0))
 	return nil
 }
