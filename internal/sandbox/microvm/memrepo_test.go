@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -110,7 +111,9 @@ func TestMemoryImageOnAnotherNode(t *testing.T) {
 	a := newRepoNode(t, repo, "node-a")
 	b := newRepoNode(t, repo, "node-b", otherNetwork)
 
-	src := launch(t, a.b, "sbx-xsrc", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
+	// 256 MiB: the guest size the publication figures are reported for.
+	const memMB = 256
+	src := launch(t, a.b, "sbx-xsrc", sandbox.Resources{CPUCount: 1, MemoryMB: memMB, DiskSizeMB: templateMB})
 	pid := strings.TrimSpace(mustSh(t, src, counterScript))
 	mustSh(t, src, `echo from-a > /root/mark`)
 	time.Sleep(time.Second)
@@ -141,8 +144,14 @@ func TestMemoryImageOnAnotherNode(t *testing.T) {
 	if roles[roleMemory] != 1 || roles[roleVMState] != 1 || ram.BlockHashes == "" {
 		t.Fatalf("record layers %+v: want one memory and one vmstate blob, with block hashes", rec.Layers)
 	}
-	t.Logf("publish of a %d MiB guest's snapshot: %v, %d blobs, %.1f MiB (RAM blob %.1f MiB)",
-		testMemMB, pubTime.Round(time.Millisecond), len(rec.Layers), float64(total)/(1<<20), float64(ram.Size)/(1<<20))
+	blob := filepath.Join(repo.Root(), "blobs", "sha256", ram.Digest.Hex())
+	var st syscall.Stat_t
+	if err := syscall.Stat(blob, &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("publish of a %d MiB guest's snapshot: %v, %d blobs, %.1f MiB (RAM blob %.1f MiB, %.1f MiB allocated in the repository)",
+		memMB, pubTime.Round(time.Millisecond), len(rec.Layers), float64(total)/(1<<20), float64(ram.Size)/(1<<20),
+		float64(st.Blocks*512)/(1<<20))
 
 	mustSh(t, src, `echo after-snap > /root/mark`)
 	paused, err := src.Pause(ctx, sandbox.PauseOptions{KeepMemory: true})
@@ -160,7 +169,6 @@ func TestMemoryImageOnAnotherNode(t *testing.T) {
 	}
 
 	// A corrupted chunk: the launch fails on it, nothing is left on B.
-	blob := filepath.Join(repo.Root(), "blobs", "sha256", ram.Digest.Hex())
 	restore := flipByte(t, blob, ram.Size/2)
 	_, err = b.b.Launch(ctx, sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: "sbx-xbad", Snapshot: bc})
 	if !errors.Is(err, cache.ErrVerify) {
