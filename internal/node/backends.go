@@ -149,6 +149,9 @@ func microvmDataPlane(c *dataplane.Client) microvm.DataPlane {
 // openMicroVM is the "microvm" kind: a QEMU microVM per sandbox (package microvm).
 func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 	cfg := env.Config
+	// The node's layer resolver also fetches whole blobs, verified: the memory images of
+	// snapshots made on other nodes.
+	fetcher, _ := env.Layers.(microvm.BlobFetcher)
 	b, err := microvm.New(ctx, microvm.Config{
 		DataDir:       env.DataDir,
 		EnvdPath:      env.EnvdPath,
@@ -158,6 +161,7 @@ func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 		QEMUUser:      cfg.Backend.QEMUUser,
 		LayerResolver: env.Layers,
 		DataPlane:     microvmDataPlane(env.DataPlane),
+		BlobFetcher:   fetcher,
 		Logger:        env.Logger,
 		Network: network.Config{
 			Bridge:   cfg.Network.Bridge,

@@ -108,7 +108,10 @@ type Config struct {
 	// and their VMs outlive this process and a restart adopts them (adopt.go). Nil serves
 	// them in this process: a restart then removes every VM.
 	DataPlane DataPlane `json:"-"`
-	Logger    *slog.Logger
+	// BlobFetcher fetches the memory images of captures made on other nodes (by digest,
+	// verified) from the repository. Nil: such captures cannot be restored here.
+	BlobFetcher BlobFetcher `json:"-"`
+	Logger      *slog.Logger
 }
 
 func (c *Config) defaults() error {
@@ -197,6 +200,9 @@ type Backend struct {
 	// confine is how every QEMU is confined (nil: Config.Unconfined).
 	confine *vmm.Confinement
 
+	// fetching serialises fetches of one memory blob (memfetch.go).
+	fetching keyedMutex
+
 	mu        sync.Mutex
 	instances map[string]*Instance
 }
@@ -221,6 +227,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("microvm: %s=%q names no crash point", CrashPointEnv, b.crashAt)
 		}
 		b.log.Warn("microvm: debug crash point armed: the process kills itself there", "point", b.crashAt)
+	}
+	if err := b.sweepFetchTemps(); err != nil {
+		return nil, err
 	}
 	var err error
 	if b.confine, err = cfg.confinement(); err != nil {

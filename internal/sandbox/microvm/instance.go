@@ -35,8 +35,7 @@ type Instance struct {
 	proc *vmProc
 	// mem is how the VM holds its memory (memory snapshots, snapshot.go).
 	mem memState
-	// ramFrom is the paused capture's RAM file a resume took over (state.go).
-	ramFrom string
+
 	stopped bool
 	// cpu is the last CPU-time sample, for Stats' usage between two calls.
 	cpu cpuSample

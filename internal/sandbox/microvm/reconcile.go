@@ -128,11 +128,6 @@ func (b *Backend) removeLeft(ctx context.Context, dir string, disks map[string]d
 			return err
 		}
 	}
-	// A resume the crash interrupted took its RAM file from the paused capture, which
-	// the orchestrator still holds: give it back, so the sandbox stays resumable.
-	if st, err := readState(filepath.Join(dir, stateFile)); err == nil {
-		b.giveBackRAM(st)
-	}
 	b.log.Info("microvm: removed a sandbox left by an earlier run", "dir", dir)
 	return os.RemoveAll(dir)
 }
@@ -142,20 +137,6 @@ func (b *Backend) closeDisk(ctx context.Context, dir string) error {
 		return fmt.Errorf("microvm: close the disk of %s: %w", dir, err)
 	}
 	return nil
-}
-
-// giveBackRAM moves a RAM file a resume took from a paused capture back into it.
-func (b *Backend) giveBackRAM(st savedState) {
-	if st.RAMFrom == "" || !within(st.RAMFrom, b.cfg.imagesDir()) || !within(st.RAMFile, b.cfg.RAMDir) {
-		return
-	}
-	if _, err := os.Stat(filepath.Dir(st.RAMFrom)); err != nil {
-		return // the capture is gone
-	}
-	if err := os.Rename(st.RAMFile, st.RAMFrom); err == nil {
-		_ = vmm.MarkTemplate(st.RAMFrom)
-		b.log.Info("microvm: gave an interrupted resume's RAM file back to its paused capture", "ram", st.RAMFrom)
-	}
 }
 
 // sweepRAM removes RAM files of sandboxes that are not live.

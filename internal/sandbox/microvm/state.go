@@ -27,9 +27,6 @@ type savedState struct {
 	// PrivateRAM and Guest are the VM's memState (a restored VM's).
 	PrivateRAM bool           `json:"privateRam,omitempty"`
 	Guest      *guestIdentity `json:"guest,omitempty"`
-	// RAMFrom is the paused capture's RAM file a resume took over (renamed to RAMFile):
-	// a VM removed at a restart gives it back.
-	RAMFrom string `json:"ramFrom,omitempty"`
 }
 
 // saveState records inst's state in its directory (atomically: a crash leaves the old
@@ -37,7 +34,7 @@ type savedState struct {
 func (i *Instance) saveState() error {
 	i.mu.Lock()
 	st := savedState{ID: i.id, Resources: i.res, RAMFile: i.ramFile, Started: i.started,
-		PrivateRAM: i.mem.privateRAM, Guest: i.mem.guest, RAMFrom: i.ramFrom}
+		PrivateRAM: i.mem.privateRAM, Guest: i.mem.guest}
 	if i.slot != nil {
 		st.SlotIndex, st.AllowInternet = i.slot.Index, i.slot.AllowInternet
 	}
