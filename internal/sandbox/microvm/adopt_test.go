@@ -400,16 +400,24 @@ func lastNode(t *testing.T, spec adoptSpec, prev []vmReport) {
 		t.Errorf("the data plane serves %d disks (%v), want %d", len(disks), err, len(spec.IDs))
 	}
 	// Captures left are the sealed layers the adopted disks run on, nothing else.
-	lowers := map[string]bool{}
+	lowers, lowerPaths := map[string]bool{}, map[string]bool{}
 	for _, inst := range alive {
 		for _, l := range inst.(*Instance).disk.Lowers() {
 			lowers[filepath.Base(filepath.Dir(l.Path))] = true
+			lowerPaths[l.Path] = true
 		}
 	}
 	ents, _ := os.ReadDir(b.cfg.capturesDir())
 	for _, e := range ents {
 		if !lowers[e.Name()] {
 			t.Errorf("capture %s left, and no adopted disk runs on it", e.Name())
+			continue
+		}
+		files, _ := os.ReadDir(filepath.Join(b.cfg.capturesDir(), e.Name()))
+		for _, f := range files {
+			if p := filepath.Join(b.cfg.capturesDir(), e.Name(), f.Name()); !lowerPaths[p] {
+				t.Errorf("unregistered capture file left beside a running disk's layer: %s", p)
+			}
 		}
 	}
 }

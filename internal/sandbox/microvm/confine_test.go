@@ -46,13 +46,14 @@ func checkConfined(t *testing.T, b *Backend, i *Instance) {
 	if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err != nil || root != b.cfg.chrootDir() {
 		t.Errorf("%s: QEMU %d's root is %q (%v), want %s", i.id, pid, root, err, b.cfg.chrootDir())
 	}
-	// Its descriptors: its own files, the tap, sockets, anonymous objects and /dev
-	// nodes QEMU opens for itself; nothing else of the host.
+	// Its descriptors: its own files, the memory image it restored from (a private
+	// mapping), the tap, sockets, anonymous objects and /dev nodes QEMU opens for itself;
+	// nothing else of the host.
 	fds, err := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed := []string{i.dir + "/", b.cfg.RAMDir + "/", "socket:", "anon_inode:", "pipe:", "/dev/null", "/dev/net/tun", "/dev/urandom"}
+	allowed := []string{i.dir + "/", b.cfg.RAMDir + "/", b.cfg.capturesDir() + "/", b.cfg.fetchedDir() + "/", "socket:", "anon_inode:", "pipe:", "/dev/null", "/dev/net/tun", "/dev/urandom"}
 	for _, fd := range fds {
 		target, err := os.Readlink(fd)
 		if err != nil {
