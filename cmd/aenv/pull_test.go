@@ -3,8 +3,8 @@ package main
 import (
 	"archive/tar"
 	"bytes"
-	"fmt"
 	"context"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"os"
