@@ -32,6 +32,7 @@ type specParams struct {
 	// the host's boot id shows through.
 	bootID   string
 	mountBin string
+	volumes  []specs.Mount
 }
 
 // bootIDPath is the kernel's per-boot id: a fresh sandbox (new processes, as after a
@@ -119,6 +120,7 @@ func buildSpec(p specParams) *specs.Spec {
 		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "none", Source: p.resolvConf,
 			Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
+	mounts = append(mounts, p.volumes...)
 	var hooks *specs.Hooks
 	if p.bootID != "" && p.mountBin != "" {
 		hooks = &specs.Hooks{CreateContainer: []specs.Hook{{Path: p.mountBin,
