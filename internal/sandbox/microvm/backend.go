@@ -79,6 +79,12 @@ type Config struct {
 	// TSCKHz is the host TSC rate given to TCG guests (tsc_early_khz). Default: the host
 	// kernel's calibration (vmm.HostTSCKHz).
 	TSCKHz int
+	// TBSizeMiB caps TCG's translation cache per VM (0: QEMU's default, 1 GiB reserved and
+	// touched as code is translated). The cache is private memory of every QEMU: an idle
+	// fork holds ~14–16 MiB of it, about half its PSS. A cap below that saves memory but
+	// makes TCG flush and retranslate: 8 MiB saved 6–8 MiB per fork and slowed boots and
+	// first answers after a restore several times over, so none is set by default.
+	TBSizeMiB int
 	// RAMDir holds the guest RAM files (memory-backend-file); it must be a tmpfs. Default
 	// /dev/shm/aenv-microvm-<hash of DataDir>.
 	RAMDir string

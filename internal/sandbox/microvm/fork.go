@@ -147,7 +147,9 @@ func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resum
 		// The pause is consumed: its RAM file is this VM's now.
 		_ = removeImage(b, c)
 	}
+	qt := proc.m.Timings()
 	b.log.Debug("microvm: restored", "id", inst.id, "capture", c.ID, "slot", slot.Index, "pid", proc.pid,
-		"network", t1.Sub(t0), "disk", t2.Sub(t1), "tap", t3.Sub(t2), "qemu", t4.Sub(t3), "total", time.Since(t0))
+		"network", t1.Sub(t0), "disk", t2.Sub(t1), "tap", t3.Sub(t2), "qemu", t4.Sub(t3),
+		"qemu_spawn", qt.Spawn, "qemu_load", qt.Load, "cont", time.Since(t4), "total", time.Since(t0))
 	return nil
 }
