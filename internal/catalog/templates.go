@@ -66,6 +66,16 @@ type Template struct {
 	// stack, captured snapshot state); the catalog stores it verbatim.
 	Artifact  json.RawMessage `json:"artifact,omitempty"`
 	CreatedAt time.Time       `json:"createdAt"`
+	// VolumeMounts are the volumes a snapshot's source mounted (which volumes, not their
+	// content): sandboxes created from the snapshot mount them again.
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// VolumeMount is a named volume mounted at Path (E2B's SandboxVolumeMount plus the id).
+type VolumeMount struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	VolumeID string `json:"volumeID"`
 }
 
 // Templates stores templates and snapshots with an alias index.
