@@ -59,8 +59,10 @@ type Template struct {
 	// ParentID is the snapshot the source sandbox was itself created from (lineage:
 	// snapshot chains share layers); empty for snapshots of template-born sandboxes.
 	ParentID string `json:"parentID,omitempty"`
-	// Backend is the sandbox backend whose capture Artifact holds (snapshots only): a
-	// capture is usable only by the backend that made it.
+	// Backend is the sandbox backend whose capture Artifact holds: a snapshot (its memory
+	// image, its capture) launches only on that backend, and nodes of another kind refuse
+	// it; a template built from a capture records the backend the build ran on, but its
+	// sandboxes boot its filesystem (the layer stack) on any backend.
 	Backend string `json:"backend,omitempty"`
 	// Artifact is an opaque description owned by the storage engine or backend (layer
 	// stack, captured snapshot state); the catalog stores it verbatim.
