@@ -28,6 +28,8 @@ type vmSpec struct {
 	console    string // serial console log
 	log        string // QEMU's own output
 	tscKHz     int    // TCG: the host TSC rate (tsc_early_khz)
+	tbSizeMiB  int    // TCG: translation cache cap (0: QEMU's default)
+	confine    *vmm.Confinement
 }
 
 // config is the VMM configuration. Device order is fixed (disk, then NIC): a migration
@@ -37,8 +39,8 @@ func (s vmSpec) config() vmm.Config {
 		Binary: s.qemu, Accel: vmm.Accel(s.accel), CPUs: s.cpus,
 		Memory: vmm.Memory{SizeMiB: s.memMB, Path: s.ramFile, Share: !s.privateRAM},
 		Kernel: s.kernel, Initrd: s.initrd, Cmdline: s.cmdline,
-		ConsoleLog: s.console, QMPSocket: s.qmp, PIDFile: s.pidFile, LogFile: s.log, TSCKHz: s.tscKHz,
-		Drives: []vmm.Drive{{ID: "root", Path: s.disk}},
+		ConsoleLog: s.console, QMPSocket: s.qmp, PIDFile: s.pidFile, LogFile: s.log, TSCKHz: s.tscKHz, TBSizeMiB: s.tbSizeMiB,
+		Drives: []vmm.Drive{{ID: "root", Path: s.disk}}, Confine: s.confine,
 	}
 	if s.nic != nil {
 		c.NICs = []vmm.NIC{{ID: "n0", TapFile: s.nic.tap, MAC: s.nic.mac.String()}}
