@@ -34,11 +34,16 @@ func render(t *testing.T, dir string) []*unstructured.Unstructured {
 	}
 	var out []*unstructured.Unstructured
 	for _, r := range rm.Resources() {
-		m, err := r.Map()
+		// Through JSON: unstructured wants JSON's number types (int64), kustomize has Go ints.
+		b, err := r.MarshalJSON()
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, &unstructured.Unstructured{Object: m})
+		u := &unstructured.Unstructured{}
+		if err := u.UnmarshalJSON(b); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, u)
 	}
 	return out
 }
