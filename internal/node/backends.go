@@ -147,6 +147,7 @@ func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 		Kernel:        cfg.Backend.GuestKernel,
 		Initrd:        cfg.Backend.GuestInitrd,
 		Accel:         cfg.Backend.Accel,
+		TBSizeMiB:     cfg.Backend.TBSizeMiB,
 		LayerResolver: env.Layers,
 		Logger:        env.Logger,
 		Network: network.Config{

@@ -145,6 +145,9 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		}
 		plan.Kind, plan.Snapshot = sandbox.LaunchFromSnapshot, c
 		rec.Launch.ParentSnapshot = tpl.ID
+		if tpl.SourceSandboxID != "" {
+			rec.heldToken = o.EnvdAccessToken(tpl.SourceSandboxID)
+		}
 	}
 	return o.start(ctx, opCreate, rec, plan, timeout)
 }

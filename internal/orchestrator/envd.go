@@ -107,8 +107,13 @@ func (o *Orchestrator) initEnvd(ctx context.Context, ep sandbox.Endpoint, rec *S
 		return "", fmt.Errorf("envd init: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if resume && rec.EnvdAccessToken != "" {
+	// An envd without a token ignores the header; one restored from memory holds the
+	// token of the sandbox it was captured from.
+	switch {
+	case resume && rec.EnvdAccessToken != "":
 		req.Header.Set("X-Access-Token", rec.EnvdAccessToken)
+	case rec.heldToken != "":
+		req.Header.Set("X-Access-Token", rec.heldToken)
 	}
 	resp, err := o.envd.Do(req)
 	if err != nil {

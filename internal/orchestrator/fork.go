@@ -113,6 +113,7 @@ func (o *Orchestrator) forkChild(ctx context.Context, src *Sandbox, c sandbox.Ca
 	if src.EnvdAccessToken != "" {
 		rec.EnvdAccessToken = o.EnvdAccessToken(id)
 	}
+	rec.heldToken = o.EnvdAccessToken(src.ID)
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: id, RootFS: rec.Launch.RootFS,
 		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c}
 	sb, err := o.start(ctx, opFork, rec, plan, timeout)

@@ -175,10 +175,25 @@ func testConfig(t testing.TB) Config {
 // checks nothing is left.
 func newTestBackend(t testing.TB) *Backend {
 	t.Helper()
+	return newBackendWith(t, nil)
+}
+
+// newBenchBackend is newTestBackend with the network pool as a node has it (slots
+// prepared ahead), so benchmarks time what a node does.
+func newBenchBackend(b *testing.B) *Backend {
+	b.Helper()
+	return newBackendWith(b, func(c *Config) { c.Network.PoolSize = 0 })
+}
+
+func newBackendWith(t testing.TB, adjust func(*Config)) *Backend {
+	t.Helper()
 	needVM(t)
 	fixtures(t)
 	ctx := context.Background()
 	cfg := testConfig(t)
+	if adjust != nil {
+		adjust(&cfg)
+	}
 	if os.Getenv("AENV_TEST_DEBUG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
