@@ -125,12 +125,16 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 	if err := o.cfg.Capacity.Check(rec.Resources); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	rec.Owner = req.Owner
+	if rec.VolumeMounts, rec.Launch.Mounts, err = o.resolveMounts(req.Owner, req.VolumeMounts, tpl); err != nil {
+		return nil, err
+	}
 	if req.Secure {
 		rec.EnvdAccessToken = o.EnvdAccessToken(id)
 	}
 	rec.AutoPauseDisk = req.AutoPauseDisk
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFresh, SandboxID: id, RootFS: rec.Launch.RootFS,
-		Resources: rec.Resources, AllowInternet: rec.AllowInternet}
+		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Mounts: rec.Launch.Mounts}
 	if tpl.Kind == catalog.KindTemplate {
 		fs, err := o.templateRoot(tpl)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -108,6 +109,8 @@ func (o *Orchestrator) forkChild(ctx context.Context, src *Sandbox, c sandbox.Ca
 		Private:            src.Private,
 		Backend:            o.backend.Name(),
 		Launch:             src.Launch,
+		Owner:              src.Owner,
+		VolumeMounts:       slices.Clone(src.VolumeMounts),
 	}
 	rec.Launch.TemplateEnvVars = maps.Clone(src.Launch.TemplateEnvVars)
 	if src.EnvdAccessToken != "" {
@@ -115,7 +118,7 @@ func (o *Orchestrator) forkChild(ctx context.Context, src *Sandbox, c sandbox.Ca
 	}
 	rec.heldToken = o.EnvdAccessToken(src.ID)
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: id, RootFS: rec.Launch.RootFS,
-		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c}
+		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c, Mounts: rec.Launch.Mounts}
 	sb, err := o.start(ctx, opFork, rec, plan, timeout)
 	if err != nil {
 		return nil, fmt.Errorf("fork child of %s: %w", src.ID, err)

@@ -136,7 +136,7 @@ func (o *Orchestrator) revive(ctx context.Context, operation string, e *entry) (
 	o.mu.Unlock()
 	if c != nil {
 		plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: rec.ID, RootFS: rec.Launch.RootFS,
-			Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c, ColdBoot: true}
+			Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c, ColdBoot: true, Mounts: rec.Launch.Mounts}
 		// Fresh processes: envd does not hold the token yet, so /init goes without it.
 		return o.launch(ctx, operation, plan, rec, false)
 	}
@@ -166,7 +166,7 @@ func (o *Orchestrator) revive(ctx context.Context, operation string, e *entry) (
 		o.mu.Unlock()
 	}
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchResume, SandboxID: rec.ID, RootFS: rec.Launch.RootFS,
-		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Paused: ps}
+		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Paused: ps, Mounts: rec.Launch.Mounts}
 	return o.launch(ctx, operation, plan, rec, true)
 }
 

@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
@@ -87,7 +88,15 @@ type CreateRequest struct {
 	AutoPauseDisk bool
 	// Egress is network.allowOut/denyOut, validated by ParseEgress.
 	Egress Egress
+	// Owner is who asked (the API key's owner): secrets in EnvVars and volumes resolve
+	// in its scope.
+	Owner string
+	// VolumeMounts are the volumes to mount, their ids resolved in Owner's scope.
+	VolumeMounts []VolumeMount
 }
+
+// VolumeMount is one volume a sandbox mounts.
+type VolumeMount = catalog.VolumeMount
 
 // ConnectOptions is a v1/v2 connect or resume.
 type ConnectOptions struct {
@@ -145,6 +154,10 @@ type Sandbox struct {
 	// Launch is what a resume needs to relaunch and re-initialise the sandbox even if
 	// its template was deleted meanwhile. Internal: not part of any API response.
 	Launch LaunchInfo `json:"launch"`
+	// Owner is the API key's owner that created the sandbox (secrets resolve in its scope).
+	Owner string `json:"owner,omitempty"`
+	// VolumeMounts are the volumes the sandbox mounts (reported by the API).
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // LaunchInfo is the part of a sandbox's template it keeps for its whole life.
@@ -159,6 +172,8 @@ type LaunchInfo struct {
 	// ParentSnapshot is the snapshot the sandbox was created from, if any (lineage of
 	// snapshots taken from it).
 	ParentSnapshot string `json:"parentSnapshot,omitempty"`
+	// Mounts are the host directories of VolumeMounts, mounted on every launch.
+	Mounts []sandbox.Mount `json:"mounts,omitempty"`
 }
 
 // SnapshotInfo is E2B's SnapshotInfo plus what aenv knows about the snapshot.

@@ -139,6 +139,8 @@ type Orchestrator struct {
 	m       *metrics
 	pub     Publisher // nil: nothing is published or pinned
 	pins    PinLister // nil: Start keeps every pin
+	volumes Volumes   // nil: creates with volume mounts are refused
+	secrets Secrets   // nil: secret placeholders reach envd unexpanded
 	crashAt string    // CrashPointEnv, read once at New (debug only)
 	logs    *logStore // sandbox logs (logs.go)
 

@@ -124,6 +124,7 @@ func snapshotTemplate(src *Sandbox, snapID, name string, raw []byte, now time.Ti
 		Backend:         src.Backend,
 		Artifact:        json.RawMessage(raw),
 		CreatedAt:       now.UTC(),
+		VolumeMounts:    slices.Clone(src.VolumeMounts),
 	}
 	if name != "" {
 		t.Aliases = []string{name}

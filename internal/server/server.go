@@ -68,6 +68,10 @@ type Options struct {
 	Builds TemplateBuilder
 	// Pulls serves POST /aenv/templates/pull; nil answers 501 there.
 	Pulls *Puller
+	// Volumes serves /volumes and /volumecontent; nil answers 501 there.
+	Volumes VolumeStore
+	// Secrets serves /secrets and expands secret placeholders at create; nil answers 501.
+	Secrets SecretStore
 	// Domains enable host routing of {port}-{id}.{domain}; the first one is reported to
 	// clients as the sandbox domain.
 	Domains []string
@@ -95,6 +99,8 @@ type Server struct {
 	keys   KeyManager
 	builds TemplateBuilder
 	puller *Puller
+	vols   *volumeGuard
+	secs   SecretStore
 	// uploadKey signs the upload URLs of template builds (valid for this process's life).
 	uploadKey []byte
 	domains   []string
@@ -125,6 +131,8 @@ func New(o Options) (*Server, error) {
 		keys:             o.Keys,
 		builds:           o.Builds,
 		puller:           o.Pulls,
+		vols:             newVolumeGuard(o.Volumes),
+		secs:             o.Secrets,
 		uploadKey:        randomKey(),
 		domains:          normalizeDomains(o.Domains),
 		registry:         o.Registry,
@@ -233,7 +241,7 @@ func (s *Server) requireAPIKey(next http.Handler) http.Handler {
 			writeError(w, http.StatusUnauthorized, "invalid API key")
 			return
 		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(withOwner(r.Context(), OwnerOf(key))))
 	})
 }
 

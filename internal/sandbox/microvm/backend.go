@@ -98,7 +98,10 @@ type Config struct {
 	ResolvConf string
 	// LayerResolver opens sealed layers that have a digest but no local path.
 	LayerResolver stack.Resolver
-	Logger        *slog.Logger
+	// BlobFetcher fetches the memory images of captures made on other nodes (by digest,
+	// verified) from the repository. Nil: such captures cannot be restored here.
+	BlobFetcher BlobFetcher
+	Logger      *slog.Logger
 }
 
 func (c *Config) defaults() error {
@@ -180,6 +183,9 @@ type Backend struct {
 	initrd string // the boot initramfs: cfg.Initrd plus envd
 	dns    []string
 
+	// fetching serialises fetches of one memory blob (memfetch.go).
+	fetching keyedMutex
+
 	mu        sync.Mutex
 	instances map[string]*Instance
 }
@@ -198,6 +204,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		}
 	}
 	b := &Backend{cfg: cfg, log: cfg.Logger, instances: map[string]*Instance{}, dns: nameservers(cfg.ResolvConf)}
+	if err := b.sweepFetchTemps(); err != nil {
+		return nil, err
+	}
 	b.initrd = filepath.Join(cfg.DataDir, "initrd.img")
 	if err := buildInitrd(cfg.Initrd, cfg.EnvdPath, b.initrd); err != nil {
 		return nil, err

@@ -172,27 +172,15 @@ func testConfig(t testing.TB) Config {
 }
 
 // newTestBackend makes a backend and, when the test ends, stops what it launched and
-// checks nothing is left.
-func newTestBackend(t testing.TB) *Backend {
-	t.Helper()
-	return newBackendWith(t, nil)
-}
-
-// newBenchBackend is newTestBackend with the network pool as a node has it (slots
-// prepared ahead), so benchmarks time what a node does.
-func newBenchBackend(b *testing.B) *Backend {
-	b.Helper()
-	return newBackendWith(b, func(c *Config) { c.Network.PoolSize = 0 })
-}
-
-func newBackendWith(t testing.TB, adjust func(*Config)) *Backend {
+// checks nothing is left. opts edit its configuration.
+func newTestBackend(t testing.TB, opts ...func(*Config)) *Backend {
 	t.Helper()
 	needVM(t)
 	fixtures(t)
 	ctx := context.Background()
 	cfg := testConfig(t)
-	if adjust != nil {
-		adjust(&cfg)
+	for _, o := range opts {
+		o(&cfg)
 	}
 	if os.Getenv("AENV_TEST_DEBUG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -222,6 +210,13 @@ func newBackendWith(t testing.TB, adjust func(*Config)) *Backend {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// newBenchBackend is newTestBackend with the network pool as a node has it (slots
+// prepared ahead), so benchmarks time what a node does.
+func newBenchBackend(b *testing.B) *Backend {
+	b.Helper()
+	return newTestBackend(b, func(c *Config) { c.Network.PoolSize = 0 })
 }
 
 // launch starts a fresh sandbox on the base template and waits for envd.

@@ -23,6 +23,7 @@ type specParams struct {
 	idmap       *idMap // nil = no user namespace
 	memsw       bool   // the host accounts swap (v1 memory.memsw.*): pin swap to the limit
 	resolvConf  string // host file bind-mounted at /etc/resolv.conf; "" = none
+	volumes     []specs.Mount
 }
 
 // envdMount is where the host's envd appears inside every sandbox.
@@ -94,6 +95,7 @@ func buildSpec(p specParams) *specs.Spec {
 		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "none", Source: p.resolvConf,
 			Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
+	mounts = append(mounts, p.volumes...)
 	return &specs.Spec{
 		Version:  specs.Version,
 		Hostname: p.hostname,

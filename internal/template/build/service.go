@@ -504,6 +504,11 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 		s.dropCapture(ctx, c, dir)
 		return failStep("finalize", err)
 	}
+	if c.Layers != nil {
+		// The artifact holds this backend's capture (which only it can discard); the
+		// template's filesystem boots on any backend.
+		t.Backend = sb.Backend
+	}
 	if rec.Name != rec.TemplateID {
 		t.Aliases = []string{rec.Name}
 	}
