@@ -76,6 +76,8 @@ type Node struct {
 	Secrets *secret.Store
 	// Handler serves the API, the envd proxy and /metrics.
 	Handler http.Handler
+	// MetricsHandler serves /metrics (with the metrics token) for a listener of its own.
+	MetricsHandler http.Handler
 	// APIKey says where the admin API key came from (for the operator's first start).
 	APIKey apikey.Bootstrapped
 
@@ -268,6 +270,8 @@ func (n *Node) openAPI() error {
 		Secrets:          n.Secrets,
 		Domains:          cfg.Proxy.Domains,
 		Registry:         n.Metrics,
+		MetricsToken:     cfg.MetricsToken,
+		MetricsElsewhere: cfg.MetricsListen != "",
 		DefaultTimeout:   cfg.Sandbox.DefaultTimeout.Duration,
 		DefaultTimeoutV1: cfg.Sandbox.DefaultTimeoutV1.Duration,
 		MaxTimeout:       cfg.Sandbox.MaxTimeout.Duration,
@@ -277,7 +281,7 @@ func (n *Node) openAPI() error {
 	if err != nil {
 		return err
 	}
-	n.Handler = srv
+	n.Handler, n.MetricsHandler = srv, srv.MetricsHandler()
 	return nil
 }
 

@@ -77,6 +77,11 @@ type Options struct {
 	Domains []string
 	// Registry receives the HTTP metrics and is served on /metrics. Nil: a private registry.
 	Registry *prometheus.Registry
+	// MetricsToken, when set, is the bearer token /metrics requires. MetricsElsewhere
+	// serves /metrics only through MetricsHandler (a listener of its own): the API's
+	// /metrics answers 404.
+	MetricsToken     string
+	MetricsElsewhere bool
 	// Transport reaches sandboxes; nil uses a transport suited to long-lived streams.
 	Transport http.RoundTripper
 	// DefaultTimeout is the TTL of v2 creates and connects and of refreshes without a
@@ -105,10 +110,13 @@ type Server struct {
 	uploadKey []byte
 	domains   []string
 	registry  *prometheus.Registry
-	metrics   *httpMetrics
-	mux       *http.ServeMux
-	proxy     *sandboxProxy
-	log       *slog.Logger
+	// metricsToken and metricsElsewhere: see Options.
+	metricsToken     string
+	metricsElsewhere bool
+	metrics          *httpMetrics
+	mux              *http.ServeMux
+	proxy            *sandboxProxy
+	log              *slog.Logger
 
 	defaultTimeout   time.Duration
 	defaultTimeoutV1 time.Duration
@@ -136,6 +144,8 @@ func New(o Options) (*Server, error) {
 		uploadKey:        randomKey(),
 		domains:          normalizeDomains(o.Domains),
 		registry:         o.Registry,
+		metricsToken:     o.MetricsToken,
+		metricsElsewhere: o.MetricsElsewhere,
 		log:              o.Logger,
 		defaultTimeout:   o.DefaultTimeout,
 		defaultTimeoutV1: o.DefaultTimeoutV1,
@@ -313,7 +323,11 @@ func (h *handlers) GetHealth(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (h *handlers) GetPrometheusMetrics(w http.ResponseWriter, r *http.Request) {
-	h.s.metricsHandler().ServeHTTP(w, r)
+	if h.s.metricsElsewhere {
+		writeError(w, http.StatusNotFound, "/metrics is served on the node's metrics_listen address")
+		return
+	}
+	h.s.MetricsHandler().ServeHTTP(w, r)
 }
 
 // timeoutSeconds validates a requested TTL in seconds and applies the default when absent.

@@ -219,9 +219,12 @@ type Backend struct {
 	userns bool
 	v2     bool
 	memsw  bool
-	pool   *network.Pool
-	warm   *warmPool
-	log    *slog.Logger
+	// mountBin binds each container's own boot id over the host's ("": not found, the
+	// host's shows through).
+	mountBin string
+	pool     *network.Pool
+	warm     *warmPool
+	log      *slog.Logger
 	// usernsFDs are the user namespaces id-mapped mounts are made for.
 	usernsFDs *usernsCache
 
@@ -280,6 +283,11 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	cfg.UIDBase = base
 	b := &Backend{cfg: cfg, v2: unifiedOnly(), log: cfg.Logger, instances: map[string]*Instance{}, tearing: map[string]int{}, usernsFDs: newUsernsCache()}
 	b.memsw = hostAccountsSwap(b.v2)
+	if mb, err := exec.LookPath("mount"); err == nil {
+		b.mountBin = mb
+	} else {
+		b.log.Warn("oci: no mount binary: sandboxes see the host's boot id", "err", err)
+	}
 	rt, userns, err := b.probe(ctx)
 	if err != nil {
 		return nil, err
@@ -503,6 +511,13 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		return err
 	}
 	t2 := time.Now()
+	bootID := ""
+	if b.mountBin != "" {
+		bootID = filepath.Join(inst.l.dir, "boot_id")
+		if err := writeBootID(bootID); err != nil {
+			return fmt.Errorf("oci: boot id: %w", err)
+		}
+	}
 	spec := buildSpec(specParams{
 		rootfs: inst.l.rootfs(), hostname: o.hostname, netnsPath: slot.NetnsPath,
 		envdPath: b.cfg.EnvdPath, args: b.initArgs(),
@@ -512,7 +527,7 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		},
 		cgroupsPath: b.cgroupsPath(inst.cid), cpuCount: o.res.CPUCount,
 		memoryMB: o.res.MemoryMB, pidsLimit: b.cfg.PidsLimit, idmap: m, memsw: b.memsw,
-		resolvConf: b.cfg.ResolvConf, volumes: vols,
+		resolvConf: b.cfg.ResolvConf, volumes: vols, bootID: bootID, mountBin: b.mountBin,
 	})
 	if err := writeJSON(filepath.Join(inst.l.dir, "config.json"), spec); err != nil {
 		return err
