@@ -135,13 +135,9 @@ type Sandbox struct {
 	EnvdVersion        string            `json:"envdVersion"`
 	EnvdAccessToken    string            `json:"envdAccessToken,omitempty"`
 	TrafficAccessToken string            `json:"trafficAccessToken,omitempty"`
-	// heldToken is, for a launch from a snapshot, the envd token of the sandbox the
-	// snapshot was taken from: a backend that restores memory continues that envd, which
-	// takes a new token only from an /init that presents its current one. Not persisted.
-	heldToken     string
-	AutoPause     bool `json:"autoPause"`
-	AutoResume    bool `json:"autoResume"`
-	AllowInternet bool `json:"allowInternet"`
+	AutoPause          bool              `json:"autoPause"`
+	AutoResume         bool              `json:"autoResume"`
+	AllowInternet      bool              `json:"allowInternet"`
 	// Private sandboxes require TrafficAccessToken on user ports.
 	Private bool `json:"private,omitempty"`
 	// Egress is the destination part of the outbound policy (network.go).
