@@ -113,6 +113,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		AutoResume:         req.AutoResume,
 		AllowInternet:      req.AllowInternet,
 		Egress:             req.Egress,
+		MaskRequestHost:    req.MaskRequestHost,
 		Private:            req.Private,
 		Backend:            o.backend.Name(),
 		Launch: LaunchInfo{

@@ -106,6 +106,7 @@ func (o *Orchestrator) forkChild(ctx context.Context, src *Sandbox, c sandbox.Ca
 		AutoResume:         src.AutoResume,
 		AllowInternet:      src.AllowInternet,
 		Egress:             src.Egress,
+		MaskRequestHost:    src.MaskRequestHost,
 		Private:            src.Private,
 		Backend:            o.backend.Name(),
 		Launch:             src.Launch,

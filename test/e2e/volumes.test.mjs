@@ -113,3 +113,39 @@ test('volumes: shared between sandboxes, content API, pause, bad input, node res
   assert.equal(await Volume.destroy(vol.volumeId), false)
   assert.ok(!(await Volume.list()).some((v) => v.volumeId === vol.volumeId))
 })
+
+test('volumes: a snapshot records its mounts, fork children and a pause to disk keep them', { timeout: 300_000 }, async (t) => {
+  if (skipReason) return t.skip(skipReason)
+  const name = 'e2e-snapvol-' + runId
+  const vol = await Volume.create(name)
+  const src = await create({ '/mnt/v': name })
+  try {
+    await src.commands.run('echo before > /mnt/v/f')
+    let snap
+    try {
+      snap = await src.createSnapshot()
+    } catch (err) {
+      if (/^501:/.test(err.message)) return t.skip('snapshots unavailable for this template: ' + err.message)
+      throw err
+    }
+    // The snapshot holds which volume is mounted where, not the volume's content.
+    await src.commands.run('echo after > /mnt/v/f')
+    const child = await Sandbox.create(snap.snapshotId, { timeoutMs: 60_000 })
+    sandboxes.push(child)
+    assert.equal(await out(child, 'cat /mnt/v/f'), 'after\n')
+    assert.deepEqual((await Sandbox.getInfo(child.sandboxId)).volumeMounts, [{ name, path: '/mnt/v' }])
+
+    const [fork] = await src.fork({ count: 1, timeoutMs: 60_000 })
+    assert.ok(fork instanceof Sandbox, String(fork))
+    sandboxes.push(fork)
+    await fork.commands.run('echo from-fork > /mnt/v/g')
+    assert.equal(await out(src, 'cat /mnt/v/g'), 'from-fork\n')
+
+    await child.pause({ keepMemory: false })
+    const resumed = await Sandbox.connect(child.sandboxId)
+    assert.equal(await out(resumed, 'cat /mnt/v/g'), 'from-fork\n')
+  } finally {
+    for (const s of sandboxes.splice(0)) await s.kill().catch(() => {})
+  }
+  assert.equal(await Volume.destroy(vol.volumeId), true)
+})
