@@ -98,6 +98,9 @@ type Backend struct {
 	// TBSizeMiB caps the TCG translation cache of each microVM (0: QEMU's default); see
 	// docs/operations.md for what a cap saves and costs.
 	TBSizeMiB int `toml:"tb_size_mib"`
+	// QEMUUser is the microvm backend's "uid:gid" for QEMU once its devices are open;
+	// empty: microvm.DefaultQEMUUser.
+	QEMUUser string `toml:"qemu_user"`
 	// UIDBase is the first host uid of the node's sandbox uid ranges; 0 picks a block no
 	// other node on the host holds (recorded in /run/aenv/uid-ranges.json).
 	UIDBase int `toml:"uid_base"`

@@ -138,6 +138,14 @@ func ociDataPlane(c *dataplane.Client) oci.DataPlane {
 	return c
 }
 
+// microvmDataPlane keeps a nil client a nil interface.
+func microvmDataPlane(c *dataplane.Client) microvm.DataPlane {
+	if c == nil {
+		return nil
+	}
+	return c
+}
+
 // openMicroVM is the "microvm" kind: a QEMU microVM per sandbox (package microvm).
 func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 	cfg := env.Config
@@ -151,7 +159,9 @@ func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 		Initrd:        cfg.Backend.GuestInitrd,
 		Accel:         cfg.Backend.Accel,
 		TBSizeMiB:     cfg.Backend.TBSizeMiB,
+		QEMUUser:      cfg.Backend.QEMUUser,
 		LayerResolver: env.Layers,
+		DataPlane:     microvmDataPlane(env.DataPlane),
 		BlobFetcher:   fetcher,
 		Logger:        env.Logger,
 		Network: network.Config{
