@@ -36,7 +36,13 @@ test('base has python3, node, curl, passwordless sudo and tput for user', { time
   if (skipReason) return t.skip(skipReason)
   const sbx = await Sandbox.create({ timeoutMs: 60_000 })
   try {
-    const run = async (cmd) => (await sbx.commands.run(cmd)).stdout.trim()
+    const run = async (cmd) => {
+      try {
+        return (await sbx.commands.run(cmd)).stdout.trim()
+      } catch (err) {
+        throw new Error(`${cmd}: exit ${err.exitCode}: ${err.stderr}`)
+      }
+    }
     assert.equal(await run('whoami'), 'user')
     assert.equal(await run(`python3 -c 'import json, sys; print(json.dumps({"v": sys.version_info[0]}))'`), '{"v": 3}')
     assert.equal(await run(`node -e 'console.log([1, 2, 3].map((x) => x * 2).join(","))'`), '2,4,6')
@@ -56,7 +62,7 @@ test('base has python3, node, curl, passwordless sudo and tput for user', { time
     }
     assert.equal(body, 'served')
     assert.equal(await run('test -s /etc/ssl/certs/ca-certificates.crt && echo ok'), 'ok')
-    assert.match(await run('ps -o comm= -p $$'), /bash/)
+    assert.match(await run('ps -eo comm='), /^envd$/m) // procps sees the sandbox's processes
   } finally {
     await sbx.kill()
   }
