@@ -176,7 +176,7 @@ func newBenchCmd() *cobra.Command {
 	df.DurationVar(&densitySettle, "settle", 3*time.Second, "wait before each memory reading")
 	df.StringVarP(&densityOut, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
 
-	root.AddCommand(create, dens, newBenchForkCmd(resolve), newBenchPauseCmd(resolve))
+	root.AddCommand(create, dens, newBenchForkCmd(resolve), newBenchPauseCmd(resolve), newBenchSnapshotCmd(resolve))
 	return root
 }
 
@@ -238,6 +238,40 @@ func newBenchForkCmd(resolve func(*cobra.Command) (string, string, error)) *cobr
 	fl.IntVar(&o.Runs, "runs", 5, "forks measured")
 	fl.IntVar(&o.Warmup, "warmup", 1, "unmeasured forks first")
 	fl.StringVar(&o.Command, "command", "true", "each child's first command")
+	fl.BoolVar(&o.PSS, "pss", false, "also report the idle children's PSS on this machine against their guest RAM (node on this machine)")
+	fl.DurationVar(&o.Settle, "settle", 3*time.Second, "with --pss: idle time before the reading")
+	fl.StringVarP(&out, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
+	return cmd
+}
+
+// newBenchSnapshotCmd is `aenv bench snapshot`: snapshot latency and create from a
+// snapshot → first command.
+func newBenchSnapshotCmd(resolve func(*cobra.Command) (string, string, error)) *cobra.Command {
+	var (
+		o   bench.SnapshotOptions
+		out string
+	)
+	cmd := &cobra.Command{
+		Use:   "snapshot",
+		Short: "Latency of snapshot, and of create from a snapshot → first command",
+		Long: "snapshot creates one sandbox from --template and cycles -n times: snapshot it (timed\n" +
+			"until the node answers), create a sandbox from the snapshot (timed until the node\n" +
+			"answers: on microvm a restore until envd in it answered), run --command in it (timed);\n" +
+			"the new sandbox and the snapshot are removed after each cycle (not timed).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBench(cmd, resolve, out, "snapshot → create", 2,
+				func(ctx context.Context, c *bench.Client, progress func(done, total int)) (benchResult, error) {
+					o.Progress = progress
+					return bench.RunSnapshot(ctx, c, o)
+				})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.Template, "template", "base", "template of the source sandbox (must be layered to snapshot)")
+	fl.IntVarP(&o.N, "n", "n", 10, "cycles measured")
+	fl.IntVar(&o.Warmup, "warmup", 1, "unmeasured cycles first")
+	fl.StringVar(&o.Command, "command", "true", "the first command in each sandbox created from a snapshot")
 	fl.StringVarP(&out, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
 	return cmd
 }
@@ -252,7 +286,7 @@ func newBenchPauseCmd(resolve func(*cobra.Command) (string, string, error)) *cob
 		Use:   "pause",
 		Short: "Latency of pause to disk and of resume",
 		Long: "pause creates one sandbox from --template and cycles it -n times: write a file, pause\n" +
-			"with memory:false (timed until the node answers), connect (resume, timed until the node\n" +
+			"with memory:false, or true with --memory (timed until the node answers), connect (resume, timed until the node\n" +
 			"answers), then read the file back through envd (timed; a changed file is a failure).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -267,6 +301,7 @@ func newBenchPauseCmd(resolve func(*cobra.Command) (string, string, error)) *cob
 	fl.StringVar(&o.Template, "template", "base", "template of the sandbox (must be layered to pause to disk)")
 	fl.IntVarP(&o.N, "n", "n", 20, "pause → resume cycles measured")
 	fl.IntVar(&o.Warmup, "warmup", 2, "unmeasured cycles first")
+	fl.BoolVar(&o.KeepMemory, "memory", false, "pause with memory (microvm keeps processes) instead of to disk")
 	fl.StringVarP(&out, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
 	return cmd
 }

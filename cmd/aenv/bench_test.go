@@ -27,6 +27,10 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"bench", "pause", "-o", "csv"}, `-o "csv": want table or json`},
 		{[]string{"bench", "pause", "-n", "0", "-o", "json"}, "n (0) must be positive"},
 		{[]string{"bench", "pause", "-n", "x"}, `invalid argument "x"`},
+		{[]string{"bench", "snapshot", "-o", "csv"}, `-o "csv": want table or json`},
+		{[]string{"bench", "snapshot", "-n", "0", "-o", "json"}, "n (0) must be positive"},
+		{[]string{"bench", "snapshot", "--warmup", "-2", "-o", "json"}, "warmup (-2) not negative"},
+		{[]string{"bench", "fork", "--pss", "--settle", "x"}, `invalid argument "x"`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

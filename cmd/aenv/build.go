@@ -66,12 +66,16 @@ func newBuildCmd(g *globals) *cobra.Command {
 			for _, w := range df.Warnings {
 				fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w)
 			}
+			ignore, _, err := loadDockerignore(ctxDir, file)
+			if err != nil {
+				return err
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			return runBuild(cmd.Context(), c, cmd.ErrOrStderr(), buildRequest{name: name, ctxDir: ctxDir, spec: df.Spec(),
-				cpu: cpu, memory: memory, detach: detach})
+			return runBuild(cmd.Context(), c, cmd.ErrOrStderr(), buildRequest{name: name, ctxDir: ctxDir, ignore: ignore,
+				spec: df.Spec(), cpu: cpu, memory: memory, detach: detach})
 		},
 	}
 	fl := cmd.Flags()
@@ -86,12 +90,31 @@ func newBuildCmd(g *globals) *cobra.Command {
 
 type buildRequest struct {
 	name, ctxDir string
+	ignore       *dockerignore
 	spec         build.Spec
 	cpu, memory  int
 	detach       bool
 }
 
 func runBuild(ctx context.Context, c *client, out io.Writer, r buildRequest) error {
+	// Every COPY source is read before the template is registered: a missing file fails
+	// here and leaves nothing behind on the node.
+	var uploads []*contextUpload
+	defer func() {
+		for _, u := range uploads {
+			u.close()
+		}
+	}()
+	for _, st := range r.spec.Steps {
+		if st.Type != build.StepCopy {
+			continue
+		}
+		u, err := packContext(r.ctxDir, st.Args[0], r.ignore)
+		if err != nil {
+			return err
+		}
+		uploads = append(uploads, u)
+	}
 	body := api.TemplateBuildRequestV3{Name: &r.name}
 	if r.cpu > 0 {
 		v := int32(r.cpu)
@@ -112,13 +135,15 @@ func runBuild(ctx context.Context, c *client, out io.Writer, r buildRequest) err
 	fmt.Fprintf(out, "template %s (%s), build %s\n", r.name, tid, bid)
 
 	steps := make([]api.TemplateStep, 0, len(r.spec.Steps))
+	next := 0
 	for _, st := range r.spec.Steps {
 		if st.Type == build.StepCopy {
-			h, err := uploadContext(ctx, c, out, tid, r.ctxDir, st.Args[0])
-			if err != nil {
+			u := uploads[next]
+			next++
+			if err := u.upload(ctx, c, out, tid); err != nil {
 				return err
 			}
-			st.FilesHash = h
+			st.FilesHash = u.hash
 		}
 		args := st.Args
 		s := api.TemplateStep{Type: st.Type, Args: &args}
@@ -201,47 +226,65 @@ func followBuild(ctx context.Context, c *client, out io.Writer, tid, bid string,
 	}
 }
 
-// uploadContext tars the context files a COPY source selects, names them by the hash
-// of the archive and uploads them unless the node has them already.
-func uploadContext(ctx context.Context, c *client, out io.Writer, tid, ctxDir, src string) (string, error) {
+// contextUpload is the archive of the context files one COPY source selects, named by
+// its hash.
+type contextUpload struct {
+	src   string
+	file  *os.File
+	files int
+	size  int64
+	hash  string
+}
+
+// packContext tars the context files src selects into a temporary file.
+func packContext(ctxDir, src string, ignore *dockerignore) (*contextUpload, error) {
 	tmp, err := os.CreateTemp("", "aenv-build-*.tar")
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	defer os.Remove(tmp.Name())
-	defer tmp.Close()
+	u := &contextUpload{src: src, file: tmp}
 	sum := sha256.New()
-	n, err := tarContext(io.MultiWriter(tmp, sum), ctxDir, src)
-	if err != nil {
-		return "", err
+	if u.files, err = tarContext(io.MultiWriter(tmp, sum), ctxDir, src, ignore); err != nil {
+		u.close()
+		return nil, err
 	}
-	hash := hex.EncodeToString(sum.Sum(nil))
-	resp, err := c.api.GetTemplateFileUploadWithResponse(ctx, tid, hash)
+	if u.size, err = tmp.Seek(0, io.SeekCurrent); err != nil {
+		u.close()
+		return nil, err
+	}
+	u.hash = hex.EncodeToString(sum.Sum(nil))
+	return u, nil
+}
+
+func (u *contextUpload) close() {
+	u.file.Close()
+	os.Remove(u.file.Name())
+}
+
+// upload sends the archive unless the node has it already.
+func (u *contextUpload) upload(ctx context.Context, c *client, out io.Writer, tid string) error {
+	resp, err := c.api.GetTemplateFileUploadWithResponse(ctx, tid, u.hash)
 	if err != nil {
-		return "", c.transportErr(err)
+		return c.transportErr(err)
 	}
 	if resp.JSON201 == nil {
-		return "", c.apiErr("ask where to upload "+src, resp.StatusCode(), resp.Body)
+		return c.apiErr("ask where to upload "+u.src, resp.StatusCode(), resp.Body)
 	}
 	if resp.JSON201.Present {
-		fmt.Fprintf(out, "COPY %s: already on the node\n", src)
-		return hash, nil
+		fmt.Fprintf(out, "COPY %s: already on the node\n", u.src)
+		return nil
 	}
 	if resp.JSON201.Url == nil {
-		return "", fmt.Errorf("the node gave no upload URL for %s", src)
+		return fmt.Errorf("the node gave no upload URL for %s", u.src)
 	}
-	size, err := tmp.Seek(0, io.SeekCurrent)
+	if _, err := u.file.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, *resp.JSON201.Url, io.NopCloser(u.file))
 	if err != nil {
-		return "", err
+		return err
 	}
-	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-		return "", err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, *resp.JSON201.Url, tmp)
-	if err != nil {
-		return "", err
-	}
-	req.ContentLength = size
+	req.ContentLength = u.size
 	if resp.JSON201.Headers != nil {
 		for k, v := range *resp.JSON201.Headers {
 			req.Header.Set(k, v)
@@ -249,21 +292,23 @@ func uploadContext(ctx context.Context, c *client, out io.Writer, tid, ctxDir, s
 	}
 	put, err := c.http.Do(req)
 	if err != nil {
-		return "", c.transportErr(err)
+		return c.transportErr(err)
 	}
 	defer put.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(put.Body, 4096))
 	if put.StatusCode/100 != 2 {
-		return "", c.apiErr("upload "+src, put.StatusCode, body)
+		return c.apiErr("upload "+u.src, put.StatusCode, body)
 	}
-	fmt.Fprintf(out, "COPY %s: uploaded %d files (%d bytes)\n", src, n, size)
-	return hash, nil
+	fmt.Fprintf(out, "COPY %s: uploaded %d files (%d bytes)\n", u.src, u.files, u.size)
+	return nil
 }
 
 // tarContext writes the context files src selects (a path or glob relative to ctxDir;
-// directories recursively) as a tar with context-relative names, in a stable order. It
-// refuses sources that match nothing or leave the context.
-func tarContext(w io.Writer, ctxDir, src string) (int, error) {
+// directories recursively) as a tar with context-relative names, in a stable order,
+// with their modes and modification times (COPY keeps both). Files ignore excludes
+// (.dockerignore) are left out, as Docker never sends them. It refuses sources that
+// match nothing or leave the context.
+func tarContext(w io.Writer, ctxDir, src string, ignore *dockerignore) (int, error) {
 	clean, err := build.ContextPath(src)
 	if err != nil {
 		return 0, fmt.Errorf("COPY %s: %w", src, err)
@@ -285,12 +330,25 @@ func tarContext(w io.Writer, ctxDir, src string) (int, error) {
 			if err != nil {
 				return err
 			}
+			rel, rerr := filepath.Rel(root, p)
+			if rerr != nil {
+				return rerr
+			}
+			if ignore.excluded(filepath.ToSlash(rel)) {
+				if d.IsDir() && !ignore.hasExceptions() {
+					return filepath.SkipDir
+				}
+				return nil
+			}
 			files = append(files, p)
 			return nil
 		})
 		if err != nil {
 			return 0, err
 		}
+	}
+	if len(files) == 0 {
+		return 0, fmt.Errorf("COPY %s: no such file in the build context %s (.dockerignore excludes what matches)", src, ctxDir)
 	}
 	sort.Strings(files)
 	tw := tar.NewWriter(w)
@@ -318,7 +376,9 @@ func tarContext(w io.Writer, ctxDir, src string) (int, error) {
 			h.Name += "/"
 		}
 		h.Uid, h.Gid, h.Uname, h.Gname = 0, 0, "", ""
-		h.ModTime = time.Unix(0, 0) // the hash names content, not when it was touched
+		// COPY keeps modification times, so they are part of what the upload's hash names.
+		h.ModTime = fi.ModTime().Truncate(time.Second)
+		h.AccessTime, h.ChangeTime = time.Time{}, time.Time{}
 		if err := tw.WriteHeader(h); err != nil {
 			return 0, err
 		}

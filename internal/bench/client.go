@@ -132,6 +132,40 @@ func (c *Client) Connect(ctx context.Context, id string, timeout int) (Sandbox, 
 	return sb, err
 }
 
+// MemoryMB is a sandbox's guest memory (GET /sandboxes/{id}).
+func (c *Client) MemoryMB(ctx context.Context, id string) (int, error) {
+	var d struct {
+		MemoryMB int `json:"memoryMB"`
+	}
+	err := c.do(ctx, "get "+id, http.MethodGet, "/sandboxes/"+id, nil, http.StatusOK, &d)
+	return d.MemoryMB, err
+}
+
+// PauseKeepingMemory pauses a sandbox with {"memory": true}: on a backend with memory
+// snapshots its processes continue after the connect that resumes it.
+func (c *Client) PauseKeepingMemory(ctx context.Context, id string) error {
+	body := map[string]bool{"memory": true}
+	return c.do(ctx, "pause "+id+" with memory", http.MethodPost, "/sandboxes/"+id+"/pause", body, http.StatusNoContent, nil)
+}
+
+// Snapshot snapshots a running sandbox (POST /sandboxes/{id}/snapshots) and returns the
+// snapshot's id, which creates sandboxes as a template id does.
+func (c *Client) Snapshot(ctx context.Context, id string) (string, error) {
+	var info struct {
+		ID string `json:"snapshotID"`
+	}
+	err := c.do(ctx, "snapshot "+id, http.MethodPost, "/sandboxes/"+id+"/snapshots", map[string]string{}, http.StatusCreated, &info)
+	if err == nil && info.ID == "" {
+		err = fmt.Errorf("snapshot %s: answer has no snapshotID", id)
+	}
+	return info.ID, err
+}
+
+// DeleteTemplate deletes a template or snapshot (DELETE /templates/{id}).
+func (c *Client) DeleteTemplate(ctx context.Context, id string) error {
+	return c.do(ctx, "delete "+id, http.MethodDelete, "/templates/"+id, nil, 0, nil)
+}
+
 // SandboxState is one entry of GET /v2/sandboxes.
 type SandboxState struct {
 	ID    string `json:"sandboxID"`

@@ -1,10 +1,12 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
 )
@@ -22,8 +24,27 @@ type ForkOptions struct {
 	Command string
 	// SandboxTimeout is the TTL (seconds) of the source and of every child. Default 120.
 	SandboxTimeout int
+	// PSS also measures what the idle children cost in host memory, once they have all
+	// answered and then idled for Settle (default 3 s): the PSS of their processes on
+	// this machine (SandboxPSS under ProcRoot, default /proc), meaningful only when the
+	// node runs here.
+	PSS      bool
+	Settle   time.Duration
+	ProcRoot string
 	// Progress, when set, is called after each measured fork.
 	Progress func(done, total int)
+}
+
+// IdleMemory is what a fork's idle children cost: the median over runs of their total
+// PSS, against Children × their guest memory (GuestMB, 0 when the node did not say).
+type IdleMemory struct {
+	Children   int     `json:"children"`
+	TotalPSS   int64   `json:"totalPSSBytes"`
+	PerChild   int64   `json:"perChildPSSBytes"`
+	GuestMB    int     `json:"guestMB"`
+	Overcommit float64 `json:"overcommit"`
+	// Processes is how many host processes the children had (in the median run).
+	Processes int `json:"processes"`
 }
 
 // ForkResult is what a fork run measured. Each run is timed from the fork request to
@@ -31,13 +52,15 @@ type ForkOptions struct {
 // request alone (the node's answer lists the children once envd in each is
 // initialised), Child each child's own request → command completed.
 type ForkResult struct {
-	Count       int      `json:"count"`
-	Runs        int      `json:"runs"`
-	Failures    int      `json:"failures"` // runs in which some child failed
-	Fork        Summary  `json:"fork"`
-	AllAnswered Summary  `json:"allAnswered"`
-	Child       Summary  `json:"child"`
-	Errors      []string `json:"errors,omitempty"`
+	Count       int     `json:"count"`
+	Runs        int     `json:"runs"`
+	Failures    int     `json:"failures"` // runs in which some child failed
+	Fork        Summary `json:"fork"`
+	AllAnswered Summary `json:"allAnswered"`
+	Child       Summary `json:"child"`
+	// Idle is set when the run measured PSS.
+	Idle   *IdleMemory `json:"idle,omitempty"`
+	Errors []string    `json:"errors,omitempty"`
 }
 
 // RunFork creates a source sandbox from Template, checks that it runs Command, then forks
@@ -53,6 +76,12 @@ func RunFork(ctx context.Context, c *Client, o ForkOptions) (ForkResult, error) 
 	if o.SandboxTimeout <= 0 {
 		o.SandboxTimeout = 120
 	}
+	if o.Settle <= 0 {
+		o.Settle = 3 * time.Second
+	}
+	if o.ProcRoot == "" {
+		o.ProcRoot = "/proc"
+	}
 	src, err := c.Create(ctx, CreateRequest{TemplateID: o.Template, Timeout: o.SandboxTimeout, Secure: true})
 	if err != nil {
 		return ForkResult{}, fmt.Errorf("bench: source sandbox: %w", err)
@@ -63,6 +92,7 @@ func RunFork(ctx context.Context, c *Client, o ForkOptions) (ForkResult, error) 
 	}
 	r := ForkResult{Count: o.Count, Runs: o.Runs}
 	var forks, all, children []time.Duration
+	var idle []IdleMemory
 	for i := range o.Warmup + o.Runs {
 		s := forkOnce(ctx, c, src.ID, o)
 		if ctx.Err() != nil {
@@ -77,19 +107,53 @@ func RunFork(ctx context.Context, c *Client, o ForkOptions) (ForkResult, error) 
 		} else {
 			forks, all = append(forks, s.fork), append(all, s.all)
 			children = append(children, s.children...)
+			if s.idle != nil {
+				idle = append(idle, *s.idle)
+			}
 		}
 		if o.Progress != nil {
 			o.Progress(i-o.Warmup+1, o.Runs)
 		}
 	}
 	r.Fork, r.AllAnswered, r.Child = Summarize(forks), Summarize(all), Summarize(children)
+	if len(idle) > 0 {
+		slices.SortFunc(idle, func(a, b IdleMemory) int { return cmp.Compare(a.TotalPSS, b.TotalPSS) })
+		m := idle[(len(idle)-1)/2]
+		r.Idle = &m
+	}
 	return r, nil
 }
 
 type forkSample struct {
 	fork, all time.Duration
 	children  []time.Duration
+	idle      *IdleMemory
 	err       error
+}
+
+// idleMemory lets the children idle for o.Settle and sums their PSS.
+func idleMemory(ctx context.Context, c *Client, ids []string, o ForkOptions) (*IdleMemory, error) {
+	if err := sleepCtx(ctx, o.Settle); err != nil {
+		return nil, err
+	}
+	m := &IdleMemory{Children: len(ids)}
+	for _, id := range ids {
+		pss, n, err := SandboxPSS(o.ProcRoot, id)
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("no process of child %s under %s (is the node on this machine?)", id, o.ProcRoot)
+		}
+		m.TotalPSS += pss
+		m.Processes += n
+	}
+	m.PerChild = m.TotalPSS / int64(len(ids))
+	if mb, err := c.MemoryMB(ctx, ids[0]); err == nil && mb > 0 && m.TotalPSS > 0 {
+		m.GuestMB = mb
+		m.Overcommit = float64(int64(len(ids))*int64(mb)<<20) / float64(m.TotalPSS)
+	}
+	return m, nil
 }
 
 // forkOnce forks src into o.Count children, runs o.Command in each as soon as the fork
@@ -128,6 +192,16 @@ func forkOnce(ctx context.Context, c *Client, src string, o ForkOptions) forkSam
 	}
 	wg.Wait()
 	s.all = time.Since(t0)
+	if o.PSS && len(errs) == 0 && err == nil {
+		var ids []string
+		for _, ch := range res {
+			ids = append(ids, ch.Sandbox.ID)
+		}
+		var perr error
+		if s.idle, perr = idleMemory(ctx, c, ids, o); perr != nil {
+			errs = append(errs, fmt.Errorf("idle PSS: %w", perr))
+		}
+	}
 	// Killed with a context of their own: an interrupted run must not leave children behind.
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
@@ -155,7 +229,15 @@ func (r ForkResult) Write(w io.Writer, format string) error {
 	if format == "json" {
 		return writeJSON(w, r)
 	}
-	return writeStages(w, fmt.Sprintf("fork -n %d", r.Count),
+	if err := writeStages(w, fmt.Sprintf("fork -n %d", r.Count),
 		[]stage{{"all answered", r.AllAnswered}, {"fork answered", r.Fork}, {"each child", r.Child}},
-		r.Failures, r.Runs, "runs had failures", r.Errors)
+		r.Failures, r.Runs, "runs had failures", r.Errors); err != nil {
+		return err
+	}
+	if m := r.Idle; m != nil {
+		_, err := fmt.Fprintf(w, "\nidle children (median run): PSS %s in total, %s each (%d processes); guest RAM %d × %d MiB: %.1fx overcommit\n",
+			mib(m.TotalPSS), mib(m.PerChild), m.Processes, m.Children, m.GuestMB, m.Overcommit)
+		return err
+	}
+	return nil
 }

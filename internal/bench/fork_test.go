@@ -29,7 +29,10 @@ type fakeNode struct {
 	forkErrs int             // children per fork answered with an error
 	onResume func(id string) // called at each connect
 	pauses   int
+	memPause int // pauses with {"memory": true}
 	forks    int
+	// snapshots maps a live snapshot to the sandboxes created from it.
+	snapshots map[string][]string
 }
 
 func newFakeNode(t *testing.T) *fakeNode {
@@ -54,7 +57,7 @@ func newFakeNode(t *testing.T) *fakeNode {
 		t.Fatal(err)
 	}
 	ed := envd.New(envd.Config{Users: identity.DB{PasswdPath: pw, GroupPath: gr}, Defaults: state.New(u.Username), DiskPath: dir})
-	n := &fakeNode{t: t, live: map[string]bool{}}
+	n := &fakeNode{t: t, live: map[string]bool{}, snapshots: map[string][]string{}}
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
 			n.mu.Lock()
@@ -99,7 +102,28 @@ func (n *fakeNode) rest(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case r.Method == http.MethodPost && r.URL.Path == "/v2/sandboxes":
-		reply(http.StatusCreated, Sandbox{ID: n.newID()})
+		var body CreateRequest
+		json.NewDecoder(r.Body).Decode(&body)
+		id := n.newID()
+		if kids, ok := n.snapshots[body.TemplateID]; ok {
+			n.snapshots[body.TemplateID] = append(kids, id)
+		}
+		reply(http.StatusCreated, Sandbox{ID: id})
+	case r.Method == http.MethodPost && len(parts) == 3 && parts[2] == "snapshots":
+		n.seq++
+		snap := fmt.Sprintf("snap%d", n.seq)
+		n.snapshots[snap] = nil
+		reply(http.StatusCreated, map[string]any{"snapshotID": snap, "names": []string{}})
+	case r.Method == http.MethodDelete && len(parts) == 2 && parts[0] == "templates":
+		for _, kid := range n.snapshots[parts[1]] {
+			if n.live[kid] {
+				n.t.Errorf("snapshot %s deleted while %s, created from it, runs", parts[1], kid)
+			}
+		}
+		delete(n.snapshots, parts[1])
+		w.WriteHeader(http.StatusNoContent)
+	case r.Method == http.MethodGet && len(parts) == 2 && parts[0] == "sandboxes":
+		reply(http.StatusOK, map[string]any{"sandboxID": parts[1], "memoryMB": 192})
 	case r.Method == http.MethodDelete && len(parts) == 2:
 		delete(n.live, parts[1])
 		w.WriteHeader(http.StatusNoContent)
@@ -118,9 +142,12 @@ func (n *fakeNode) rest(w http.ResponseWriter, r *http.Request) {
 		reply(http.StatusCreated, out)
 	case r.Method == http.MethodPost && len(parts) == 3 && parts[2] == "pause":
 		var body map[string]bool
-		if json.NewDecoder(r.Body).Decode(&body) != nil || body["memory"] {
-			reply(http.StatusBadRequest, map[string]string{"message": "want memory:false"})
+		if json.NewDecoder(r.Body).Decode(&body) != nil {
+			reply(http.StatusBadRequest, map[string]string{"message": "bad body"})
 			return
+		}
+		if body["memory"] {
+			n.memPause++
 		}
 		n.pauses++
 		n.live[parts[1]] = false
@@ -213,5 +240,87 @@ func TestBenchOptionsRejected(t *testing.T) {
 		if _, err := RunPause(t.Context(), c, o); err == nil || !strings.Contains(err.Error(), "must be") {
 			t.Errorf("RunPause(%+v) = %v, want an options error", o, err)
 		}
+	}
+}
+
+func TestRunForkPSS(t *testing.T) {
+	n := newFakeNode(t)
+	c := NewClient(n.url, "key", 4)
+	defer c.Close()
+	// The source is sbx1, the children sbx2 and sbx3: one QEMU each, plus a helper of sbx3.
+	proc := t.TempDir()
+	for pid, p := range map[string]struct{ cmdline, kb string }{
+		"100": {"qemu\x00-pidfile\x00/d/sandboxes/sbx2/qemu.pid\x00", "30720"},
+		"101": {"qemu\x00-pidfile\x00/d/sandboxes/sbx3/qemu.pid\x00", "20480"},
+		"102": {"helper\x00sbx3\x00", "1024"},
+		"103": {"qemu\x00-pidfile\x00/d/sandboxes/sbx1/qemu.pid\x00", "99999"},
+	} {
+		d := filepath.Join(proc, pid)
+		os.MkdirAll(d, 0o755)
+		os.WriteFile(filepath.Join(d, "cmdline"), []byte(p.cmdline), 0o644)
+		os.WriteFile(filepath.Join(d, "smaps_rollup"), []byte("Rss: 1 kB\nPss: "+p.kb+" kB\n"), 0o644)
+	}
+	r, err := RunFork(t.Context(), c, ForkOptions{Template: "base", Count: 2, Runs: 1, PSS: true, Settle: 1, ProcRoot: proc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := IdleMemory{Children: 2, TotalPSS: 51 << 20, PerChild: 51 << 19, GuestMB: 192, Overcommit: 384.0 / 51, Processes: 3}
+	if r.Failures != 0 || r.Idle == nil || *r.Idle != want {
+		t.Fatalf("idle memory %+v (failures %d: %v), want %+v", r.Idle, r.Failures, r.Errors, want)
+	}
+	var out strings.Builder
+	if err := r.Write(&out, "table"); err != nil || !strings.Contains(out.String(), "7.5x overcommit") {
+		t.Fatalf("table: %v\n%s", err, out.String())
+	}
+	// Children without processes here (a remote node): a failed run, not a figure.
+	r, err = RunFork(t.Context(), c, ForkOptions{Template: "base", Count: 1, Runs: 1, PSS: true, Settle: 1, ProcRoot: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Failures != 1 || r.Idle != nil || !strings.Contains(r.Errors[0], "no process of child") {
+		t.Fatalf("missing processes not reported: %+v", r)
+	}
+}
+
+func TestRunSnapshot(t *testing.T) {
+	n := newFakeNode(t)
+	c := NewClient(n.url, "key", 2)
+	defer c.Close()
+	r, err := RunSnapshot(t.Context(), c, SnapshotOptions{Template: "base", N: 3, Warmup: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Failures != 0 || r.Snapshot.N != 3 || r.Create.N != 3 || r.Command.N != 3 || r.Total.N != 3 {
+		t.Fatalf("result %+v", r)
+	}
+	if r.Total.Min < r.Create.Min {
+		t.Fatalf("total %v shorter than its create %v", r.Total, r.Create)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.snapshots) != 0 {
+		t.Errorf("snapshots left: %v", n.snapshots)
+	}
+	for id, live := range n.live {
+		if live {
+			t.Errorf("sandbox %s left running", id)
+		}
+	}
+}
+
+func TestRunPauseMemory(t *testing.T) {
+	n := newFakeNode(t)
+	c := NewClient(n.url, "key", 2)
+	defer c.Close()
+	r, err := RunPause(t.Context(), c, PauseOptions{Template: "base", N: 2, File: filepath.Join(t.TempDir(), "f"), KeepMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Failures != 0 || !r.Memory || n.memPause != 2 {
+		t.Fatalf("result %+v after %d pauses with memory", r, n.memPause)
+	}
+	var out strings.Builder
+	if err := r.Write(&out, "table"); err != nil || !strings.Contains(out.String(), "pause (memory)") {
+		t.Fatalf("table: %v\n%s", err, out.String())
 	}
 }

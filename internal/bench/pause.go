@@ -21,6 +21,9 @@ type PauseOptions struct {
 	// File is the path inside the sandbox each cycle writes and reads back. Default
 	// /tmp/aenv-bench-pause.
 	File string
+	// KeepMemory pauses with {"memory": true}: a backend with memory snapshots (microvm)
+	// keeps the sandbox's processes and memory. Default: pause to disk.
+	KeepMemory bool
 	// Progress, when set, is called after each measured cycle.
 	Progress func(done, total int)
 }
@@ -32,6 +35,7 @@ type PauseOptions struct {
 type PauseResult struct {
 	N        int      `json:"n"`
 	Failures int      `json:"failures"`
+	Memory   bool     `json:"memory"` // paused with {"memory": true}
 	Pause    Summary  `json:"pause"`
 	Resume   Summary  `json:"resume"`
 	Command  Summary  `json:"command"`
@@ -60,7 +64,7 @@ func RunPause(ctx context.Context, c *Client, o PauseOptions) (PauseResult, erro
 		return PauseResult{}, fmt.Errorf("bench: sandbox: %w", err)
 	}
 	defer func() { _ = killDetached(ctx, c, sb.ID) }()
-	r := PauseResult{N: o.N}
+	r := PauseResult{N: o.N, Memory: o.KeepMemory}
 	var pauses, resumes, commands []time.Duration
 	for i := range o.Warmup + o.N {
 		s := pauseOnce(ctx, c, sb, i, o)
@@ -100,7 +104,11 @@ func pauseOnce(ctx context.Context, c *Client, sb Sandbox, cycle int, o PauseOpt
 		return pauseSample{err: err, fatal: true}
 	}
 	t0 := time.Now()
-	if err := c.PauseToDisk(ctx, sb.ID); err != nil {
+	pause := c.PauseToDisk
+	if o.KeepMemory {
+		pause = c.PauseKeepingMemory
+	}
+	if err := pause(ctx, sb.ID); err != nil {
 		return pauseSample{err: err, fatal: true}
 	}
 	t1 := time.Now()
@@ -122,7 +130,11 @@ func (r PauseResult) Write(w io.Writer, format string) error {
 	if format == "json" {
 		return writeJSON(w, r)
 	}
+	label := "pause to disk"
+	if r.Memory {
+		label = "pause (memory)"
+	}
 	return writeStages(w, "stage",
-		[]stage{{"pause to disk", r.Pause}, {"resume", r.Resume}, {"first command", r.Command}},
+		[]stage{{label, r.Pause}, {"resume", r.Resume}, {"first command", r.Command}},
 		r.Failures, r.N, "cycles failed", r.Errors)
 }

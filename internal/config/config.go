@@ -36,16 +36,21 @@ type Config struct {
 	// DebugListen serves net/http/pprof when set (empty: off). Profiles expose memory
 	// contents and can be costly to take, so the default is off and Validate keeps it on
 	// loopback unless the user writes another address explicitly.
-	DebugListen string     `toml:"debug_listen"`
-	Sandbox     Sandbox    `toml:"sandbox"`
-	Envd        Envd       `toml:"envd"`
-	Backend     Backend    `toml:"backend"`
-	Network     Network    `toml:"network"`
-	Templates   Templates  `toml:"templates"`
-	Proxy       Proxy      `toml:"proxy"`
-	Snapshot    Snapshot   `toml:"snapshot"`
-	Repository  Repository `toml:"repository"`
-	Cluster     Cluster    `toml:"cluster"`
+	DebugListen string `toml:"debug_listen"`
+	// MetricsListen serves GET /metrics on a listener of its own, and the API listener
+	// then answers 404 there (empty: /metrics is on the API listener). MetricsToken,
+	// when set, is the bearer token every /metrics request must carry.
+	MetricsListen string     `toml:"metrics_listen"`
+	MetricsToken  string     `toml:"metrics_token"`
+	Sandbox       Sandbox    `toml:"sandbox"`
+	Envd          Envd       `toml:"envd"`
+	Backend       Backend    `toml:"backend"`
+	Network       Network    `toml:"network"`
+	Templates     Templates  `toml:"templates"`
+	Proxy         Proxy      `toml:"proxy"`
+	Snapshot      Snapshot   `toml:"snapshot"`
+	Repository    Repository `toml:"repository"`
+	Cluster       Cluster    `toml:"cluster"`
 }
 
 // Sandbox holds lifecycle defaults and limits.
@@ -405,6 +410,11 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen", "%q is not host:port (e.g. 127.0.0.1:8000)", c.Listen)
+	}
+	if c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			bad("metrics_listen", "%q is not host:port (e.g. 127.0.0.1:9100)", c.MetricsListen)
+		}
 	}
 	if c.DebugListen != "" {
 		if _, _, err := net.SplitHostPort(c.DebugListen); err != nil {

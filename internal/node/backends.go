@@ -141,6 +141,9 @@ func ociDataPlane(c *dataplane.Client) oci.DataPlane {
 // openMicroVM is the "microvm" kind: a QEMU microVM per sandbox (package microvm).
 func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 	cfg := env.Config
+	// The node's layer resolver also fetches whole blobs, verified: the memory images of
+	// snapshots made on other nodes.
+	fetcher, _ := env.Layers.(microvm.BlobFetcher)
 	b, err := microvm.New(ctx, microvm.Config{
 		DataDir:       env.DataDir,
 		EnvdPath:      env.EnvdPath,
@@ -148,6 +151,7 @@ func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 		Initrd:        cfg.Backend.GuestInitrd,
 		Accel:         cfg.Backend.Accel,
 		LayerResolver: env.Layers,
+		BlobFetcher:   fetcher,
 		Logger:        env.Logger,
 		Network: network.Config{
 			Bridge:   cfg.Network.Bridge,

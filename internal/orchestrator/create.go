@@ -19,18 +19,19 @@ import (
 // or shutting down), anything else is a backend or envd failure.
 func (o *Orchestrator) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
 	start := time.Now()
+	m := o.metricsFor(req.Metadata)
 	sb, err := o.create(ctx, req)
-	o.m.observe(opCreate, stageTotal, start, err)
+	m.observe(opCreate, stageTotal, start, err)
 	if err != nil {
-		o.m.creates.WithLabelValues("error").Inc()
+		m.creates.WithLabelValues("error").Inc()
 		if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTemplateNotFound) && !errors.Is(err, ErrCapacity) &&
 			!errors.Is(err, ErrUnsupported) {
-			o.m.failures.WithLabelValues(opCreate).Inc()
+			m.failures.WithLabelValues(opCreate).Inc()
 			o.log.Error("create sandbox", "template", req.TemplateID, "err", err)
 		}
 		return nil, err
 	}
-	o.m.creates.WithLabelValues("ok").Inc()
+	m.creates.WithLabelValues("ok").Inc()
 	o.log.Debug("sandbox created", "sandbox", sb.ID, "template", sb.TemplateID, "took", time.Since(start))
 	return sb, nil
 }
@@ -75,7 +76,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		return nil, err
 	}
 	var tpl catalog.Template
-	err = o.m.timeStage(opCreate, stageResolve, func() (err error) {
+	err = o.metricsFor(req.Metadata).timeStage(opCreate, stageResolve, func() (err error) {
 		tpl, err = o.cat.Templates().Resolve(req.TemplateID)
 		return err
 	})
@@ -117,6 +118,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		AutoResume:         req.AutoResume,
 		AllowInternet:      req.AllowInternet,
 		Egress:             req.Egress,
+		MaskRequestHost:    req.MaskRequestHost,
 		Private:            req.Private,
 		Backend:            o.backend.Name(),
 		Launch: LaunchInfo{
@@ -130,12 +132,16 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 	if err := o.cfg.Capacity.Check(rec.Resources); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	rec.Owner = req.Owner
+	if rec.VolumeMounts, rec.Launch.Mounts, err = o.resolveMounts(req.Owner, req.VolumeMounts, tpl); err != nil {
+		return nil, err
+	}
 	if req.Secure {
 		rec.EnvdAccessToken = o.EnvdAccessToken(id)
 	}
 	rec.AutoPauseDisk = req.AutoPauseDisk
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFresh, SandboxID: id, RootFS: rec.Launch.RootFS,
-		Resources: rec.Resources, AllowInternet: rec.AllowInternet}
+		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Mounts: rec.Launch.Mounts}
 	if tpl.Kind == catalog.KindTemplate {
 		fs, err := o.templateRoot(tpl)
 		if err != nil {
@@ -248,7 +254,7 @@ func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox,
 	e.rec.StartedAt = now.UTC()
 	e.rec.EndAt = now.Add(timeout).UTC()
 	o.mu.Unlock()
-	if err := o.m.timeStage(operation, stagePersist, func() error { return o.persist(e) }); err != nil {
+	if err := o.metricsFor(rec.Metadata).timeStage(operation, stagePersist, func() error { return o.persist(e) }); err != nil {
 		o.stopQuietly(octx, inst)
 		o.remove(e, p, err)
 		return nil, err
@@ -263,7 +269,8 @@ func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox,
 // stage under operation. On failure the instance is stopped before returning.
 func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbox.LaunchPlan, rec *Sandbox, resume bool) (sandbox.Instance, string, error) {
 	var inst sandbox.Instance
-	err := o.m.timeStage(operation, stageLaunch, func() (err error) {
+	m := o.metricsFor(rec.Metadata)
+	err := m.timeStage(operation, stageLaunch, func() (err error) {
 		inst, err = o.backend.Launch(ctx, plan)
 		return err
 	})
@@ -276,12 +283,12 @@ func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbo
 		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
 	}
 	ep := inst.Endpoint()
-	if err := o.m.timeStage(operation, stageEnvdWait, func() error { return o.waitEnvd(ctx, ep) }); err != nil {
+	if err := m.timeStage(operation, stageEnvdWait, func() error { return o.waitEnvd(ctx, ep) }); err != nil {
 		o.stopQuietly(ctx, inst)
 		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
 	}
 	var version string
-	err = o.m.timeStage(operation, stageEnvdInit, func() (err error) {
+	err = m.timeStage(operation, stageEnvdInit, func() (err error) {
 		version, err = o.initEnvd(ctx, ep, rec, resume)
 		return err
 	})

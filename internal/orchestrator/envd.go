@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"net/http"
 	"regexp"
@@ -83,11 +82,10 @@ func (o *Orchestrator) waitEnvd(ctx context.Context, ep sandbox.Endpoint) error 
 // instance may already hold the token (memory snapshot), in which case envd requires
 // it in X-Access-Token. It returns the envd version envd reports.
 func (o *Orchestrator) initEnvd(ctx context.Context, ep sandbox.Endpoint, rec *Sandbox, resume bool) (string, error) {
-	env := maps.Clone(rec.Launch.TemplateEnvVars)
-	if env == nil {
-		env = map[string]string{}
+	env, err := o.sandboxEnv(rec)
+	if err != nil {
+		return "", err
 	}
-	maps.Copy(env, rec.EnvVars)
 	env["E2B_SANDBOX"] = "true"
 	env["E2B_SANDBOX_ID"] = rec.ID
 	env["E2B_TEMPLATE_ID"] = rec.TemplateID

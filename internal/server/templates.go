@@ -374,12 +374,12 @@ func (h *handlers) GetTemplate(w http.ResponseWriter, r *http.Request, templateI
 	case err == nil:
 		recs = b.Builds(t.ID)
 	case errors.Is(err, build.ErrNotFound):
-		if recs = b.Builds(templateID); len(recs) == 0 {
+		if recs = unbuiltBuilds(b, templateID); len(recs) == 0 {
 			writeBuildError(w, r, err)
 			return
 		}
 		last := recs[len(recs)-1]
-		t = catalog.Template{ID: templateID, Aliases: []string{last.Name}, CreatedAt: recs[0].CreatedAt}
+		t = catalog.Template{ID: last.TemplateID, Aliases: []string{last.Name}, CreatedAt: recs[0].CreatedAt}
 	default:
 		writeBuildError(w, r, err)
 		return
@@ -400,6 +400,25 @@ func (h *handlers) GetTemplate(w http.ResponseWriter, r *http.Request, templateI
 		out.Builds = append(out.Builds, tb)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// unbuiltBuilds returns the builds of a template that exists only as build records (its
+// builds failed, or none has finished), found by id or by the name it was requested
+// under, as the catalog finds a registered one.
+func unbuiltBuilds(b TemplateBuilder, idOrName string) []build.Record {
+	if recs := b.Builds(idOrName); len(recs) > 0 {
+		return recs
+	}
+	id := ""
+	for _, rec := range b.Builds("") {
+		if rec.Name == idOrName {
+			id = rec.TemplateID
+		}
+	}
+	if id == "" {
+		return nil
+	}
+	return b.Builds(id)
 }
 
 func (h *handlers) GetTemplateAlias(w http.ResponseWriter, r *http.Request, alias string) {

@@ -173,3 +173,30 @@ func TestCopyRAMFile(t *testing.T) {
 		t.Fatal("a failed copy left a partial file")
 	}
 }
+
+func TestQEMUEnv(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   []string
+		want string
+	}{
+		{"added", []string{"PATH=/bin"}, "MALLOC_ARENA_MAX=1"},
+		{"operator's kept", []string{"MALLOC_ARENA_MAX=4", "PATH=/bin"}, "MALLOC_ARENA_MAX=4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := qemuEnv(slices.Clone(tc.in))
+			n := 0
+			for _, kv := range got {
+				if strings.HasPrefix(kv, "MALLOC_ARENA_MAX=") {
+					n++
+					if kv != tc.want {
+						t.Errorf("got %q, want %q", kv, tc.want)
+					}
+				}
+			}
+			if n != 1 || !slices.Contains(got, "PATH=/bin") {
+				t.Errorf("env %v: want the input plus one MALLOC_ARENA_MAX", got)
+			}
+		})
+	}
+}

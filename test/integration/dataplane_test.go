@@ -124,7 +124,7 @@ func makeSurvivors(ctx context.Context, t *testing.T, n *node, c *bench.Client, 
 			}
 			res, err := c.Run(ctx, sb, fmt.Sprintf("echo file-%d > /home/user/mark && sync && "+
 				"(setsid sh -c 'echo $$ > /home/user/bg.pid; exec sleep 100000' </dev/null >/dev/null 2>&1 &) && "+
-				"sleep 0.2 && cat /home/user/bg.pid", i))
+				"for i in $(seq 100); do [ -s /home/user/bg.pid ] && break; sleep 0.1; done; cat /home/user/bg.pid", i))
 			if err == nil && res.ExitCode != 0 {
 				err = fmt.Errorf("exit %d: %s%s", res.ExitCode, res.Stdout, res.Stderr)
 			}

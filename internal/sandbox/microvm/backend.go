@@ -79,6 +79,12 @@ type Config struct {
 	// TSCKHz is the host TSC rate given to TCG guests (tsc_early_khz). Default: the host
 	// kernel's calibration (vmm.HostTSCKHz).
 	TSCKHz int
+	// TBSizeMiB caps TCG's translation cache per VM (0: QEMU's default, 1 GiB reserved and
+	// touched as code is translated). The cache is private memory of every QEMU: an idle
+	// fork holds ~14–16 MiB of it, about half its PSS. A cap below that saves memory but
+	// makes TCG flush and retranslate: 8 MiB saved 6–8 MiB per fork and slowed boots and
+	// first answers after a restore several times over, so none is set by default.
+	TBSizeMiB int
 	// RAMDir holds the guest RAM files (memory-backend-file); it must be a tmpfs. Default
 	// /dev/shm/aenv-microvm-<hash of DataDir>.
 	RAMDir string
@@ -92,7 +98,10 @@ type Config struct {
 	ResolvConf string
 	// LayerResolver opens sealed layers that have a digest but no local path.
 	LayerResolver stack.Resolver
-	Logger        *slog.Logger
+	// BlobFetcher fetches the memory images of captures made on other nodes (by digest,
+	// verified) from the repository. Nil: such captures cannot be restored here.
+	BlobFetcher BlobFetcher
+	Logger      *slog.Logger
 }
 
 func (c *Config) defaults() error {
@@ -171,6 +180,9 @@ type Backend struct {
 	initrd string // the boot initramfs: cfg.Initrd plus envd
 	dns    []string
 
+	// fetching serialises fetches of one memory blob (memfetch.go).
+	fetching keyedMutex
+
 	mu        sync.Mutex
 	instances map[string]*Instance
 }
@@ -189,6 +201,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		}
 	}
 	b := &Backend{cfg: cfg, log: cfg.Logger, instances: map[string]*Instance{}, dns: nameservers(cfg.ResolvConf)}
+	if err := b.sweepFetchTemps(); err != nil {
+		return nil, err
+	}
 	b.initrd = filepath.Join(cfg.DataDir, "initrd.img")
 	if err := buildInitrd(cfg.Initrd, cfg.EnvdPath, b.initrd); err != nil {
 		return nil, err

@@ -172,13 +172,16 @@ func testConfig(t testing.TB) Config {
 }
 
 // newTestBackend makes a backend and, when the test ends, stops what it launched and
-// checks nothing is left.
-func newTestBackend(t testing.TB) *Backend {
+// checks nothing is left. opts edit its configuration.
+func newTestBackend(t testing.TB, opts ...func(*Config)) *Backend {
 	t.Helper()
 	needVM(t)
 	fixtures(t)
 	ctx := context.Background()
 	cfg := testConfig(t)
+	for _, o := range opts {
+		o(&cfg)
+	}
 	if os.Getenv("AENV_TEST_DEBUG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

@@ -182,7 +182,7 @@ func (b *Backend) startQEMU(ctx context.Context, inst *Instance) error {
 // vmSpec is inst's machine: the same for a boot and every restore of its snapshots.
 func (b *Backend) vmSpec(inst *Instance, disk string, nic *guestNIC) vmSpec {
 	return vmSpec{
-		qemu: b.cfg.QEMU, accel: string(b.accel), tscKHz: b.cfg.TSCKHz, kernel: b.cfg.Kernel, initrd: b.initrd,
+		qemu: b.cfg.QEMU, accel: string(b.accel), tscKHz: b.cfg.TSCKHz, tbSizeMiB: b.cfg.TBSizeMiB, kernel: b.cfg.Kernel, initrd: b.initrd,
 		cpus: inst.res.CPUCount, memMB: inst.res.MemoryMB, ramFile: inst.ramFile, disk: disk, nic: nic,
 		pidFile: filepath.Join(inst.dir, pidFileName), qmp: filepath.Join(inst.dir, qmpSock),
 		console: filepath.Join(inst.dir, consoleLog), log: filepath.Join(inst.dir, qemuLog),

@@ -28,6 +28,7 @@ type vmSpec struct {
 	console    string // serial console log
 	log        string // QEMU's own output
 	tscKHz     int    // TCG: the host TSC rate (tsc_early_khz)
+	tbSizeMiB  int    // TCG: translation cache cap (0: QEMU's default)
 }
 
 // config is the VMM configuration. Device order is fixed (disk, then NIC): a migration
@@ -37,7 +38,7 @@ func (s vmSpec) config() vmm.Config {
 		Binary: s.qemu, Accel: vmm.Accel(s.accel), CPUs: s.cpus,
 		Memory: vmm.Memory{SizeMiB: s.memMB, Path: s.ramFile, Share: !s.privateRAM},
 		Kernel: s.kernel, Initrd: s.initrd, Cmdline: s.cmdline,
-		ConsoleLog: s.console, QMPSocket: s.qmp, PIDFile: s.pidFile, LogFile: s.log, TSCKHz: s.tscKHz,
+		ConsoleLog: s.console, QMPSocket: s.qmp, PIDFile: s.pidFile, LogFile: s.log, TSCKHz: s.tscKHz, TBSizeMiB: s.tbSizeMiB,
 		Drives: []vmm.Drive{{ID: "root", Path: s.disk}},
 	}
 	if s.nic != nil {

@@ -3,14 +3,17 @@ package microvm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/aenv-dev/aenv/internal/network"
 )
@@ -61,29 +64,79 @@ func (b *Backend) attachRestoredTap(ctx context.Context, slot *network.Slot, g g
 	if err != nil {
 		return nil, err
 	}
-	script := fmt.Sprintf(`set -e
-tc qdisc del dev eth0 ingress 2>/dev/null || true
-ip link set dev %[1]s address %[2]s mtu $(cat /sys/class/net/eth0/mtu) up
-ip route replace %[3]s/32 dev %[1]s
-echo 1 > /proc/sys/net/ipv4/ip_forward
-echo 1 > /proc/sys/net/ipv4/conf/%[1]s/proxy_arp
-nft -f - <<EOF
-table ip %[5]s
-delete table ip %[5]s
-table ip %[5]s {
-  chain pre { type nat hook prerouting priority dstnat; iifname "eth0" ip daddr %[4]s dnat to %[3]s; }
-  chain post { type nat hook postrouting priority srcnat; oifname "eth0" ip saddr %[3]s snat to %[4]s; }
+	if err := translate(ctx, ns, slot, g.Addr.Addr(), gwMAC); err != nil {
+		tap.Close()
+		return nil, fmt.Errorf("microvm: restored guest network in %s: %w", slot.Netns, err)
+	}
+	return &guestNIC{tap: tap, mac: mac}, nil
 }
-EOF
-`, tapName, gwMAC, g.Addr.Addr(), slot.IP, natTable)
-	cmd := exec.CommandContext(ctx, "nsenter", "--net="+slot.NetnsPath, "sh", "-c", script)
+
+// translate sets up slot's namespace for a guest at guest: the tap (wearing gwMAC, which
+// the guest has cached for its gateway) routed to the guest's address and answering ARP
+// for the rest of the subnet, forwarding on, and the NAT between the slot's address and
+// the guest's. It runs on every fork's critical path, so only the NAT rules take a
+// process (nft); the rest is netlink and /proc/sys writes from a thread in the namespace.
+func translate(ctx context.Context, ns netns.NsHandle, slot *network.Slot, guest netip.Addr, gwMAC net.HardwareAddr) error {
+	err := inNetns(ns, func() error {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return fmt.Errorf("netlink: %w", err)
+		}
+		defer h.Close()
+		eth, err := h.LinkByName("eth0")
+		if err != nil {
+			return fmt.Errorf("eth0: %w", err)
+		}
+		tl, err := h.LinkByName(tapName)
+		if err != nil {
+			return fmt.Errorf("%s: %w", tapName, err)
+		}
+		// A slot that held a VM booted in it still redirects eth0 to that VM's tap.
+		ingress := &netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{
+			LinkIndex: eth.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_INGRESS,
+		}}
+		if err := h.QdiscDel(ingress); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("remove the ingress redirect of eth0: %w", err)
+		}
+		if err := h.LinkSetHardwareAddr(tl, gwMAC); err != nil {
+			return fmt.Errorf("MAC of %s: %w", tapName, err)
+		}
+		if err := h.LinkSetMTU(tl, eth.Attrs().MTU); err != nil {
+			return fmt.Errorf("MTU of %s: %w", tapName, err)
+		}
+		if err := h.LinkSetUp(tl); err != nil {
+			return fmt.Errorf("up %s: %w", tapName, err)
+		}
+		route := &netlink.Route{LinkIndex: tl.Attrs().Index, Dst: &net.IPNet{IP: guest.AsSlice(), Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}
+		if err := h.RouteReplace(route); err != nil {
+			return fmt.Errorf("route to %s: %w", guest, err)
+		}
+		// /proc/sys/net is the namespace of the thread that opens it.
+		for _, f := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv4/conf/" + tapName + "/proxy_arp"} {
+			if err := os.WriteFile(f, []byte("1\n"), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	rules := fmt.Sprintf(`table ip %[3]s
+delete table ip %[3]s
+table ip %[3]s {
+  chain pre { type nat hook prerouting priority dstnat; iifname "eth0" ip daddr %[2]s dnat to %[1]s; }
+  chain post { type nat hook postrouting priority srcnat; oifname "eth0" ip saddr %[1]s snat to %[2]s; }
+}
+`, guest, slot.IP, natTable)
+	cmd := exec.CommandContext(ctx, "nsenter", "--net="+slot.NetnsPath, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		tap.Close()
-		return nil, fmt.Errorf("microvm: restored guest network in %s: %w: %s", slot.Netns, err, strings.TrimSpace(out.String()))
+		return fmt.Errorf("nft: %w: %s", err, strings.TrimSpace(out.String()))
 	}
-	return &guestNIC{tap: tap, mac: mac}, nil
+	return nil
 }
 
 // gatewayLink is the host interface holding the slots' gateway address: the bridge.

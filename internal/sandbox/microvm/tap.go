@@ -77,43 +77,48 @@ func attachTap(slot *network.Slot) (_ *guestNIC, err error) {
 	return &guestNIC{tap: tap, mac: eth.Attrs().HardwareAddr}, nil
 }
 
-// openTap creates tap device name in ns (a TUNSETIFF on a fresh /dev/net/tun descriptor
-// acts in the calling thread's namespace) with virtio-net headers, so QEMU can pass
-// offloads through.
-func openTap(ns netns.NsHandle, name string) (*os.File, error) {
-	type result struct {
-		f   *os.File
-		err error
-	}
-	ch := make(chan result, 1)
+// inNetns runs f on a thread that has entered ns. If the thread cannot get back to the
+// process's namespace it stays locked, and Go discards it when f's goroutine ends.
+func inNetns(ns netns.NsHandle, f func() error) error {
+	ch := make(chan error, 1)
 	go func() {
-		// The thread enters ns; if it cannot get back it stays locked and Go discards it.
 		runtime.LockOSThread()
 		orig, err := netns.Get()
 		if err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("microvm: current netns: %w", err)}
+			ch <- fmt.Errorf("microvm: current netns: %w", err)
 			return
 		}
 		defer orig.Close()
 		if err := netns.Set(ns); err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("microvm: enter netns: %w", err)}
+			ch <- fmt.Errorf("microvm: enter netns: %w", err)
 			return
 		}
-		f, terr := tunSetIff(name)
+		ferr := f()
 		if err := netns.Set(orig); err != nil {
-			if f != nil {
-				f.Close()
-			}
-			ch <- result{err: fmt.Errorf("microvm: restore netns: %w", err)}
+			ch <- errors.Join(ferr, fmt.Errorf("microvm: restore netns: %w", err))
 			return
 		}
 		runtime.UnlockOSThread()
-		ch <- result{f, terr}
+		ch <- ferr
 	}()
-	r := <-ch
-	return r.f, r.err
+	return <-ch
+}
+
+// openTap creates tap device name in ns (a TUNSETIFF on a fresh /dev/net/tun descriptor
+// acts in the calling thread's namespace) with virtio-net headers, so QEMU can pass
+// offloads through.
+func openTap(ns netns.NsHandle, name string) (f *os.File, err error) {
+	err = inNetns(ns, func() error {
+		f, err = tunSetIff(name)
+		return err
+	})
+	if err != nil && f != nil {
+		f.Close()
+		f = nil
+	}
+	return f, err
 }
 
 func tunSetIff(name string) (*os.File, error) {

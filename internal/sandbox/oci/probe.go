@@ -35,6 +35,13 @@ func (b *Backend) probe(ctx context.Context) (runtimeCLI, bool, error) {
 	case UserNSOff:
 		usernsModes = []bool{false}
 	}
+	key, kerr := b.probeKey(names)
+	if kerr == nil {
+		if rt, userns, ok := b.cachedProbe(key); ok {
+			b.log.Info("oci: runtime probe answered from cache", "runtime", rt.name, "userns", userns)
+			return rt, userns, nil
+		}
+	}
 	var errs []error
 	for _, n := range names {
 		bin, err := lookRuntime(n)
@@ -50,6 +57,11 @@ func (b *Backend) probe(ctx context.Context) (runtimeCLI, bool, error) {
 				if !userns && b.cfg.UserNamespace == UserNSAuto {
 					b.log.Warn("oci: sandboxes run WITHOUT user namespaces (sandbox root is host root, confined by seccomp, capabilities and namespaces)",
 						"hint", untraversable(b.cfg.DataDir))
+				}
+				if kerr == nil {
+					if err := b.saveProbe(key, rt, userns); err != nil {
+						b.log.Warn("oci: cannot cache the runtime probe", "err", err)
+					}
 				}
 				return rt, userns, nil
 			}

@@ -10,8 +10,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -34,7 +37,10 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	for _, id := range known {
 		want[id] = true
 	}
-	blockedBefore := blockdev.BlockedOnFUSE()
+	// The scan of the host's threads reads every /proc task; it overlaps the runtime's
+	// and the data plane's answers and must end before the sweep changes what it sees.
+	scanned := make(chan []blockdev.Task, 1)
+	go func() { scanned <- blockdev.BlockedOnFUSE() }()
 	containers, err := b.rt.list(ctx)
 	if err != nil {
 		return nil, err
@@ -87,6 +93,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	// under them: SIGKILL is queued even to a process stuck on a block root whose FUSE
 	// server died, and takes effect once the sweep aborts the connection.
 	b.killCgroups(cids)
+	before := <-scanned
 	// Block roots first (FUSE connections aborted, then ext4 mounts, loop devices, FUSE
 	// mounts), except the adopted ones; overlay roots are left alone.
 	errs = append(errs, rootfs.Sweep(ctx, filepath.Join(b.cfg.DataDir, "sandboxes"), keepDirs...))
@@ -99,12 +106,8 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	if len(gone) > 0 {
 		errs = append(errs, b.closeDisks(ctx, gone))
 	}
-	b.reportBlocked(blockedBefore)
-	for _, id := range stale {
-		if err := b.rt.remove(ctx, id); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	b.reportBlocked(before)
+	errs = append(errs, b.removeContainers(ctx, stale))
 	// Bundles without an adopted container: a crash between mount and run, or after the
 	// container died.
 	ents, err := os.ReadDir(filepath.Join(b.cfg.DataDir, "sandboxes"))
@@ -146,6 +149,28 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	errs = append(errs, b.gcLayers())
 	b.warm.start()
 	return alive, errors.Join(errs...)
+}
+
+// removeContainers deletes the runtime state of containers whose processes are already
+// killed. Each delete is a runtime invocation; a restart after a burst finds many (warm
+// containers, sandboxes not adopted), so they run a few at a time.
+func (b *Backend) removeContainers(ctx context.Context, ids []string) error {
+	var mu sync.Mutex
+	var errs []error
+	var g errgroup.Group
+	g.SetLimit(8)
+	for _, id := range ids {
+		g.Go(func() error {
+			if err := b.rt.remove(ctx, id); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	return errors.Join(errs...)
 }
 
 func readState(path string) (savedState, error) {

@@ -3,7 +3,7 @@ package blockdev
 import (
 	"fmt"
 	"os"
-	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -29,29 +29,50 @@ func (t Task) FUSEWait() bool {
 // channel the kernel hides (they might). The startup sweep reports them before and after
 // it aborts the connections of dead servers: one still listed after is stuck on
 // something the sweep does not own.
-func BlockedOnFUSE() []Task {
-	stats, _ := filepath.Glob("/proc/[0-9]*/task/[0-9]*/stat")
+//
+// It walks /proc by hand: a glob of /proc/*/task/*/stat lists every thread's directory to
+// match "stat" in it, which made this scan most of a node restart on a busy host.
+func BlockedOnFUSE() []Task { return blockedOnFUSE("/proc") }
+
+func blockedOnFUSE(proc string) []Task {
 	var out []Task
-	for _, p := range stats {
-		raw, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		s := string(raw)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 || i+2 >= len(s) || s[i+2] != 'D' {
-			continue
-		}
-		t := Task{Comm: s[strings.IndexByte(s, '(')+1 : i]}
-		taskDir := filepath.Dir(p)
-		fmt.Sscan(filepath.Base(taskDir), &t.TID)
-		fmt.Sscan(filepath.Base(filepath.Dir(filepath.Dir(taskDir))), &t.PID)
-		if w, err := os.ReadFile(filepath.Join(taskDir, "wchan")); err == nil && string(w) != "0" {
-			t.WChan = string(w)
-		}
-		if t.WChan == "" || t.FUSEWait() {
-			out = append(out, t)
+	for _, pid := range numericEntries(proc) {
+		for _, tid := range numericEntries(fmt.Sprintf("%s/%d/task", proc, pid)) {
+			taskDir := fmt.Sprintf("%s/%d/task/%d", proc, pid, tid)
+			raw, err := os.ReadFile(taskDir + "/stat")
+			if err != nil {
+				continue
+			}
+			s := string(raw)
+			i := strings.LastIndexByte(s, ')')
+			if i < 0 || i+2 >= len(s) || s[i+2] != 'D' {
+				continue
+			}
+			t := Task{PID: pid, TID: tid, Comm: s[strings.IndexByte(s, '(')+1 : i]}
+			if w, err := os.ReadFile(taskDir + "/wchan"); err == nil && string(w) != "0" {
+				t.WChan = string(w)
+			}
+			if t.WChan == "" || t.FUSEWait() {
+				out = append(out, t)
+			}
 		}
 	}
 	return out
+}
+
+// numericEntries lists the names of dir that are numbers (pids, tids).
+func numericEntries(dir string) []int {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(-1)
+	ids := make([]int, 0, len(names))
+	for _, n := range names {
+		if id, err := strconv.Atoi(n); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }

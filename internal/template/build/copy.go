@@ -11,6 +11,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // copyPlan says where the entries of an uploaded tar go in the build sandbox.
@@ -105,7 +106,7 @@ func rewriteCopy(upload io.Reader, p copyPlan, out io.Writer) (int, error) {
 		// The destination directory itself belongs to the owner, as Docker's --chown and
 		// E2B's copy do for directories they create.
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: strings.TrimPrefix(p.dest, "/") + "/",
-			Mode: 0o755, Uid: p.uid, Gid: p.gid}); err != nil {
+			Mode: 0o755, Uid: p.uid, Gid: p.gid, ModTime: time.Now()}); err != nil {
 			return 0, err
 		}
 	}

@@ -134,6 +134,7 @@ type dfParser struct {
 	buildArgs  map[string]string
 	cmd        *command
 	entrypoint *command
+	line       int // of the instruction being parsed
 }
 
 // command is a CMD or ENTRYPOINT in exec (JSON) or shell form.
@@ -142,7 +143,13 @@ type command struct {
 	shell string
 }
 
+// warnf records a warning about the instruction being parsed.
+func (p *dfParser) warnf(format string, args ...any) {
+	p.df.Warnings = append(p.df.Warnings, fmt.Sprintf("line %d: ", p.line)+fmt.Sprintf(format, args...))
+}
+
 func (p *dfParser) instruction(l dfLine) error {
+	p.line = l.no
 	kw, rest, _ := strings.Cut(l.text, " ")
 	if i := strings.IndexAny(kw, "\t"); i >= 0 {
 		kw, rest = kw[:i], kw[i+1:]+" "+rest
@@ -216,7 +223,7 @@ func (p *dfParser) instruction(l dfLine) error {
 	case "HEALTHCHECK":
 		return p.healthcheck(rest)
 	case "VOLUME", "STOPSIGNAL", "MAINTAINER", "ONBUILD":
-		p.df.Warnings = append(p.df.Warnings, fmt.Sprintf("line %d: %s has no effect on templates; ignored", l.no, kw))
+		p.warnf("%s has no effect on templates; ignored", kw)
 	case "SHELL":
 		return errors.New("SHELL is not supported (steps run with /bin/bash -l -c)")
 	default:
@@ -234,7 +241,8 @@ func (p *dfParser) from(rest string) error {
 		if !strings.HasPrefix(fields[0], "--platform=") {
 			return fmt.Errorf("FROM flag %s is not supported", fields[0])
 		}
-		fields = fields[1:] // the node pulls its own platform
+		p.warnf("FROM %s has no effect: the node pulls the image for its own platform", fields[0])
+		fields = fields[1:]
 	}
 	switch {
 	case len(fields) == 1:
@@ -395,8 +403,10 @@ func (p *dfParser) copyInstr(kw, rest string) error {
 			mode = fmt.Sprintf("%04s", val)
 		case "--from":
 			return fmt.Errorf("%s --from is not supported (single-stage Dockerfiles only)", kw)
-		case "--link", "--parents":
-			// Layering hints without an effect on the result here.
+		case "--link":
+			// A layering hint without an effect on the result here.
+		case "--parents":
+			return fmt.Errorf("%s --parents is not supported (it would copy the sources without their parent directories)", kw)
 		default:
 			return fmt.Errorf("%s flag %s is not supported", kw, flag)
 		}
@@ -497,7 +507,9 @@ func (p *dfParser) healthcheck(rest string) error {
 		return nil
 	}
 	for len(fields) > 0 && strings.HasPrefix(fields[0], "--") {
-		fields = fields[1:] // intervals and retries: the build's ready wait has its own
+		// Intervals and retries: the build's ready wait has its own.
+		p.warnf("HEALTHCHECK %s has no effect: the ready command is polled until it succeeds", fields[0])
+		fields = fields[1:]
 	}
 	if len(fields) < 2 || !strings.EqualFold(fields[0], "CMD") {
 		return errors.New("HEALTHCHECK wants [OPTIONS] CMD command")

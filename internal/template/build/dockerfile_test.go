@@ -66,6 +66,12 @@ RUN make V=$VERSION
 			steps: []Step{{Type: StepEnv, Args: []string{"GREETING", "hello world"}}, {Type: StepRun, Args: []string{"apt-get install -y 'x y'"}}},
 			start: "/bin/app --v",
 			ready: "curl -f localhost:80",
+			check: func(t *testing.T, d *Dockerfile) {
+				// Not honoured, so said: the ready command is polled, not on an interval.
+				if len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], "line 6: HEALTHCHECK --interval=5s has no effect") {
+					t.Errorf("warnings %q", d.Warnings)
+				}
+			},
 		},
 		{
 			name:  "shell entrypoint ignores cmd; later ENTRYPOINT resets CMD",
@@ -105,6 +111,11 @@ RUN make V=$VERSION
 			in:    "from --platform=linux/amd64 ubuntu:22.04 as build\nrun true\n",
 			from:  "ubuntu:22.04",
 			steps: []Step{{Type: StepRun, Args: []string{"true"}}},
+			check: func(t *testing.T, d *Dockerfile) {
+				if len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], "--platform=linux/amd64 has no effect") {
+					t.Errorf("warnings %q", d.Warnings)
+				}
+			},
 		},
 	}
 	for _, tt := range tests {
@@ -137,6 +148,9 @@ func TestParseDockerfileErrors(t *testing.T) {
 		{"run before from", "RUN x\nFROM y", "before FROM"},
 		{"multi-stage", "FROM a AS b\nFROM c\n", "multi-stage"},
 		{"copy from", "FROM a\nCOPY --from=b /x /y\n", "--from"},
+		{"copy parents", "FROM a\nCOPY --parents a/b/c /y/\n", "--parents is not supported"},
+		{"copy exclude", "FROM a\nCOPY --exclude=*.md . /y/\n", "--exclude is not supported"},
+		{"add checksum", "FROM a\nADD --checksum=sha256:00 x.tar /y/\n", "--checksum is not supported"},
 		{"add url", "FROM a\nADD https://x/y.tgz /y\n", "URL"},
 		{"heredoc", "FROM a\nRUN <<EOF\necho\nEOF\n", "heredoc"},
 		{"run mount", "FROM a\nRUN --mount=type=cache,target=/c make\n", "--mount"},
@@ -219,4 +233,26 @@ func FuzzParseDockerfile(f *testing.F) {
 			t.Fatalf("parsed Dockerfile makes an invalid spec: %v\n%q", err, in)
 		}
 	})
+}
+
+// TestDescribeStepNeverBlank: every step the build log shows has its value, including
+// the DEFAULT_USER step a Dockerfile without USER ends with.
+func TestDescribeStepNeverBlank(t *testing.T) {
+	x := &executor{startUser: "user"}
+	for _, tt := range []struct {
+		st   Step
+		want string
+	}{
+		{Step{Type: StepDefaultUser}, "USER user (the template's default user)"},
+		{Step{Type: StepUser, Args: []string{"app"}}, "USER 'app'"},
+		{Step{Type: StepWorkdir, Args: []string{"/srv app"}}, "WORKDIR '/srv app'"},
+		{Step{Type: StepRun, Args: []string{"make", "root"}}, "RUN make (as root)"},
+		{Step{Type: StepEnv, Args: []string{"A", "", "B", "2"}}, "ENV A B"},
+		{Step{Type: StepExpose, Args: []string{"80"}}, "EXPOSE 80"},
+	} {
+		got := x.describeStep(tt.st)
+		if got != tt.want || strings.HasSuffix(got, " ") {
+			t.Errorf("describeStep(%+v) = %q, want %q", tt.st, got, tt.want)
+		}
+	}
 }

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"connectrpc.com/connect"
 )
 
 // stepError is a failure attributed to one E2B step name ("base", "1".."N", "finalize").
@@ -53,6 +55,10 @@ type executor struct {
 	copies       int
 	// startUser is the user the build started as (DEFAULT_USER returns to it).
 	startUser string
+	// missingUser is a USER step's user the image does not have, and the step's number:
+	// commands run as it fail as E2B's do, and a template may not keep it.
+	missingUser     string
+	missingUserStep int
 }
 
 // lineWriter turns a process's output into log lines.
@@ -107,7 +113,7 @@ func (x *executor) run(ctx context.Context, script, user string) error {
 	out.flush()
 	errw.flush()
 	if ctx.Err() != nil && !errors.Is(err, ErrExit) {
-		return fmt.Errorf("timed out after %s", x.stepTimeout)
+		return fmt.Errorf("%w after %s", errStepTimeout, x.stepTimeout)
 	}
 	if tail := strings.Join(lastErr, " | "); errors.Is(err, ErrExit) && tail != "" {
 		if len(tail) > 500 {
@@ -117,6 +123,9 @@ func (x *executor) run(ctx context.Context, script, user string) error {
 	}
 	return err
 }
+
+// errStepTimeout is a step that ran out of time.
+var errStepTimeout = errors.New("timed out")
 
 // quiet runs a script as root without logging its output, returning it on failure.
 func (x *executor) quiet(ctx context.Context, script string) (string, error) {
@@ -132,14 +141,36 @@ func (x *executor) quiet(ctx context.Context, script string) (string, error) {
 func (x *executor) steps(ctx context.Context, steps []Step) error {
 	for i, st := range steps {
 		name := strconv.Itoa(i + 1)
-		x.logf("info", fmt.Sprintf("[%d/%d] %s", i+1, len(steps), describeStep(st)))
+		x.logf("info", fmt.Sprintf("[%d/%d] %s", i+1, len(steps), x.describeStep(st)))
 		start := time.Now()
 		if err := x.step(ctx, st); err != nil {
-			return failStep(name, fmt.Errorf("step %d (%s) failed: %w", i+1, describeStep(st), err))
+			return failStep(name, fmt.Errorf("step %d (%s) failed: %w", i+1, x.describeStep(st), err))
+		}
+		if st.Type == StepUser && x.missingUser != "" && x.missingUserStep == 0 {
+			x.missingUserStep = i + 1
 		}
 		x.logf("debug", fmt.Sprintf("[%d/%d] done in %s", i+1, len(steps), time.Since(start).Round(time.Millisecond)))
 	}
+	// A template cannot default to a user its image lacks.
+	if u, _, _ := strings.Cut(x.st.user, ":"); x.missingUser != "" && u == x.missingUser {
+		if out, err := x.quiet(ctx, "id "+shellQuote(u)); err != nil {
+			return failStep(strconv.Itoa(x.missingUserStep), fmt.Errorf("user %q does not exist in the image (create it in a RUN step first): %s", u, out))
+		}
+	}
 	return nil
+}
+
+// describeStep is a step as the build log shows it; no value is ever left blank.
+func (x *executor) describeStep(st Step) string {
+	switch st.Type {
+	case StepDefaultUser:
+		return "USER " + x.startUser + " (the template's default user)"
+	case StepUser, StepWorkdir:
+		if len(st.Args) > 0 {
+			return st.Type + " " + shellQuote(st.Args[0])
+		}
+	}
+	return describeStep(st)
 }
 
 func describeStep(st Step) string {
@@ -169,7 +200,12 @@ func (x *executor) step(ctx context.Context, st Step) error {
 		if len(st.Args) > 1 && st.Args[1] != "" {
 			user = st.Args[1]
 		}
-		return x.run(ctx, st.Args[0], user)
+		err := x.run(ctx, st.Args[0], user)
+		if ce := new(connect.Error); errors.As(err, &ce) && !errors.Is(err, ErrExit) && !errors.Is(err, errStepTimeout) {
+			// envd refused to run it (an unknown user): E2B's wording.
+			return fmt.Errorf("failed to run command '%s': command failed: %w", st.Args[0], ce)
+		}
+		return err
 	case StepEnv:
 		env := maps.Clone(x.st.env)
 		if env == nil {
@@ -192,9 +228,10 @@ func (x *executor) step(ctx context.Context, st Step) error {
 		}
 		x.st.workdir = dir
 	case StepUser:
+		// As in E2B, an unknown user fails the commands run as it, not this step.
 		u, _, _ := strings.Cut(st.Args[0], ":")
-		if out, err := x.quiet(ctx, "id "+shellQuote(u)); err != nil {
-			return fmt.Errorf("user %q does not exist in the image (create it in a RUN step first): %s", u, out)
+		if _, err := x.quiet(ctx, "id "+shellQuote(u)); err != nil {
+			x.missingUser, x.missingUserStep = u, 0
 		}
 		x.st.user = st.Args[0]
 	case StepCopy:

@@ -60,6 +60,9 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// MaxUploadBytes bounds one uploaded file set (default 4 GiB).
 	MaxUploadBytes int64
+	// StartTimeout is how long a requested build may wait for its start (the SDK's
+	// trigger after the uploads) before it ends in error as abandoned (default 1 h).
+	StartTimeout time.Duration
 	// MaxConcurrent builds run at once (default 2); others wait in "building".
 	MaxConcurrent int
 	// EnvdPort is envd's port when an endpoint does not say (default 49983).
@@ -118,6 +121,9 @@ func New(cfg Config, sbx Sandboxes, tpls Templates) (*Service, error) {
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = 2 * time.Minute
 	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = time.Hour
+	}
 	if cfg.MaxUploadBytes <= 0 {
 		cfg.MaxUploadBytes = 4 << 30
 	}
@@ -154,17 +160,49 @@ func New(cfg Config, sbx Sandboxes, tpls Templates) (*Service, error) {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	for _, r := range st.list(func(r *Record) bool { return r.Status == StatusBuilding }) {
 		s.reclaimCapture(r)
-		st.log(r.ID, "error", "the node stopped during the build")
-		if _, err := st.update(r.ID, func(r *Record) error {
-			r.Status, r.Reason, r.FinishedAt = StatusError, &Reason{Message: "the node stopped during the build"}, time.Now().UTC()
-			return nil
-		}); err != nil {
+		if err := s.abandon(r.ID, StatusBuilding, "the node stopped during the build"); err != nil {
+			return nil, err
+		}
+	}
+	// A build requested but not started when the node stopped lost its client's
+	// session (the uploads and the start come from one SDK call): it never starts.
+	for _, r := range st.list(func(r *Record) bool { return r.Status == StatusWaiting }) {
+		if err := s.abandon(r.ID, StatusWaiting, "the node stopped before the build was started"); err != nil {
 			return nil, err
 		}
 	}
 	// Collect what deletes before a crash or on another node left behind.
 	s.gcAsync()
 	return s, nil
+}
+
+// abandon ends a build that is still in status from in error, saying why.
+func (s *Service) abandon(id string, from Status, why string) error {
+	changed := false
+	_, err := s.store.update(id, func(r *Record) error {
+		if r.Status != from {
+			return nil
+		}
+		changed = true
+		r.Status, r.Reason, r.FinishedAt = StatusError, &Reason{Message: why}, time.Now().UTC()
+		return nil
+	})
+	if err == nil && changed {
+		s.store.log(id, "error", why)
+	}
+	return err
+}
+
+// expireWaiting ends in error the builds that were requested but not started within
+// StartTimeout (the client went away), so none stays waiting forever.
+func (s *Service) expireWaiting() {
+	cutoff := time.Now().Add(-s.cfg.StartTimeout)
+	for _, r := range s.store.list(func(r *Record) bool { return r.Status == StatusWaiting && r.CreatedAt.Before(cutoff) }) {
+		why := fmt.Sprintf("the build was not started within %s of its request", s.cfg.StartTimeout)
+		if err := s.abandon(r.ID, StatusWaiting, why); err != nil {
+			s.log.Warn("expire a build never started", "build", r.ID, "err", err)
+		}
+	}
 }
 
 // Close cancels running builds and waits for them to clean up.
@@ -226,13 +264,9 @@ func (s *Service) Request(_ context.Context, o RequestOptions) (Record, error) {
 // ErrNotFound for an unknown build, ErrConflict when it was already started, and
 // ErrInvalidSpec for a spec that cannot run.
 func (s *Service) Start(_ context.Context, templateID, buildID string, spec Spec) error {
-	if err := spec.Validate(); err != nil {
+	// A refused start leaves the build waiting, to be started properly (or to expire).
+	if err := s.startable(spec); err != nil {
 		return err
-	}
-	for _, st := range spec.Steps {
-		if st.Type == StepCopy && !s.files.has(st.FilesHash) {
-			return fmt.Errorf("%w: COPY %s: files %s were not uploaded", ErrInvalidSpec, st.Args[0], st.FilesHash)
-		}
 	}
 	if s.ctx.Err() != nil {
 		return fmt.Errorf("%w: the node is shutting down", ErrConflict)
@@ -258,8 +292,22 @@ func (s *Service) Start(_ context.Context, templateID, buildID string, spec Spec
 	return nil
 }
 
+// startable checks a spec and that the files its COPY steps name were uploaded.
+func (s *Service) startable(spec Spec) error {
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	for _, st := range spec.Steps {
+		if st.Type == StepCopy && !s.files.has(st.FilesHash) {
+			return fmt.Errorf("%w: COPY %s: files %s were not uploaded", ErrInvalidSpec, st.Args[0], st.FilesHash)
+		}
+	}
+	return nil
+}
+
 // Get returns a build of a template.
 func (s *Service) Get(templateID, buildID string) (Record, error) {
+	s.expireWaiting()
 	r, ok := s.store.get(buildID)
 	if !ok || r.TemplateID != templateID {
 		return Record{}, fmt.Errorf("build %q of template %q: %w", buildID, templateID, ErrNotFound)
@@ -275,6 +323,7 @@ func (s *Service) Logs(buildID string, offset, limit int) []LogEntry {
 // Builds lists the builds of a template (all templates when templateID is empty),
 // oldest first.
 func (s *Service) Builds(templateID string) []Record {
+	s.expireWaiting()
 	return s.store.list(func(r *Record) bool { return templateID == "" || r.TemplateID == templateID })
 }
 
@@ -382,7 +431,7 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 	logf("info", fmt.Sprintf("starting the build sandbox on %s", base.ID))
 	sb, err := s.sbx.Create(ctx, orchestrator.CreateRequest{TemplateID: base.ID, Timeout: s.cfg.BuildTimeout + time.Minute,
 		Secure: true, AllowInternet: true, Resources: rec.Resources,
-		Metadata: map[string]string{"aenv.build": rec.ID, "aenv.template": rec.TemplateID}})
+		Metadata: map[string]string{orchestrator.BuildMetadataKey: rec.ID, "aenv.template": rec.TemplateID}})
 	if err != nil {
 		return failStep("base", fmt.Errorf("start the build sandbox: %w", err))
 	}
@@ -454,6 +503,11 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 	if err := templateStorage(&t, c, rec, base.ID, icfg); err != nil {
 		s.dropCapture(ctx, c, dir)
 		return failStep("finalize", err)
+	}
+	if c.Layers != nil {
+		// The artifact holds this backend's capture (which only it can discard); the
+		// template's filesystem boots on any backend.
+		t.Backend = sb.Backend
 	}
 	if rec.Name != rec.TemplateID {
 		t.Aliases = []string{rec.Name}

@@ -340,6 +340,10 @@ func TestBuildFailures(t *testing.T) {
 		}}, "2", "exit code 3"},
 		{"unknown user", Spec{FromTemplate: "base", Steps: []Step{{Type: StepUser, Args: []string{"nobody-here"}}}},
 			"1", "does not exist"},
+		// E2B fails the command run as an unknown user, in envd's words.
+		{"command as an unknown user", Spec{FromTemplate: "base", Steps: []Step{
+			{Type: StepRun, Args: []string{"true"}}, {Type: StepUser, Args: []string{"ghost"}}, {Type: StepRun, Args: []string{"echo hi"}},
+		}}, "3", "failed to run command 'echo hi': command failed: unauthenticated: invalid username: 'ghost'"},
 		{"ready never succeeds", Spec{FromTemplate: "base", StartCmd: "sleep 600", ReadyCmd: "false"},
 			"finalize", "did not succeed within 2s"},
 		{"start command dies", Spec{FromTemplate: "base", StartCmd: "exit 7", ReadyCmd: "false"},
