@@ -71,8 +71,7 @@ func newPullCmd(g *globals) *cobra.Command {
 			if detach {
 				return pullDetached(cmd, g, req)
 			}
-			f, _ := stderr.(*os.File)
-			pr := newPullProgress(stderr, f != nil && isTerminal(f))
+			pr := newPullProgress(stderr)
 			req.Progress = pr.report
 			ctx := cmd.Context()
 			if timeout > 0 {
@@ -95,7 +94,6 @@ func newPullCmd(g *globals) *cobra.Command {
 			} else {
 				t, err = pullDirect(ctx, req, apiErr)
 			}
-			pr.finish()
 			if err != nil {
 				return err
 			}
@@ -113,7 +111,7 @@ func newPullCmd(g *globals) *cobra.Command {
 	fl.StringVar(&req.ReadyCmd, "ready-cmd", "", "command that succeeds once the start command is ready")
 	fl.IntVar(&probe, "probe", 0, "ready when this TCP port accepts connections (instead of --ready-cmd)")
 	fl.BoolVar(&req.StartFromImage, "start-from-image", false, "use the image's ENTRYPOINT and CMD as the start command")
-	fl.StringVar(&req.User, "user", "", "default user of sandboxes (an account or uid of the image); default: the image's USER, else `user`")
+	fl.StringVar(&req.User, "user", "", "default user of sandboxes (an account or uid of the image); default: the image's USER, else the account named user")
 	fl.BoolVar(&req.Convert, "convert", false, "also convert the layers to overlaybd (needs root, FUSE, loop devices, mkfs.ext4; "+
 		"through a node: default on where its base template is layered)")
 	fl.StringVar(&dataDir, "data-dir", "", "write into this stopped node's data directory instead of asking a running node "+
@@ -133,51 +131,44 @@ func newPullCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// pullProgress renders image.Progress: one rewritten line on a terminal,
-// a line per finished layer step otherwise.
+// pullProgress renders image.Progress as one line per layer and phase, printed when
+// that layer finishes the phase. Layers download a few at a time, so a line rewritten in
+// place would show them interleaved on one line; finished lines never change, on a
+// terminal or in a log file alike.
 type pullProgress struct {
 	w     io.Writer
-	tty   bool
-	last  time.Time
-	dirty bool
-	phase image.Phase
+	start map[pullStep]time.Time
 }
 
-func newPullProgress(w io.Writer, tty bool) *pullProgress { return &pullProgress{w: w, tty: tty} }
+type pullStep struct {
+	phase image.Phase
+	layer int
+}
+
+func newPullProgress(w io.Writer) *pullProgress {
+	return &pullProgress{w: w, start: map[pullStep]time.Time{}}
+}
 
 func (p *pullProgress) report(ev image.Progress) {
+	k := pullStep{ev.Phase, ev.Layer}
+	if _, ok := p.start[k]; !ok {
+		p.start[k] = time.Now()
+	}
+	if !ev.Final {
+		return
+	}
 	d := ev.Digest
 	if len(d) > 19 {
 		d = d[:19]
 	}
-	state := fmt.Sprintf("%s / %s", pullBytes(ev.Done), pullBytes(ev.Total))
+	state := pullBytes(ev.Total)
 	if ev.Cached {
 		state = "cached"
+	} else if took := time.Since(p.start[k]); took >= 10*time.Millisecond {
+		state += " in " + took.Round(10*time.Millisecond).String()
 	}
-	line := fmt.Sprintf("%-8s layer %d/%d %s %s", ev.Phase, ev.Layer, ev.Layers, d, state)
-	if !p.tty {
-		if ev.Final {
-			fmt.Fprintln(p.w, line)
-		}
-		return
-	}
-	if ev.Phase != p.phase {
-		// Keep the last line of the previous phase (download, apply, convert).
-		p.finish()
-		p.phase = ev.Phase
-	} else if !ev.Final && time.Since(p.last) < 100*time.Millisecond {
-		return
-	}
-	p.last = time.Now()
-	fmt.Fprintf(p.w, "\r\033[K%s", line)
-	p.dirty = true
-}
-
-func (p *pullProgress) finish() {
-	if p.dirty {
-		fmt.Fprintln(p.w)
-		p.dirty = false
-	}
+	fmt.Fprintf(p.w, "%-8s layer %d/%d %s %s\n", ev.Phase, ev.Layer, ev.Layers, d, state)
+	delete(p.start, k)
 }
 
 func pullBytes(n int64) string {

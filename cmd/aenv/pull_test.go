@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"os"
@@ -116,15 +117,44 @@ func TestPullCmd(t *testing.T) {
 	}
 }
 
-func TestPullProgressTTY(t *testing.T) {
+// TestPullProgressLines: three layers downloading at once, then applied, print one line
+// per layer and phase, each complete, none rewritten (no carriage return, no erase).
+func TestPullProgressLines(t *testing.T) {
 	var buf bytes.Buffer
-	p := newPullProgress(&buf, true)
-	p.report(image.Progress{Phase: image.PhaseDownload, Layer: 1, Layers: 2, Digest: "sha256:0123456789abcdef0123", Done: 1 << 20, Total: 3 << 20})
-	p.report(image.Progress{Phase: image.PhaseDownload, Layer: 2, Layers: 2, Digest: "sha256:ff", Cached: true, Final: true})
-	p.finish()
+	p := newPullProgress(&buf)
+	dl := func(layer int, done int64, final bool) {
+		p.report(image.Progress{Phase: image.PhaseDownload, Layer: layer, Layers: 3, Digest: fmt.Sprintf("sha256:%d0123456789abcdef", layer),
+			Done: done, Total: 3 << 20, Final: final})
+	}
+	dl(1, 1<<20, false)
+	dl(2, 1<<20, false)
+	dl(1, 2<<20, false)
+	p.report(image.Progress{Phase: image.PhaseDownload, Layer: 3, Layers: 3, Digest: "sha256:ff", Total: 5, Cached: true, Final: true})
+	dl(2, 3<<20, true)
+	dl(1, 3<<20, true)
+	for l := 1; l <= 3; l++ {
+		p.report(image.Progress{Phase: image.PhaseApply, Layer: l, Layers: 3, Digest: "sha256:aa", Done: 1, Total: 1, Final: true})
+	}
 	got := buf.String()
-	if !strings.Contains(got, "\r\033[K") || !strings.Contains(got, "1.0 MiB / 3.0 MiB") || !strings.HasSuffix(got, "cached\n") {
-		t.Errorf("tty output = %q", got)
+	if strings.ContainsAny(got, "\r\033") {
+		t.Fatalf("output rewrites lines: %q", got)
+	}
+	lines := strings.Split(strings.TrimSuffix(got, "\n"), "\n")
+	want := []string{
+		"download layer 3/3 sha256:ff cached",
+		"download layer 2/3 sha256:20123456789a 3.0 MiB",
+		"download layer 1/3 sha256:10123456789a 3.0 MiB",
+		"apply    layer 1/3 sha256:aa 1 B",
+		"apply    layer 2/3 sha256:aa 1 B",
+		"apply    layer 3/3 sha256:aa 1 B",
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("lines:\n%s", got)
+	}
+	for n := range want {
+		if !strings.HasPrefix(lines[n], want[n]) {
+			t.Errorf("line %d = %q, want %q...", n+1, lines[n], want[n])
+		}
 	}
 }
 

@@ -112,6 +112,13 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 	defer n.Close(ctx)
 	announceAPIKey(n.APIKey, cfg, log)
+	if cfg.MetricsListen != "" {
+		stop, err := serveMetrics(cfg.MetricsListen, n.MetricsHandler, cfg.MetricsToken != "", log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 
 	httpSrv := &http.Server{
 		Handler: n.Handler,
@@ -162,6 +169,27 @@ func announceAPIKey(boot apikey.Bootstrapped, cfg config.Config, log *slog.Logge
 	case boot.Path != "":
 		fmt.Fprintf(os.Stderr, "aenv: the admin API key is in %s\n", boot.Path)
 	}
+}
+
+// serveMetrics serves /metrics (only) on a listener of its own until stop is called.
+func serveMetrics(addr string, h http.Handler, token bool, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w (set metrics_listen or AENV_METRICS_LISTEN)", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", h)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("metrics listener stopped", "err", err)
+		}
+	}()
+	log.Info("metrics listener", "listen", ln.Addr().String(), "token", token)
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() && !token {
+		log.Warn("/metrics is reachable from the network without a token; set metrics_token", "listen", ln.Addr().String())
+	}
+	return func() { srv.Close() }, nil
 }
 
 // serveDebug serves net/http/pprof on addr until stop is called. It uses its own mux, not

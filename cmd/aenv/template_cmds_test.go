@@ -2,6 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -105,5 +108,34 @@ func TestBuildChecksSourcesBeforeRegistering(t *testing.T) {
 	}
 	if r := apiCall(t, url, "GET", "/templates/nosrc", ""); r.StatusCode != http.StatusNotFound {
 		t.Errorf("GET /templates/nosrc: %d", r.StatusCode)
+	}
+}
+
+// TestServeMetricsListener: metrics_listen serves /metrics and nothing else.
+func TestServeMetricsListener(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("aenv_x 1\n")) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	stop, err := serveMetrics(addr, h, true, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	for path, want := range map[string]int{"/metrics": 200, "/health": 404, "/sandboxes": 404} {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	if _, err := serveMetrics("nope", h, false, slog.Default()); err == nil || !strings.Contains(err.Error(), "metrics_listen") {
+		t.Errorf("bad address: %v", err)
 	}
 }

@@ -59,13 +59,30 @@ type Template struct {
 	// ParentID is the snapshot the source sandbox was itself created from (lineage:
 	// snapshot chains share layers); empty for snapshots of template-born sandboxes.
 	ParentID string `json:"parentID,omitempty"`
-	// Backend is the sandbox backend whose capture Artifact holds (snapshots only): a
-	// capture is usable only by the backend that made it.
+	// Backend is the sandbox backend whose capture Artifact holds: a snapshot (its memory
+	// image, its capture) launches only on that backend, and nodes of another kind refuse
+	// it; a template built from a capture records the backend the build ran on, but its
+	// sandboxes boot its filesystem (the layer stack) on any backend.
 	Backend string `json:"backend,omitempty"`
+	// EnvdAccessToken is, for a snapshot, the envd token of its source sandbox, which
+	// envd holds in a captured memory: re-initialising envd in a sandbox restored from it
+	// needs it (and replaces it). It travels with the snapshot to other nodes, as the
+	// memory image that holds it does.
+	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
 	// Artifact is an opaque description owned by the storage engine or backend (layer
 	// stack, captured snapshot state); the catalog stores it verbatim.
 	Artifact  json.RawMessage `json:"artifact,omitempty"`
 	CreatedAt time.Time       `json:"createdAt"`
+	// VolumeMounts are the volumes a snapshot's source mounted (which volumes, not their
+	// content): sandboxes created from the snapshot mount them again.
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// VolumeMount is a named volume mounted at Path (E2B's SandboxVolumeMount plus the id).
+type VolumeMount struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	VolumeID string `json:"volumeID"`
 }
 
 // Templates stores templates and snapshots with an alias index.

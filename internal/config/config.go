@@ -36,16 +36,21 @@ type Config struct {
 	// DebugListen serves net/http/pprof when set (empty: off). Profiles expose memory
 	// contents and can be costly to take, so the default is off and Validate keeps it on
 	// loopback unless the user writes another address explicitly.
-	DebugListen string     `toml:"debug_listen"`
-	Sandbox     Sandbox    `toml:"sandbox"`
-	Envd        Envd       `toml:"envd"`
-	Backend     Backend    `toml:"backend"`
-	Network     Network    `toml:"network"`
-	Templates   Templates  `toml:"templates"`
-	Proxy       Proxy      `toml:"proxy"`
-	Snapshot    Snapshot   `toml:"snapshot"`
-	Repository  Repository `toml:"repository"`
-	Cluster     Cluster    `toml:"cluster"`
+	DebugListen string `toml:"debug_listen"`
+	// MetricsListen serves GET /metrics on a listener of its own, and the API listener
+	// then answers 404 there (empty: /metrics is on the API listener). MetricsToken,
+	// when set, is the bearer token every /metrics request must carry.
+	MetricsListen string     `toml:"metrics_listen"`
+	MetricsToken  string     `toml:"metrics_token"`
+	Sandbox       Sandbox    `toml:"sandbox"`
+	Envd          Envd       `toml:"envd"`
+	Backend       Backend    `toml:"backend"`
+	Network       Network    `toml:"network"`
+	Templates     Templates  `toml:"templates"`
+	Proxy         Proxy      `toml:"proxy"`
+	Snapshot      Snapshot   `toml:"snapshot"`
+	Repository    Repository `toml:"repository"`
+	Cluster       Cluster    `toml:"cluster"`
 }
 
 // Sandbox holds lifecycle defaults and limits.
@@ -90,6 +95,9 @@ type Backend struct {
 	// empty: vmlinux and initrd.img in the directory "microvm" next to envd (`make guest`).
 	GuestKernel string `toml:"guest_kernel"`
 	GuestInitrd string `toml:"guest_initrd"`
+	// QEMUUser is the microvm backend's "uid:gid" for QEMU once its devices are open;
+	// empty: microvm.DefaultQEMUUser.
+	QEMUUser string `toml:"qemu_user"`
 	// UIDBase is the first host uid of the node's sandbox uid ranges; 0 picks a block no
 	// other node on the host holds (recorded in /run/aenv/uid-ranges.json).
 	UIDBase int `toml:"uid_base"`
@@ -399,6 +407,11 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen", "%q is not host:port (e.g. 127.0.0.1:8000)", c.Listen)
+	}
+	if c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			bad("metrics_listen", "%q is not host:port (e.g. 127.0.0.1:9100)", c.MetricsListen)
+		}
 	}
 	if c.DebugListen != "" {
 		if _, _, err := net.SplitHostPort(c.DebugListen); err != nil {

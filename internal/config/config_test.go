@@ -109,6 +109,7 @@ func TestLoadErrorsNameTheKey(t *testing.T) {
 		{"bad duration in file", "[sandbox]\ndefault_timeout = \"soon\"\n", nil, "duration"},
 		{"bad listen", "listen = \"8000\"\n", nil, "listen"},
 		{"bad debug listen", "", map[string]string{"AENV_DEBUG_LISTEN": "6060"}, "debug_listen"},
+		{"bad metrics listen", "metrics_listen = \"9100\"\n", nil, "metrics_listen"},
 		{"bad env int", "", map[string]string{"AENV_SANDBOX_DEFAULT_CPU": "two"}, "AENV_SANDBOX_DEFAULT_CPU"},
 		{"bad env duration", "", map[string]string{"AENV_ENVD_READY_TIMEOUT": "-"}, "AENV_ENVD_READY_TIMEOUT"},
 		{"bad runtime", "", map[string]string{"AENV_BACKEND_RUNTIME": "docker"}, "backend.runtime"},
@@ -173,8 +174,8 @@ func TestEnvVarsCoverEveryKey(t *testing.T) {
 }
 
 func fmtConfig(c Config) string {
-	return strings.Join([]string{c.Listen, c.DataDir, c.APIKey, c.LogLevel, c.LogFormat, c.Envd.Path, c.Envd.Version,
-		c.Backend.Kind, c.Backend.Runtime, c.Backend.CgroupParent, c.Backend.GuestKernel, c.Backend.GuestInitrd, c.Network.Bridge, c.Network.Subnet, c.Network.Prefix, c.Templates.BaseRootFS, c.Sandbox.ShutdownAction, strings.Join(c.Proxy.Domains, ",")}, " ")
+	return strings.Join([]string{c.Listen, c.DataDir, c.APIKey, c.MetricsToken, c.LogLevel, c.LogFormat, c.Envd.Path, c.Envd.Version,
+		c.Backend.Kind, c.Backend.Runtime, c.Backend.CgroupParent, c.Backend.GuestKernel, c.Backend.GuestInitrd, c.Backend.QEMUUser, c.Network.Bridge, c.Network.Subnet, c.Network.Prefix, c.Templates.BaseRootFS, c.Sandbox.ShutdownAction, strings.Join(c.Proxy.Domains, ",")}, " ")
 }
 
 // TestDocumented keeps docs/configuration.md in step with the settings.

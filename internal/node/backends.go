@@ -138,16 +138,30 @@ func ociDataPlane(c *dataplane.Client) oci.DataPlane {
 	return c
 }
 
+// microvmDataPlane keeps a nil client a nil interface.
+func microvmDataPlane(c *dataplane.Client) microvm.DataPlane {
+	if c == nil {
+		return nil
+	}
+	return c
+}
+
 // openMicroVM is the "microvm" kind: a QEMU microVM per sandbox (package microvm).
 func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 	cfg := env.Config
+	// The node's layer resolver also fetches whole blobs, verified: the memory images of
+	// snapshots made on other nodes.
+	fetcher, _ := env.Layers.(microvm.BlobFetcher)
 	b, err := microvm.New(ctx, microvm.Config{
 		DataDir:       env.DataDir,
 		EnvdPath:      env.EnvdPath,
 		Kernel:        cfg.Backend.GuestKernel,
 		Initrd:        cfg.Backend.GuestInitrd,
 		Accel:         cfg.Backend.Accel,
+		QEMUUser:      cfg.Backend.QEMUUser,
 		LayerResolver: env.Layers,
+		DataPlane:     microvmDataPlane(env.DataPlane),
+		BlobFetcher:   fetcher,
 		Logger:        env.Logger,
 		Network: network.Config{
 			Bridge:   cfg.Network.Bridge,

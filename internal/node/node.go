@@ -40,9 +40,11 @@ import (
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/secret"
 	"github.com/aenv-dev/aenv/internal/server"
 	"github.com/aenv-dev/aenv/internal/snapshot"
 	"github.com/aenv-dev/aenv/internal/template/build"
+	"github.com/aenv-dev/aenv/internal/volume"
 )
 
 // CatalogFile is the node's catalog inside its data directory.
@@ -69,8 +71,13 @@ type Node struct {
 	// Capacity is what the node can give its sandboxes (admission control).
 	Capacity orchestrator.Capacity
 	Builds   *build.Service
+	// Volumes and Secrets are the node's volume and secret stores (under the data dir).
+	Volumes *volume.Store
+	Secrets *secret.Store
 	// Handler serves the API, the envd proxy and /metrics.
 	Handler http.Handler
+	// MetricsHandler serves /metrics (with the metrics token) for a listener of its own.
+	MetricsHandler http.Handler
 	// APIKey says where the admin API key came from (for the operator's first start).
 	APIKey apikey.Bootstrapped
 
@@ -118,9 +125,8 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	n.onClose(func(context.Context) { repo.Close() })
 
 	var dp *nodeDataPlane
-	// Only the oci backend opens its disks through the data plane so far (the microvm
-	// backend's QEMU opens a disk file it serves itself).
-	if cfg.Backend.DataPlane && cfg.Backend.Kind == "oci" {
+	// The oci and microvm backends open their root disks through the data plane.
+	if cfg.Backend.DataPlane && (cfg.Backend.Kind == "oci" || cfg.Backend.Kind == "microvm") {
 		if dp, err = startDataPlane(ctx, cfg, n.Log); err != nil {
 			return nil, err
 		}
@@ -192,6 +198,12 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 	if err != nil {
 		return err
 	}
+	if n.Volumes, err = volume.Open(filepath.Join(cfg.DataDir, "volumes"), volume.Options{}); err != nil {
+		return err
+	}
+	if n.Secrets, err = secret.Open(filepath.Join(cfg.DataDir, "secrets")); err != nil {
+		return err
+	}
 	n.Log.Info("sandbox capacity", "max_cpu_per_sandbox", n.Capacity.CPUCount, "memory_mb", n.Capacity.MemoryMB,
 		"max_disk_mb_per_sandbox", n.Capacity.DiskSizeMB)
 	n.Orchestrator, err = orchestrator.New(orchestrator.Config{
@@ -207,7 +219,8 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 		ShutdownAction:   orchestrator.ShutdownAction(cfg.Sandbox.ShutdownAction),
 		Registerer:       n.Metrics,
 		Logger:           n.Log,
-	}, n.Backend, n.Catalog, orchestrator.WithPublisher(pub, repo.cache))
+	}, n.Backend, n.Catalog, orchestrator.WithPublisher(pub, repo.cache),
+		orchestrator.WithVolumes(n.Volumes), orchestrator.WithSecrets(n.Secrets))
 	if err != nil {
 		return err
 	}
@@ -252,8 +265,12 @@ func (n *Node) openAPI() error {
 		Pulls:            pulls,
 		Auth:             apikey.NewVerifier(cat.APIKeys()),
 		Keys:             cat.APIKeys(),
+		Volumes:          n.Volumes,
+		Secrets:          n.Secrets,
 		Domains:          cfg.Proxy.Domains,
 		Registry:         n.Metrics,
+		MetricsToken:     cfg.MetricsToken,
+		MetricsElsewhere: cfg.MetricsListen != "",
 		DefaultTimeout:   cfg.Sandbox.DefaultTimeout.Duration,
 		DefaultTimeoutV1: cfg.Sandbox.DefaultTimeoutV1.Duration,
 		MaxTimeout:       cfg.Sandbox.MaxTimeout.Duration,
@@ -263,7 +280,7 @@ func (n *Node) openAPI() error {
 	if err != nil {
 		return err
 	}
-	n.Handler = srv
+	n.Handler, n.MetricsHandler = srv, srv.MetricsHandler()
 	return nil
 }
 

@@ -20,10 +20,16 @@ import (
 // (a directory root), ErrConflict, ErrNotFound.
 func (o *Orchestrator) CaptureSandbox(ctx context.Context, id string) (json.RawMessage, error) {
 	start := time.Now()
+	m := o.m
+	o.mu.Lock()
+	if e := o.entries[id]; e != nil {
+		m = o.metricsFor(e.rec.Metadata)
+	}
+	o.mu.Unlock()
 	raw, err := o.captureSandbox(ctx, id)
-	o.m.observe(opSnapshot, stageTotal, start, err)
+	m.observe(opSnapshot, stageTotal, start, err)
 	if err != nil && !clientError(err) {
-		o.m.failures.WithLabelValues(opSnapshot).Inc()
+		m.failures.WithLabelValues(opSnapshot).Inc()
 		o.log.Error("capture sandbox", "sandbox", id, "err", err)
 	}
 	return raw, err

@@ -19,18 +19,19 @@ import (
 // or shutting down), anything else is a backend or envd failure.
 func (o *Orchestrator) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
 	start := time.Now()
+	m := o.metricsFor(req.Metadata)
 	sb, err := o.create(ctx, req)
-	o.m.observe(opCreate, stageTotal, start, err)
+	m.observe(opCreate, stageTotal, start, err)
 	if err != nil {
-		o.m.creates.WithLabelValues("error").Inc()
+		m.creates.WithLabelValues("error").Inc()
 		if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTemplateNotFound) && !errors.Is(err, ErrCapacity) &&
 			!errors.Is(err, ErrUnsupported) {
-			o.m.failures.WithLabelValues(opCreate).Inc()
+			m.failures.WithLabelValues(opCreate).Inc()
 			o.log.Error("create sandbox", "template", req.TemplateID, "err", err)
 		}
 		return nil, err
 	}
-	o.m.creates.WithLabelValues("ok").Inc()
+	m.creates.WithLabelValues("ok").Inc()
 	o.log.Debug("sandbox created", "sandbox", sb.ID, "template", sb.TemplateID, "took", time.Since(start))
 	return sb, nil
 }
@@ -75,7 +76,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		return nil, err
 	}
 	var tpl catalog.Template
-	err = o.m.timeStage(opCreate, stageResolve, func() (err error) {
+	err = o.metricsFor(req.Metadata).timeStage(opCreate, stageResolve, func() (err error) {
 		tpl, err = o.cat.Templates().Resolve(req.TemplateID)
 		return err
 	})
@@ -112,6 +113,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		AutoResume:         req.AutoResume,
 		AllowInternet:      req.AllowInternet,
 		Egress:             req.Egress,
+		MaskRequestHost:    req.MaskRequestHost,
 		Private:            req.Private,
 		Backend:            o.backend.Name(),
 		Launch: LaunchInfo{
@@ -125,12 +127,17 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 	if err := o.cfg.Capacity.Check(rec.Resources); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	rec.Owner = req.Owner
+	if rec.VolumeMounts, rec.Launch.Mounts, err = o.resolveMounts(req.Owner, req.VolumeMounts, tpl); err != nil {
+		return nil, err
+	}
 	if req.Secure {
 		rec.EnvdAccessToken = o.EnvdAccessToken(id)
 	}
 	rec.AutoPauseDisk = req.AutoPauseDisk
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFresh, SandboxID: id, RootFS: rec.Launch.RootFS,
-		Resources: rec.Resources, AllowInternet: rec.AllowInternet}
+		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Mounts: rec.Launch.Mounts}
+	held := ""
 	if tpl.Kind == catalog.KindTemplate {
 		fs, err := o.templateRoot(tpl)
 		if err != nil {
@@ -145,8 +152,10 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		}
 		plan.Kind, plan.Snapshot = sandbox.LaunchFromSnapshot, c
 		rec.Launch.ParentSnapshot = tpl.ID
+		// The snapshot's memory (a backend that keeps processes) holds its source's envd.
+		held = tpl.EnvdAccessToken
 	}
-	return o.start(ctx, opCreate, rec, plan, timeout)
+	return o.start(ctx, opCreate, rec, plan, timeout, held)
 }
 
 // templateRoot is the root filesystem of sandboxes created from template t: its layer
@@ -208,8 +217,9 @@ func (o *Orchestrator) decodeSnapshotTemplate(operation string, tpl catalog.Temp
 }
 
 // start registers a new sandbox record, launches it from plan and returns once it is
-// Running with TTL now+timeout. Any failure leaves nothing behind.
-func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox, plan sandbox.LaunchPlan, timeout time.Duration) (*Sandbox, error) {
+// Running with TTL now+timeout. held is the envd token the launched memory may hold
+// (initEnvd). Any failure leaves nothing behind.
+func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox, plan sandbox.LaunchPlan, timeout time.Duration, held string) (*Sandbox, error) {
 	id := rec.ID
 	rec.State = StateCreating
 	e := &entry{rec: rec}
@@ -231,7 +241,7 @@ func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox,
 
 	octx, cancel := o.opContext(ctx)
 	defer cancel()
-	inst, version, err := o.launch(octx, operation, plan, &rec, false)
+	inst, version, err := o.launch(octx, operation, plan, &rec, held)
 	if err != nil {
 		o.remove(e, p, err)
 		return nil, err
@@ -243,7 +253,7 @@ func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox,
 	e.rec.StartedAt = now.UTC()
 	e.rec.EndAt = now.Add(timeout).UTC()
 	o.mu.Unlock()
-	if err := o.m.timeStage(operation, stagePersist, func() error { return o.persist(e) }); err != nil {
+	if err := o.metricsFor(rec.Metadata).timeStage(operation, stagePersist, func() error { return o.persist(e) }); err != nil {
 		o.stopQuietly(octx, inst)
 		o.remove(e, p, err)
 		return nil, err
@@ -256,9 +266,10 @@ func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox,
 
 // launch runs the backend launch, waits for envd and initialises it, timing each
 // stage under operation. On failure the instance is stopped before returning.
-func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbox.LaunchPlan, rec *Sandbox, resume bool) (sandbox.Instance, string, error) {
+func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbox.LaunchPlan, rec *Sandbox, held string) (sandbox.Instance, string, error) {
 	var inst sandbox.Instance
-	err := o.m.timeStage(operation, stageLaunch, func() (err error) {
+	m := o.metricsFor(rec.Metadata)
+	err := m.timeStage(operation, stageLaunch, func() (err error) {
 		inst, err = o.backend.Launch(ctx, plan)
 		return err
 	})
@@ -271,13 +282,13 @@ func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbo
 		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
 	}
 	ep := inst.Endpoint()
-	if err := o.m.timeStage(operation, stageEnvdWait, func() error { return o.waitEnvd(ctx, ep) }); err != nil {
+	if err := m.timeStage(operation, stageEnvdWait, func() error { return o.waitEnvd(ctx, ep) }); err != nil {
 		o.stopQuietly(ctx, inst)
 		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
 	}
 	var version string
-	err = o.m.timeStage(operation, stageEnvdInit, func() (err error) {
-		version, err = o.initEnvd(ctx, ep, rec, resume)
+	err = m.timeStage(operation, stageEnvdInit, func() (err error) {
+		version, err = o.initEnvd(ctx, ep, rec, held)
 		return err
 	})
 	if err != nil {

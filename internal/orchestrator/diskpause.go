@@ -90,11 +90,18 @@ func (o *Orchestrator) diskSnapshot(operation string, e *entry) (sandbox.Capture
 	o.mu.Lock()
 	c, raw, id := e.disk, e.rec.DiskSnapshot, e.rec.ID
 	o.mu.Unlock()
-	if c != nil || len(raw) == 0 {
+	if c == nil && len(raw) == 0 {
+		return nil, nil
+	}
+	if c != nil && operation != opResume {
 		return c, nil
 	}
+	// A resume from disk always has its decode stage (docs/operations.md), even when
+	// the capture is still decoded from the pause.
 	err := o.m.timeStage(operation, stageDecode, func() (err error) {
-		c, err = o.backend.DecodeCaptured(raw)
+		if c == nil {
+			c, err = o.backend.DecodeCaptured(raw)
+		}
 		return err
 	})
 	if err != nil {

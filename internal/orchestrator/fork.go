@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -105,17 +106,21 @@ func (o *Orchestrator) forkChild(ctx context.Context, src *Sandbox, c sandbox.Ca
 		AutoResume:         src.AutoResume,
 		AllowInternet:      src.AllowInternet,
 		Egress:             src.Egress,
+		MaskRequestHost:    src.MaskRequestHost,
 		Private:            src.Private,
 		Backend:            o.backend.Name(),
 		Launch:             src.Launch,
+		Owner:              src.Owner,
+		VolumeMounts:       slices.Clone(src.VolumeMounts),
 	}
 	rec.Launch.TemplateEnvVars = maps.Clone(src.Launch.TemplateEnvVars)
 	if src.EnvdAccessToken != "" {
 		rec.EnvdAccessToken = o.EnvdAccessToken(id)
 	}
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: id, RootFS: rec.Launch.RootFS,
-		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c}
-	sb, err := o.start(ctx, opFork, rec, plan, timeout)
+		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c, Mounts: rec.Launch.Mounts}
+	// The children's envd holds the source's token (its memory is the source's).
+	sb, err := o.start(ctx, opFork, rec, plan, timeout, src.EnvdAccessToken)
 	if err != nil {
 		return nil, fmt.Errorf("fork child of %s: %w", src.ID, err)
 	}

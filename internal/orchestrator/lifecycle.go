@@ -136,9 +136,9 @@ func (o *Orchestrator) revive(ctx context.Context, operation string, e *entry) (
 	o.mu.Unlock()
 	if c != nil {
 		plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: rec.ID, RootFS: rec.Launch.RootFS,
-			Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c, ColdBoot: true}
+			Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c, ColdBoot: true, Mounts: rec.Launch.Mounts}
 		// Fresh processes: envd does not hold the token yet, so /init goes without it.
-		return o.launch(ctx, operation, plan, rec, false)
+		return o.launch(ctx, operation, plan, rec, "")
 	}
 	if inst != nil {
 		err := o.m.timeStage(operation, stageThaw, func() error { return inst.Resume(ctx) })
@@ -153,21 +153,21 @@ func (o *Orchestrator) revive(ctx context.Context, operation string, e *entry) (
 		e.inst = nil
 		o.mu.Unlock()
 	}
-	if ps == nil {
-		err := o.m.timeStage(operation, stageDecode, func() (err error) {
+	err = o.m.timeStage(operation, stageDecode, func() (err error) {
+		if ps == nil {
 			ps, err = o.backend.DecodePaused(rec.Paused)
-			return err
-		})
-		if err != nil {
-			return nil, "", fmt.Errorf("decode paused state of %s: %w", rec.ID, err)
 		}
-		o.mu.Lock()
-		e.paused = ps
-		o.mu.Unlock()
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("decode paused state of %s: %w", rec.ID, err)
 	}
+	o.mu.Lock()
+	e.paused = ps
+	o.mu.Unlock()
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchResume, SandboxID: rec.ID, RootFS: rec.Launch.RootFS,
-		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Paused: ps}
-	return o.launch(ctx, operation, plan, rec, true)
+		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Paused: ps, Mounts: rec.Launch.Mounts}
+	return o.launch(ctx, operation, plan, rec, rec.EnvdAccessToken)
 }
 
 // resumeLocked resumes e, which must be stable and Paused with o.mu held, with TTL
@@ -305,15 +305,16 @@ func (o *Orchestrator) Kill(ctx context.Context, id string) error {
 
 // killLocked kills e, which must be stable with o.mu held.
 func (o *Orchestrator) killLocked(ctx context.Context, e *entry, reason string) error {
+	m := o.metricsFor(e.rec.Metadata)
 	p, prev := o.begin(e, StateKilling)
 	start := time.Now()
 	err := o.doKill(ctx, e, p, prev)
-	o.m.observe(opKill, stageTotal, start, err)
+	m.observe(opKill, stageTotal, start, err)
 	if err != nil {
-		o.m.failures.WithLabelValues(opKill).Inc()
+		m.failures.WithLabelValues(opKill).Inc()
 		return err
 	}
-	o.m.kills.WithLabelValues(reason).Inc()
+	m.kills.WithLabelValues(reason).Inc()
 	return nil
 }
 
@@ -323,10 +324,10 @@ func (o *Orchestrator) doKill(ctx context.Context, e *entry, p *op, prev State) 
 		e.timer.Stop()
 		e.timer = nil
 	}
-	inst, id := e.inst, e.rec.ID
+	inst, id, m := e.inst, e.rec.ID, o.metricsFor(e.rec.Metadata)
 	o.mu.Unlock()
 	if inst != nil {
-		if err := o.m.timeStage(opKill, stageStop, func() error { return inst.Stop(ctx) }); err != nil {
+		if err := m.timeStage(opKill, stageStop, func() error { return inst.Stop(ctx) }); err != nil {
 			err = fmt.Errorf("stop sandbox %s: %w", id, err)
 			if prev == StateRunning {
 				o.mu.Lock()
@@ -342,7 +343,7 @@ func (o *Orchestrator) doKill(ctx context.Context, e *entry, p *op, prev State) 
 	}
 	start := time.Now()
 	o.remove(e, p, nil)
-	o.m.observe(opKill, stagePersist, start, nil)
+	m.observe(opKill, stagePersist, start, nil)
 	return nil
 }
 

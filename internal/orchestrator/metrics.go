@@ -30,6 +30,19 @@ const (
 	stageTotal    = "total"
 )
 
+// BuildMetadataKey marks the sandboxes the template builder runs builds in (its value
+// is the build id): their creates, kills and captures stay out of the lifecycle metrics.
+const BuildMetadataKey = "aenv.build"
+
+// metricsFor is where a sandbox's lifecycle is measured: o.m, or o.quiet for build
+// sandboxes.
+func (o *Orchestrator) metricsFor(meta map[string]string) *metrics {
+	if meta[BuildMetadataKey] != "" {
+		return o.quiet
+	}
+	return o.m
+}
+
 type metrics struct {
 	stage    *prometheus.HistogramVec
 	creates  *prometheus.CounterVec

@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
@@ -85,9 +86,20 @@ type CreateRequest struct {
 	Resources sandbox.Resources // zero fields take the template's values
 	// AutoPauseDisk makes the timeout pause a pause to disk (E2B's autoPauseMemory:false).
 	AutoPauseDisk bool
-	// Egress is network.allowOut/denyOut, validated by ParseEgress.
+	// Egress is network.allowOut/denyOut/rules/egressProxy, validated by ParseEgress.
 	Egress Egress
+	// MaskRequestHost is network.maskRequestHost: the Host user-port requests carry into
+	// the sandbox ("${PORT}" is replaced by the port).
+	MaskRequestHost string
+	// Owner is who asked (the API key's owner): secrets in EnvVars and volumes resolve
+	// in its scope.
+	Owner string
+	// VolumeMounts are the volumes to mount, their ids resolved in Owner's scope.
+	VolumeMounts []VolumeMount
 }
+
+// VolumeMount is one volume a sandbox mounts.
+type VolumeMount = catalog.VolumeMount
 
 // ConnectOptions is a v1/v2 connect or resume.
 type ConnectOptions struct {
@@ -129,8 +141,10 @@ type Sandbox struct {
 	// Private sandboxes require TrafficAccessToken on user ports.
 	Private bool `json:"private,omitempty"`
 	// Egress is the destination part of the outbound policy (network.go).
-	Egress  Egress `json:"egress,omitzero"`
-	Backend string `json:"backend"`
+	Egress Egress `json:"egress,omitzero"`
+	// MaskRequestHost replaces the Host of requests proxied into user ports.
+	MaskRequestHost string `json:"maskRequestHost,omitempty"`
+	Backend         string `json:"backend"`
 	// AutoPauseDisk makes the timeout pause to disk instead of keeping memory.
 	AutoPauseDisk bool `json:"autoPauseDisk,omitempty"`
 	// Paused is the backend's encoded PausedState while State is paused in memory.
@@ -141,6 +155,10 @@ type Sandbox struct {
 	// Launch is what a resume needs to relaunch and re-initialise the sandbox even if
 	// its template was deleted meanwhile. Internal: not part of any API response.
 	Launch LaunchInfo `json:"launch"`
+	// Owner is the API key's owner that created the sandbox (secrets resolve in its scope).
+	Owner string `json:"owner,omitempty"`
+	// VolumeMounts are the volumes the sandbox mounts (reported by the API).
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // LaunchInfo is the part of a sandbox's template it keeps for its whole life.
@@ -155,6 +173,8 @@ type LaunchInfo struct {
 	// ParentSnapshot is the snapshot the sandbox was created from, if any (lineage of
 	// snapshots taken from it).
 	ParentSnapshot string `json:"parentSnapshot,omitempty"`
+	// Mounts are the host directories of VolumeMounts, mounted on every launch.
+	Mounts []sandbox.Mount `json:"mounts,omitempty"`
 }
 
 // SnapshotInfo is E2B's SnapshotInfo plus what aenv knows about the snapshot.

@@ -137,8 +137,13 @@ type Orchestrator struct {
 	envd    *http.Client
 	seed    []byte
 	m       *metrics
+	// quiet takes the lifecycle metrics of the template builder's sandboxes (registered
+	// nowhere): the builder has metrics of its own, and they are not the node's sandboxes.
+	quiet   *metrics
 	pub     Publisher // nil: nothing is published or pinned
 	pins    PinLister // nil: Start keeps every pin
+	volumes Volumes   // nil: creates with volume mounts are refused
+	secrets Secrets   // nil: secret placeholders reach envd unexpanded
 	crashAt string    // CrashPointEnv, read once at New (debug only)
 	logs    *logStore // sandbox logs (logs.go)
 
@@ -209,6 +214,9 @@ func New(cfg Config, backend sandbox.Backend, cat *catalog.Catalog, opts ...Opti
 	}
 	o.armCrashPoint()
 	if o.m, err = newMetrics(cfg.Registerer, o); err != nil {
+		return nil, err
+	}
+	if o.quiet, err = newMetrics(prometheus.NewRegistry(), o); err != nil {
 		return nil, err
 	}
 	return o, nil

@@ -122,8 +122,10 @@ func snapshotTemplate(src *Sandbox, snapID, name string, raw []byte, now time.Ti
 		SourceSandboxID: src.ID,
 		ParentID:        src.Launch.ParentSnapshot,
 		Backend:         src.Backend,
+		EnvdAccessToken: src.EnvdAccessToken,
 		Artifact:        json.RawMessage(raw),
 		CreatedAt:       now.UTC(),
+		VolumeMounts:    slices.Clone(src.VolumeMounts),
 	}
 	if name != "" {
 		t.Aliases = []string{name}
@@ -162,10 +164,10 @@ func (o *Orchestrator) capture(ctx context.Context, operation string, e *entry, 
 // error wrapping ErrUnsupported.
 func (o *Orchestrator) captureInstance(ctx context.Context, operation string, e *entry) (sandbox.Captured, []byte, error) {
 	o.mu.Lock()
-	inst, id := e.inst, e.rec.ID
+	inst, id, m := e.inst, e.rec.ID, o.metricsFor(e.rec.Metadata)
 	o.mu.Unlock()
 	var c sandbox.Captured
-	err := o.m.timeStage(operation, stageCapture, func() (err error) {
+	err := m.timeStage(operation, stageCapture, func() (err error) {
 		c, err = inst.Snapshot(ctx)
 		return err
 	})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,6 +93,12 @@ func TestSnapshotKeepsSourceRunningAndCreatesFromIt(t *testing.T) {
 					t.Fatalf("child from %q: %+v", ref, child)
 				}
 				ci := h.inst(child.ID)
+				if in := ci.Envd().Inits(); len(in) != 1 || in[0].HeaderToken != src.EnvdAccessToken || in[0].AccessToken != child.EnvdAccessToken {
+					t.Fatalf("child from %q: envd init %+v, want the source's token in the header", ref, in)
+				}
+				if tpl.EnvdAccessToken != src.EnvdAccessToken {
+					t.Fatalf("snapshot template keeps envd token %q, want the source's", tpl.EnvdAccessToken)
+				}
 				if got := h.file(child.ID, "/a"); got != "1" {
 					t.Fatalf("child from %q sees /a=%q, want the snapshot's 1", ref, got)
 				}
@@ -316,7 +323,8 @@ func TestCreateFromSnapshotRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	put(catalog.Template{ID: "other-backend", Backend: "oci", Artifact: []byte(`{"sourceID":"x","files":{}}`)})
+	// A snapshot synced from a node of another kind (a microVM's memory image).
+	put(catalog.Template{ID: "other-backend", Backend: "microvm", Artifact: []byte(`{"sourceID":"x","files":{}}`)})
 	put(catalog.Template{ID: "corrupt", Backend: "mock", Artifact: []byte(`{"files":{}}`)})
 	for _, tc := range []struct {
 		tpl  string
@@ -328,6 +336,9 @@ func TestCreateFromSnapshotRefusals(t *testing.T) {
 		_, err := h.o.Create(ctx, CreateRequest{TemplateID: tc.tpl})
 		if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {
 			t.Fatalf("create from %s = %v, want %v", tc.tpl, err, tc.want)
+		}
+		if tc.tpl == "other-backend" && !strings.Contains(err.Error(), "taken on backend microvm, this node runs mock") {
+			t.Fatalf("refusal does not say which backends: %v", err)
 		}
 	}
 	if live := h.b.Live(); len(live) != 0 {

@@ -95,3 +95,12 @@ type CapturedStopper interface {
 type DirectoryBooter interface {
 	BootsDirectories() bool
 }
+
+// VolumeMounter is implemented by backends that can mount host directories (the node's
+// volumes) into a sandbox: LaunchPlan.Mounts are honoured on every launch kind.
+//
+// Without it the orchestrator refuses a create that asks for volumes, before anything
+// starts, instead of starting a sandbox without them.
+type VolumeMounter interface {
+	MountsVolumes() bool
+}

@@ -94,6 +94,17 @@ type LaunchPlan struct {
 	// ColdBoot asks LaunchFromSnapshot for fresh processes on the captured filesystem
 	// even when the capture holds memory (a pause to disk, E2B's memory:false).
 	ColdBoot bool
+	// Mounts are host directories (volumes) bind-mounted read-write into the sandbox, on
+	// every launch kind; only backends that are a VolumeMounter get any.
+	Mounts []Mount
+}
+
+// Mount is a host directory shared into a sandbox at Destination. Writes go straight to
+// Source, so every sandbox mounting it sees them at once (a shared filesystem), and a
+// snapshot of the sandbox does not capture it.
+type Mount struct {
+	Source      string `json:"source"`
+	Destination string `json:"destination"`
 }
 
 // Endpoint is how the host reaches a running sandbox.

@@ -71,7 +71,7 @@ func (f *fakeOrch) Create(_ context.Context, req orchestrator.CreateRequest) (*o
 		StartedAt: f.now, EndAt: f.now.Add(req.Timeout), Metadata: req.Metadata, EnvVars: req.EnvVars,
 		EnvdVersion: "0.5.15", AutoPause: req.AutoPause, AutoResume: req.AutoResume, AllowInternet: req.AllowInternet,
 		Resources: sandbox.Resources{CPUCount: 2, MemoryMB: 512, DiskSizeMB: 2048},
-		Private:   req.Private, TrafficAccessToken: "traffic-" + strconv.Itoa(f.nextID),
+		Private:   req.Private, TrafficAccessToken: "traffic-" + strconv.Itoa(f.nextID), VolumeMounts: req.VolumeMounts,
 	}
 	if req.Secure {
 		sb.EnvdAccessToken = "tok-" + sb.ID

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net/http"
@@ -57,8 +58,22 @@ func methodLabel(m string) string {
 	return "other"
 }
 
-func (s *Server) metricsHandler() http.Handler {
-	return promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry})
+// MetricsHandler serves the Prometheus metrics, asking for the bearer token when the
+// node has one (Options.MetricsToken).
+func (s *Server) MetricsHandler() http.Handler {
+	h := promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry})
+	if s.metricsToken == "" {
+		return h
+	}
+	want := []byte("Bearer " + s.metricsToken)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="aenv metrics"`)
+			writeError(w, http.StatusUnauthorized, "/metrics needs the node's metrics_token as a bearer token")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func (h *handlers) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, id api.SandboxID, p api.GetSandboxMetricsParams) {

@@ -26,6 +26,9 @@ type createParams struct {
 	secure        bool
 	// autoPauseMemory false makes the timeout pause a pause to disk (v2 only).
 	autoPauseMemory *bool
+	volumeMounts    *[]api.SandboxVolumeMount
+	// owner is the authenticated caller's owner (volumes and secrets resolve in it).
+	owner string
 }
 
 func (h *handlers) CreateSandboxV2(w http.ResponseWriter, r *http.Request) {
@@ -39,6 +42,7 @@ func (h *handlers) CreateSandboxV2(w http.ResponseWriter, r *http.Request) {
 		cpuCount: body.CpuCount, memoryMB: body.MemoryMB, network: body.Network,
 		// v2 creates are always secure: the SDK expects an envd access token.
 		secure: true, autoPauseMemory: body.AutoPauseMemory,
+		volumeMounts: body.VolumeMounts, owner: ownerFrom(r.Context()),
 	}, h.s.defaultTimeout)
 }
 
@@ -51,7 +55,8 @@ func (h *handlers) CreateSandboxV1(w http.ResponseWriter, r *http.Request) {
 		templateID: body.TemplateID, timeout: body.Timeout, metadata: body.Metadata, envVars: body.EnvVars,
 		autoPause: body.AutoPause, autoResume: body.AutoResume, allowInternet: body.AllowInternetAccess,
 		cpuCount: body.CpuCount, memoryMB: body.MemoryMB, network: body.Network,
-		secure: body.Secure != nil && *body.Secure,
+		secure:       body.Secure != nil && *body.Secure,
+		volumeMounts: body.VolumeMounts, owner: ownerFrom(r.Context()),
 	}, h.s.defaultTimeoutV1)
 }
 
@@ -70,6 +75,11 @@ func (h *handlers) create(w http.ResponseWriter, r *http.Request, p createParams
 			return
 		}
 		req.TemplateID = t.ID
+	}
+	if len(req.VolumeMounts) > 0 {
+		// A volume is not deleted while a sandbox that mounts it starts.
+		h.s.vols.mu.RLock()
+		defer h.s.vols.mu.RUnlock()
 	}
 	sb, err := h.s.orch.Create(r.Context(), req)
 	if err != nil {
@@ -103,6 +113,9 @@ func (s *Server) createRequest(p createParams, defTimeout time.Duration) (orches
 	if req.Egress, err = createEgress(p.network); err != nil {
 		return req, err
 	}
+	if req.MaskRequestHost, err = parseMaskRequestHost(p.network); err != nil {
+		return req, err
+	}
 	if p.metadata != nil {
 		if err := checkStringMap("metadata", *p.metadata); err != nil {
 			return req, err
@@ -114,6 +127,13 @@ func (s *Server) createRequest(p createParams, defTimeout time.Duration) (orches
 			return req, err
 		}
 		req.EnvVars = *p.envVars
+		if err := s.checkSecretRefs(p.owner, req.EnvVars); err != nil {
+			return req, err
+		}
+	}
+	req.Owner = p.owner
+	if req.VolumeMounts, err = s.volumeMounts(p.owner, p.volumeMounts); err != nil {
+		return req, err
 	}
 	if p.cpuCount != nil {
 		if *p.cpuCount < 1 || *p.cpuCount > 256 {
@@ -365,6 +385,9 @@ func listedBody(sb *orchestrator.Sandbox) api.ListedSandbox {
 		md := api.SandboxMetadata(sb.Metadata)
 		out.Metadata = &md
 	}
+	if len(sb.VolumeMounts) > 0 {
+		out.VolumeMounts = volumeMountsBody(sb.VolumeMounts)
+	}
 	return out
 }
 
@@ -384,6 +407,7 @@ func (s *Server) detailBody(sb *orchestrator.Sandbox) api.SandboxDetail {
 		AllowInternetAccess: &allow,
 		Network:             networkBody(sb),
 		Lifecycle:           &api.SandboxLifecycle{AutoResume: sb.AutoResume, OnTimeout: onTimeout},
+		VolumeMounts:        l.VolumeMounts,
 	}
 	if sb.EnvdAccessToken != "" {
 		tok := sb.EnvdAccessToken

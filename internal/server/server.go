@@ -68,11 +68,20 @@ type Options struct {
 	Builds TemplateBuilder
 	// Pulls serves POST /aenv/templates/pull; nil answers 501 there.
 	Pulls *Puller
+	// Volumes serves /volumes and /volumecontent; nil answers 501 there.
+	Volumes VolumeStore
+	// Secrets serves /secrets and expands secret placeholders at create; nil answers 501.
+	Secrets SecretStore
 	// Domains enable host routing of {port}-{id}.{domain}; the first one is reported to
 	// clients as the sandbox domain.
 	Domains []string
 	// Registry receives the HTTP metrics and is served on /metrics. Nil: a private registry.
 	Registry *prometheus.Registry
+	// MetricsToken, when set, is the bearer token /metrics requires. MetricsElsewhere
+	// serves /metrics only through MetricsHandler (a listener of its own): the API's
+	// /metrics answers 404.
+	MetricsToken     string
+	MetricsElsewhere bool
 	// Transport reaches sandboxes; nil uses a transport suited to long-lived streams.
 	Transport http.RoundTripper
 	// DefaultTimeout is the TTL of v2 creates and connects and of refreshes without a
@@ -95,14 +104,19 @@ type Server struct {
 	keys   KeyManager
 	builds TemplateBuilder
 	puller *Puller
+	vols   *volumeGuard
+	secs   SecretStore
 	// uploadKey signs the upload URLs of template builds (valid for this process's life).
 	uploadKey []byte
 	domains   []string
 	registry  *prometheus.Registry
-	metrics   *httpMetrics
-	mux       *http.ServeMux
-	proxy     *sandboxProxy
-	log       *slog.Logger
+	// metricsToken and metricsElsewhere: see Options.
+	metricsToken     string
+	metricsElsewhere bool
+	metrics          *httpMetrics
+	mux              *http.ServeMux
+	proxy            *sandboxProxy
+	log              *slog.Logger
 
 	defaultTimeout   time.Duration
 	defaultTimeoutV1 time.Duration
@@ -125,9 +139,13 @@ func New(o Options) (*Server, error) {
 		keys:             o.Keys,
 		builds:           o.Builds,
 		puller:           o.Pulls,
+		vols:             newVolumeGuard(o.Volumes),
+		secs:             o.Secrets,
 		uploadKey:        randomKey(),
 		domains:          normalizeDomains(o.Domains),
 		registry:         o.Registry,
+		metricsToken:     o.MetricsToken,
+		metricsElsewhere: o.MetricsElsewhere,
 		log:              o.Logger,
 		defaultTimeout:   o.DefaultTimeout,
 		defaultTimeoutV1: o.DefaultTimeoutV1,
@@ -233,7 +251,7 @@ func (s *Server) requireAPIKey(next http.Handler) http.Handler {
 			writeError(w, http.StatusUnauthorized, "invalid API key")
 			return
 		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(withOwner(r.Context(), OwnerOf(key))))
 	})
 }
 
@@ -305,7 +323,11 @@ func (h *handlers) GetHealth(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (h *handlers) GetPrometheusMetrics(w http.ResponseWriter, r *http.Request) {
-	h.s.metricsHandler().ServeHTTP(w, r)
+	if h.s.metricsElsewhere {
+		writeError(w, http.StatusNotFound, "/metrics is served on the node's metrics_listen address")
+		return
+	}
+	h.s.MetricsHandler().ServeHTTP(w, r)
 }
 
 // timeoutSeconds validates a requested TTL in seconds and applies the default when absent.

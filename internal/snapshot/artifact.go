@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/aenv-dev/aenv/internal/repository"
 )
@@ -48,10 +49,12 @@ func walkLayerRefs(v any, fn func(obj map[string]any)) {
 	}
 }
 
-// ArtifactLayers lists the sealed layers an artifact names: objects with a
-// "uuid" (LSMT layers have one) and an absolute "path", or no path but a
-// "digest" (a layer this node reads lazily from the repository), bottom
-// first in document order, each once.
+// ArtifactLayers lists the blobs an artifact names: sealed layers, objects
+// with a "uuid" (LSMT layers have one), and other blobs, objects with a
+// "role" other than "rootfs" (a microVM's "memory" and "vmstate"), each with
+// an absolute "path", or no path but a "digest" (a blob this node reads from
+// the repository), each once: the layers in document order (bottom first),
+// then the other blobs by role.
 func ArtifactLayers(raw json.RawMessage) ([]LayerFile, error) {
 	if len(raw) == 0 {
 		return nil, nil
@@ -66,9 +69,13 @@ func ArtifactLayers(raw json.RawMessage) ([]LayerFile, error) {
 		p, _ := o["path"].(string)
 		d, _ := o["digest"].(string)
 		uuid, _ := o["uuid"].(string)
+		role, _ := o["role"].(string)
+		if role == rootRole {
+			role = ""
+		}
 		var l LayerFile
 		switch {
-		case uuid == "":
+		case uuid == "" && role == "":
 			return
 		case p != "" && filepath.IsAbs(p):
 			l = LayerFile{Path: filepath.Clean(p), UUID: uuid}
@@ -77,6 +84,7 @@ func ArtifactLayers(raw json.RawMessage) ([]LayerFile, error) {
 		default:
 			return
 		}
+		l.Role = role
 		key := l.Path + "|" + string(l.Digest)
 		if seen[key] {
 			return
@@ -86,6 +94,18 @@ func ArtifactLayers(raw json.RawMessage) ([]LayerFile, error) {
 			l.Size, _ = n.Int64()
 		}
 		out = append(out, l)
+	})
+	// Objects are walked in no set order: the other blobs go after the layers, by role.
+	slices.SortStableFunc(out, func(a, b LayerFile) int {
+		switch {
+		case a.Role == b.Role:
+			return 0
+		case a.Role == "":
+			return -1
+		case b.Role == "":
+			return 1
+		}
+		return strings.Compare(a.Role, b.Role)
 	})
 	return out, nil
 }

@@ -34,6 +34,12 @@ func TestArtifactLayers(t *testing.T) {
 		{"digest-only (read lazily) between files", `{"layers":[{"digest":"sha256:` + hexA + `","uuid":"L","size":512},{"path":"/l/c.commit","uuid":"C"},{"digest":"sha256:` + hexA + `","uuid":"L"}]}`,
 			[]LayerFile{{Digest: repository.Digest("sha256:" + hexA), UUID: "L", Size: 512}, {Path: "/l/c.commit", UUID: "C"}}, false},
 		{"bad digest, or a digest without a uuid, is not a layer", `{"layers":[{"digest":"sha256:zz","uuid":"L"},{"digest":"sha256:` + hexA + `"}]}`, nil, false},
+		{"microVM memory image: blobs with roles", `{"layers":[{"path":"/c/disk.lsmt","uuid":"D"}],"memory":{"dir":"/c","ram":{"path":"/c/ram","size":4096,"role":"memory"},"state":{"digest":"sha256:` + hexA + `","size":9,"role":"vmstate"}}}`,
+			[]LayerFile{{Path: "/c/disk.lsmt", UUID: "D"}, {Path: "/c/ram", Size: 4096, Role: "memory"},
+				{Digest: repository.Digest("sha256:" + hexA), Size: 9, Role: "vmstate"}}, false},
+		{"blobs after layers, by role", `{"memory":{"state":{"path":"/c/s","role":"vmstate"},"ram":{"path":"/c/r","role":"memory"}},"layers":[{"path":"/c/1","uuid":"1"},{"path":"/c/2","uuid":"2"}]}`,
+			[]LayerFile{{Path: "/c/1", UUID: "1"}, {Path: "/c/2", UUID: "2"}, {Path: "/c/r", Role: "memory"}, {Path: "/c/s", Role: "vmstate"}}, false},
+		{"role rootfs without a uuid is not a layer", `{"x":{"path":"/c/x","role":"rootfs"}}`, nil, false},
 		{"not json", `{"layers":`, nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -105,7 +111,7 @@ func TestWithLayerList(t *testing.T) {
 func TestManifestFromTemplate(t *testing.T) {
 	tpl := catalog.Template{ID: "snap-x", Kind: catalog.KindSnapshot, Aliases: []string{"golden"},
 		Resources: sandbox.Resources{CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024}, EnvVars: map[string]string{"K": "V"},
-		DefaultUser: "user", SourceSandboxID: "sbx-1", ParentID: "snap-p", Backend: "oci",
+		DefaultUser: "user", SourceSandboxID: "sbx-1", ParentID: "snap-p", Backend: "oci", EnvdAccessToken: "tok",
 		Artifact: json.RawMessage(`{"layers":[{"path":"/l/a.commit","uuid":"U1","size":4096}]}`)}
 	m, err := ManifestFromTemplate(tpl, "0.5.15")
 	if err != nil {
@@ -113,8 +119,20 @@ func TestManifestFromTemplate(t *testing.T) {
 	}
 	if m.ID != "snap-x" || m.Kind != repository.KindSnapshot || m.Name != "golden" || len(m.Layers) != 1 ||
 		m.Resources.DiskSizeMB != 1024 || m.SourceSandbox != "sbx-1" || m.ParentSnapshot != "snap-p" ||
-		m.Config.EnvVars["K"] != "V" || m.EnvdVersion != "0.5.15" || m.validate() != nil {
+		m.Config.EnvVars["K"] != "V" || m.EnvdVersion != "0.5.15" || m.Config.EnvdAccessToken != "tok" || m.validate() != nil {
 		t.Fatalf("manifest %+v", m)
+	}
+	// A microVM snapshot publishes its memory image; a template built from such a
+	// capture only its layers (its sandboxes boot the filesystem).
+	mem := json.RawMessage(`{"layers":[{"path":"/l/a.commit","uuid":"U1"}],"memory":{"ram":{"path":"/c/ram","size":8,"role":"memory"},"state":{"path":"/c/state","size":4,"role":"vmstate"}}}`)
+	tpl.Artifact = mem
+	if m, err := ManifestFromTemplate(tpl, ""); err != nil || len(m.Layers) != 3 || m.Layers[1].Role != "memory" || m.Layers[2].Role != "vmstate" {
+		t.Fatalf("microVM snapshot: %+v, %v", m.Layers, err)
+	}
+	built := tpl
+	built.Kind = catalog.KindTemplate
+	if m, err := ManifestFromTemplate(built, ""); err != nil || len(m.Layers) != 1 || m.Layers[0].Role != "" {
+		t.Fatalf("template built on a microVM: %+v, %v", m.Layers, err)
 	}
 	tpl.Artifact = json.RawMessage(`{"rootfsDir":"/srv/rootfs"}`)
 	if _, err := ManifestFromTemplate(tpl, ""); !errors.Is(err, ErrInvalid) {

@@ -136,7 +136,7 @@ export function nodeNetwork() {
  */
 export async function startNode({
   apiKey, bin = join(binDir, 'aenv'), env = {}, tag = 'aenv-e2e-', logFile = '',
-  shutdownAction = 'stop', healthTimeoutMs = 120_000,
+  shutdownAction = 'stop', healthTimeoutMs = 120_000, dataDir: reuseDataDir = '',
 } = {}) {
   if (!isRoot) {
     return { skip: 'needs root (aenv serve runs OCI containers, network namespaces and overlay mounts)' }
@@ -149,7 +149,8 @@ export async function startNode({
   }
   const port = await freePort()
   const url = `http://127.0.0.1:${port}`
-  const dataDir = mkdtempSync(join(tmpdir(), tag))
+  // dataDir restarts a node on the data dir of one stopped with stopNode(node, {keepDataDir: true}).
+  const dataDir = reuseDataDir || mkdtempSync(join(tmpdir(), tag))
   const net = nodeNetwork()
   const args = ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--envd', envdBin]
   if (existsSync(baseRootfs)) args.push('--base-rootfs', baseRootfs)
@@ -200,7 +201,7 @@ export async function startNode({
  * remove what it leaves on the host (a stopped node keeps its bridge and nftables tables for
  * a restart to adopt; after a SIGKILL also netns, veths, cgroups and mounts) and its data dir.
  */
-export async function stopNode(node) {
+export async function stopNode(node, { keepDataDir = false } = {}) {
   if (!node || node.skip) return
   const { proc } = node
   const exited = () => proc.exitCode !== null || proc.signalCode !== null
@@ -221,13 +222,13 @@ export async function stopNode(node) {
     }
   }
   if (node.logFile) writeFileSync(node.logFile, node.log())
-  cleanupNode(node)
+  cleanupNode(node, keepDataDir)
 }
 
 // cleanupNode removes the host resources of a node that is no longer running, all named
 // after its own bridge, prefix and cgroup parent (nothing another node uses), then its data
 // dir. What it finds besides the bridge and nftables tables is reported on stderr.
-function cleanupNode({ net, dataDir }) {
+function cleanupNode({ net, dataDir }, keepDataDir = false) {
   const found = []
   // Processes first (only after a SIGKILL are there any): the sandboxes' processes in the
   // node's cgroups, and the node's own helpers that outlived it (an orphaned `runc create`
@@ -327,5 +328,5 @@ function cleanupNode({ net, dataDir }) {
     if (tables.includes(`table ${family} ${net.bridge}`)) run('nft', ['delete', 'table', family, net.bridge])
   }
   if (found.length) console.error(`aenv e2e: removed what node ${net.bridge} left behind:\n  ` + found.join('\n  '))
-  rmSync(dataDir, { recursive: true, force: true })
+  if (!keepDataDir) rmSync(dataDir, { recursive: true, force: true })
 }

@@ -41,12 +41,20 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		TemplateID string `json:"templateID"`
 		CPUCount   int32  `json:"cpuCount"`
 		MemoryMB   int64  `json:"memoryMB"`
+		// Volumes and secrets live on one node; the gateway refuses creates that use them.
+		VolumeMounts []json.RawMessage `json:"volumeMounts"`
+		EnvVars      map[string]string `json:"envVars"`
 	}
 	if len(bytes.TrimSpace(body)) > 0 {
 		if err := json.Unmarshal(body, &req); err != nil {
 			writeError(w, http.StatusBadRequest, "the request body is not a JSON sandbox request: %v", err)
 			return
 		}
+	}
+	if usesNodeLocal(req.VolumeMounts, req.EnvVars) {
+		writeError(w, http.StatusNotImplemented, "volumeMounts and ${e2b.secrets.*} envVars refer to volumes and secrets, which are "+
+			"node-local: create such a sandbox through a node's own API, not the gateway")
+		return
 	}
 	if req.CPUCount <= 0 {
 		req.CPUCount = defaultCPU
@@ -209,4 +217,16 @@ func copyHeader(dst, src http.Header) {
 		}
 		dst[k] = append([]string(nil), vs...)
 	}
+}
+
+func usesNodeLocal(mounts []json.RawMessage, env map[string]string) bool {
+	if len(mounts) > 0 {
+		return true
+	}
+	for _, v := range env {
+		if strings.Contains(v, "${e2b.secrets.") {
+			return true
+		}
+	}
+	return false
 }

@@ -182,6 +182,10 @@ func (g *Gateway) controlPlane(w http.ResponseWriter, r *http.Request) {
 		g.nodes(w, r)
 	case p == "/sandboxes/metrics":
 		g.toAnyNode(w, r)
+	case nodeLocal(p):
+		// Sent to any node, they would land on a different one each time.
+		writeError(w, http.StatusNotImplemented, "%s is node-local (volumes and secrets live on the node that made them and are not "+
+			"published to the repository): use a node's own API, not the gateway", p)
 	default:
 		if id, ok := sandboxOfPath(p); ok {
 			g.toSandbox(w, r, id)
@@ -230,4 +234,14 @@ func writeError(w http.ResponseWriter, code int, format string, args ...any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(map[string]any{"code": code, "message": fmt.Sprintf(format, args...)})
+}
+
+// nodeLocal reports whether p is an API of resources kept on one node only.
+func nodeLocal(p string) bool {
+	for _, pre := range []string{"/volumes", "/volumecontent/", "/secrets"} {
+		if p == pre || strings.HasPrefix(p, strings.TrimSuffix(pre, "/")+"/") {
+			return true
+		}
+	}
+	return false
 }

@@ -140,6 +140,9 @@ func TestRouting(t *testing.T) {
 		{"wrong key", "GET", "/sandboxes/sb-on-b", map[string]string{"X-API-Key": "k2"}, 401, ""},
 		{"templates to any node", "GET", "/templates", key, 200, "a"},
 		{"health without key", "GET", "/health", nil, 204, ""},
+		{"volumes are node-local", "POST", "/volumes", key, 501, ""},
+		{"volume content is node-local", "GET", "/volumecontent/vol_x/file", key, 501, ""},
+		{"secrets are node-local", "GET", "/secrets/x", key, 501, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, body := f.do(t, tc.method, tc.path, tc.hdr)
@@ -213,5 +216,25 @@ func TestStaleNode(t *testing.T) {
 	code, body = f.do(t, "POST", "/v2/sandboxes", map[string]string{"X-API-Key": "k1"})
 	if code != 503 || !strings.Contains(fmt.Sprint(body["message"]), "stale") {
 		t.Fatalf("create with every node stale = %d %v; want 503 naming stale heartbeats", code, body)
+	}
+}
+
+func TestCreateWithNodeLocalResourcesRefused(t *testing.T) {
+	f := newFixture(t, "a")
+	for _, body := range []string{
+		`{"templateID":"base","volumeMounts":[{"name":"v","path":"/mnt/v"}]}`,
+		`{"templateID":"base","envVars":{"K":"${e2b.secrets.k}"}}`,
+	} {
+		req, _ := http.NewRequest("POST", f.gw.URL+"/v2/sandboxes", strings.NewReader(body))
+		req.Header.Set("X-API-Key", "k1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotImplemented || !strings.Contains(string(raw), "node-local") {
+			t.Fatalf("%s: %d %s", body, resp.StatusCode, raw)
+		}
 	}
 }

@@ -11,13 +11,14 @@ import (
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
+	"github.com/aenv-dev/aenv/internal/vmm"
 )
 
 // Fork implements sandbox.Instance: one capture, then every child restores on a private
 // mapping of its RAM file (copy-on-write: the children share the pages none of them
 // wrote) with a disk of its own on the sealed layers.
 func (i *Instance) Fork(ctx context.Context, specs []sandbox.ForkSpec) ([]sandbox.ForkResult, error) {
-	c, err := i.capture(ctx, false)
+	c, err := i.capture(ctx, captureFork)
 	if err != nil {
 		return nil, err
 	}
@@ -35,6 +36,9 @@ func (i *Instance) Fork(ctx context.Context, specs []sandbox.ForkSpec) ([]sandbo
 			inst, err := i.b.Launch(ctx, sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot,
 				SandboxID: s.SandboxID, Resources: s.Resources, AllowInternet: allow, Snapshot: c})
 			out[n] = sandbox.ForkResult{Instance: inst, Err: err}
+			if err == nil {
+				i.b.crashPoint(crashForkLaunched)
+			}
 		}()
 	}
 	wg.Wait()
@@ -93,7 +97,7 @@ func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resum
 		layers[n] = stack.LayerRef{Path: l.Path, Digest: l.Digest, Size: l.Size, UUID: l.UUID}
 	}
 	t1 := time.Now()
-	disk, err := rootfs.OpenDisk(ctx, rootfs.Spec{Dir: inst.dir, Lowers: layers, VirtualSize: c.VirtualSize, Resolver: b.cfg.LayerResolver})
+	disk, err := rootfs.OpenDisk(ctx, rootfs.Spec{Dir: inst.dir, Lowers: layers, VirtualSize: c.VirtualSize, Resolver: b.cfg.LayerResolver, Open: b.diskOpener()})
 	if err != nil {
 		return fmt.Errorf("microvm: root disk: %w", err)
 	}
@@ -107,31 +111,30 @@ func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resum
 	}
 	defer nic.tap.Close()
 	t3 := time.Now()
-	// A fork maps the capture's RAM file private; a resumed pause takes the file over
-	// (nothing else maps it) and runs shared on it, so its next pause is cheap again; a
-	// full stream loads into a fresh RAM file of the VM's own.
+	// A fork maps the capture's RAM file private; a resumed pause runs shared on a copy
+	// of it of its own (so its next pause is cheap again); a full stream loads into a
+	// fresh RAM file of the VM's own.
+	ramPath, statePath, err := b.localImage(ctx, c)
+	if err != nil {
+		return err
+	}
 	ram, private := inst.ramFile, false
 	switch {
-	case c.Memory.RAM != "" && resume:
-		if err := os.Rename(c.Memory.RAM, inst.ramFile); err != nil {
-			return fmt.Errorf("microvm: take over RAM file: %w", err)
+	case ramPath != "" && resume:
+		if err := vmm.CopyRAMFile(ramPath, inst.ramFile); err != nil {
+			return fmt.Errorf("microvm: resume: %w", err)
 		}
-		if err := os.Chmod(inst.ramFile, 0o600); err != nil {
-			return fmt.Errorf("microvm: RAM file: %w", err)
-		}
-	case c.Memory.RAM != "":
-		ram, private = c.Memory.RAM, true
+	case ramPath != "":
+		ram, private = ramPath, true
 	}
+	t4 := time.Now()
 	spec := b.vmSpec(inst, disk.Path(), nic)
 	spec.ramFile, spec.privateRAM = ram, private
 	// Not read by a restored guest, but QEMU loads the kernel all the same.
 	spec.cmdline = "console=ttyS0"
-	state := c.Memory.State
+	state := c.Memory.vmState(statePath)
 	proc, err := startVM(ctx, spec, &state)
 	if err != nil {
-		if resume && c.Memory.RAM != "" {
-			_ = os.Rename(inst.ramFile, c.Memory.RAM) // the pause stays resumable
-		}
 		return err
 	}
 	inst.mu.Lock()
@@ -139,17 +142,22 @@ func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resum
 	guest := c.Guest
 	inst.mem = memState{privateRAM: private, guest: &guest}
 	inst.mu.Unlock()
-	t4 := time.Now()
+	if err := inst.saveState(); err != nil {
+		return err
+	}
+	t5 := time.Now()
 	if err := proc.m.Resume(ctx); err != nil {
 		return fmt.Errorf("microvm: continue restored VM: %w", err)
 	}
 	if resume {
-		// The pause is consumed: its RAM file is this VM's now.
-		_ = removeImage(b, c)
+		// The pause is consumed: this VM has its own copy of the RAM.
+		if err := removeImage(b, c); err != nil {
+			b.log.Warn("microvm: remove a resumed pause's memory image", "id", inst.id, "err", err)
+		}
 	}
 	qt := proc.m.Timings()
 	b.log.Debug("microvm: restored", "id", inst.id, "capture", c.ID, "slot", slot.Index, "pid", proc.pid,
-		"network", t1.Sub(t0), "disk", t2.Sub(t1), "tap", t3.Sub(t2), "qemu", t4.Sub(t3),
-		"qemu_spawn", qt.Spawn, "qemu_load", qt.Load, "cont", time.Since(t4), "total", time.Since(t0))
+		"network", t1.Sub(t0), "disk", t2.Sub(t1), "tap", t3.Sub(t2), "memory", t4.Sub(t3), "qemu", t5.Sub(t4),
+		"qemu_spawn", qt.Spawn, "qemu_load", qt.Load, "cont", time.Since(t5), "total", time.Since(t0))
 	return nil
 }

@@ -132,6 +132,15 @@ func importDir(src, out string) (sandbox.LayerRef, error) {
 }
 
 func TestMain(m *testing.M) {
+	for env, run := range map[string]func(string) error{adoptChildEnv: adoptChild, dataPlaneChildEnv: dataPlaneChild} {
+		if v := os.Getenv(env); v != "" {
+			if err := run(v); err != nil {
+				fmt.Fprintln(os.Stderr, env, "child:", err)
+				os.Exit(1)
+			}
+			os.Exit(0)
+		}
+	}
 	if spec := os.Getenv(crashChildEnv); spec != "" {
 		if err := crashChild(spec); err != nil {
 			fmt.Fprintln(os.Stderr, "crash child:", err)
@@ -172,13 +181,16 @@ func testConfig(t testing.TB) Config {
 }
 
 // newTestBackend makes a backend and, when the test ends, stops what it launched and
-// checks nothing is left.
-func newTestBackend(t testing.TB) *Backend {
+// checks nothing is left. opts edit its configuration.
+func newTestBackend(t testing.TB, opts ...func(*Config)) *Backend {
 	t.Helper()
 	needVM(t)
 	fixtures(t)
 	ctx := context.Background()
 	cfg := testConfig(t)
+	for _, o := range opts {
+		o(&cfg)
+	}
 	if os.Getenv("AENV_TEST_DEBUG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

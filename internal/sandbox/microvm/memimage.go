@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/aenv-dev/aenv/internal/repository"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/vmm"
 )
@@ -18,18 +19,34 @@ import (
 // same thing) is a VM stopped at one instant: its device state, its RAM and its disk's
 // upper sealed into a new lower. Forks and snapshot launches restore on a private
 // (copy-on-write) mapping of the capture's RAM file, which they share; a resumed pause
-// takes its RAM file over and runs shared on it.
+// runs shared on a copy of it.
 //
-// Memory images are node-local: the RAM file and device state live under
-// RAMDir/images/<capture id> (tmpfs), the sealed disk layer under DataDir/captures/<id>.
-// A capture cannot yet run on another node (the layers are publishable, the memory image
-// is not).
+// Where memory images live (see docs/operations.md, "microVM memory images"):
+//   - a snapshot's or a pause's image is persistent: the RAM file and the device state are
+//     written next to the sealed disk layer, on disk (DataDir/captures/<id>/{ram,state}),
+//     so they survive a reboot of the machine like the layer;
+//   - a fork's capture is transient: it lives on tmpfs (RAMDir/images/<id>) only until the
+//     children have mapped it;
+//   - both files are named in the capture as blobs ({"path", "digest", "size", "role"}),
+//     which the repository publisher finds in the artifact and publishes as the record's
+//     "memory" and "vmstate" blobs, with block hash lists, like the disk layers. Another
+//     node's catalog entry names them by digest (and a path of its publisher's, if any);
+//     a restore there fetches each blob once, verifying every chunk against the published
+//     hashes, into DataDir/memory/<digest hex> (content addressed, read-only), and maps
+//     that copy (memfetch.go).
+
+// Roles of the memory image's blobs in a repository record.
+const (
+	roleMemory  = "memory"
+	roleVMState = "vmstate"
+)
 
 // capture is the backend's Captured and PausedState: everything a restore needs.
 type capture struct {
 	Backend string `json:"backend"` // "microvm"
 	ID      string `json:"id"`
-	// Dir holds the capture's sealed disk layer (DataDir/captures/<id>).
+	// Dir holds the capture's sealed disk layer (DataDir/captures/<id>) and, for a
+	// persistent capture, its memory image.
 	Dir string `json:"dir"`
 	// Layers are the disk's lowers at the capture, bottom first; the sealed upper last.
 	Layers      []sandbox.LayerRef `json:"layers"`
@@ -43,13 +60,34 @@ type capture struct {
 	Guest guestIdentity `json:"guest"`
 }
 
-// memImage is a VM's memory on this node.
+// memImage is a VM's memory: a device state stream and, unless the stream holds the RAM
+// itself, a RAM file.
 type memImage struct {
-	Dir string `json:"dir"`
-	// RAM is the RAM file (read-only: forks map it private). Empty when State holds the
-	// RAM (a full stream, taken from a VM whose RAM was itself a private mapping).
-	RAM   string    `json:"ram,omitempty"`
-	State vmm.State `json:"state"`
+	// Dir is where this node wrote the image: the capture's Dir (persistent) or a
+	// directory under RAMDir/images (transient). Empty on a node that fetches the image.
+	Dir string `json:"dir,omitempty"`
+	// RAM is the RAM file (read-only: forks map it private). Nil when State holds the RAM
+	// (a full stream, taken from a VM whose RAM was itself a private mapping).
+	RAM *memBlob `json:"ram,omitempty"`
+	// State is QEMU's migration stream.
+	State memBlob `json:"state"`
+	// IgnoreShared: State was taken with x-ignore-shared and needs RAM (vmm.State).
+	IgnoreShared bool `json:"ignoreShared"`
+}
+
+// memBlob is one file of a memory image, in the shape the repository publisher finds in
+// artifacts (snapshot.ArtifactLayers): the local file, and once published the digest
+// that finds its bytes on any node.
+type memBlob struct {
+	Path   string `json:"path,omitempty"`
+	Digest string `json:"digest,omitempty"`
+	Size   int64  `json:"size"`
+	Role   string `json:"role"`
+}
+
+// vmState is the image's state stream as package vmm restores it from path.
+func (m *memImage) vmState(path string) vmm.State {
+	return vmm.State{Path: path, IgnoreShared: m.IgnoreShared, Size: m.State.Size}
 }
 
 // guestIdentity is the guest's address configuration, set at its first boot.
@@ -95,8 +133,10 @@ func (b *Backend) DecodePaused(raw []byte) (sandbox.PausedState, error) { return
 // DecodeCaptured implements sandbox.Backend.
 func (b *Backend) DecodeCaptured(raw []byte) (sandbox.Captured, error) { return b.decode(raw) }
 
-// decode parses a stored capture and checks that every path it names is one of this
-// backend's, so a record cannot make the node read or delete files elsewhere.
+// decode parses a stored capture. Paths are this node's only when they lie in this
+// backend's directories: a capture made on another node (synced from the repository)
+// keeps its layers and memory blobs by digest, and its other paths are dropped, so a
+// record can never make the node read or delete files elsewhere.
 func (b *Backend) decode(raw []byte) (*capture, error) {
 	var c capture
 	if err := json.Unmarshal(raw, &c); err != nil {
@@ -106,11 +146,26 @@ func (b *Backend) decode(raw []byte) (*capture, error) {
 		return nil, fmt.Errorf("%w: not a microvm capture", ErrUnsupported)
 	}
 	if !within(c.Dir, b.cfg.capturesDir()) {
-		return nil, fmt.Errorf("microvm: capture dir %q outside %s", c.Dir, b.cfg.capturesDir())
+		c.Dir = "" // another node's
 	}
 	if m := c.Memory; m != nil {
-		if !within(m.Dir, b.cfg.imagesDir()) || !within(m.State.Path, m.Dir) || (m.RAM != "" && !within(m.RAM, m.Dir)) {
-			return nil, fmt.Errorf("microvm: memory image paths outside %s", b.cfg.imagesDir())
+		if m.Dir != "" && (m.Dir != c.Dir || c.Dir == "") && !within(m.Dir, b.cfg.imagesDir()) {
+			m.Dir = ""
+		}
+		blobs := []*memBlob{&m.State}
+		if m.RAM != nil {
+			blobs = append(blobs, m.RAM)
+		}
+		for _, mb := range blobs {
+			if err := b.checkBlob(c.ID, m.Dir, mb); err != nil {
+				return nil, err
+			}
+		}
+		if m.RAM != nil && m.RAM.Role != roleMemory || m.State.Role != roleVMState {
+			return nil, fmt.Errorf("microvm: capture %s: memory image roles %q, %q", c.ID, m.RAM.roleOrNone(), m.State.Role)
+		}
+		if m.IgnoreShared != (m.RAM != nil) {
+			return nil, fmt.Errorf("microvm: capture %s: a state stream without RAM needs a RAM file, a full one none", c.ID)
 		}
 		if _, err := net.ParseMAC(c.Guest.MAC); err != nil || !c.Guest.Addr.IsValid() || !c.Guest.Gateway.IsValid() {
 			return nil, fmt.Errorf("microvm: capture %s: guest identity %+v invalid", c.ID, c.Guest)
@@ -120,6 +175,33 @@ func (b *Backend) decode(raw []byte) (*capture, error) {
 		return nil, fmt.Errorf("microvm: capture %s: resources %+v invalid", c.ID, c.Resources)
 	}
 	return &c, nil
+}
+
+// checkBlob keeps mb's path only when it is a file of the image's directory dir on this
+// node; a blob without one must have a digest to be fetched by.
+func (b *Backend) checkBlob(id, dir string, mb *memBlob) error {
+	if mb.Path != "" && (dir == "" || !within(mb.Path, dir)) {
+		mb.Path = ""
+	}
+	if mb.Digest != "" {
+		if _, err := repository.ParseDigest(mb.Digest); err != nil {
+			return fmt.Errorf("microvm: capture %s: memory blob: %w", id, err)
+		}
+	}
+	if mb.Path == "" && mb.Digest == "" {
+		return fmt.Errorf("microvm: capture %s: %s blob has neither a file on this node nor a digest", id, mb.Role)
+	}
+	if mb.Size < 0 {
+		return fmt.Errorf("microvm: capture %s: %s blob size %d", id, mb.Role, mb.Size)
+	}
+	return nil
+}
+
+func (mb *memBlob) roleOrNone() string {
+	if mb == nil {
+		return ""
+	}
+	return mb.Role
 }
 
 // within reports whether p is a clean absolute path strictly inside dir.

@@ -14,7 +14,7 @@ import (
 // released. The sandbox resumes through Launch (LaunchResume) with its processes. A pause
 // without memory (KeepMemory false) is the same capture: the orchestrator cold-boots it.
 func (i *Instance) Pause(ctx context.Context, _ sandbox.PauseOptions) (sandbox.PausedState, error) {
-	c, err := i.capture(ctx, true)
+	c, err := i.capture(ctx, capturePause)
 	if err != nil {
 		return nil, err
 	}
@@ -57,15 +57,41 @@ func (b *Backend) DiscardPaused(_ context.Context, _ string, ps sandbox.PausedSt
 	return err
 }
 
+// removeImage deletes c's memory image from this node: its files (a persistent image
+// shares its directory with the disk layer, which stays), a transient image's directory,
+// and the copies fetched from the repository for it.
 func removeImage(b *Backend, c *capture) error {
-	if c.Memory == nil || !within(c.Memory.Dir, b.cfg.imagesDir()) {
+	m := c.Memory
+	if m == nil {
 		return nil
 	}
-	if err := os.RemoveAll(c.Memory.Dir); err != nil {
+	var errs []error
+	for _, mb := range []*memBlob{m.RAM, &m.State} {
+		if mb == nil {
+			continue
+		}
+		if mb.Path != "" && m.Dir != "" && within(mb.Path, m.Dir) {
+			errs = append(errs, removeFile(mb.Path))
+		}
+		if p := b.fetchedPath(mb.Digest); p != "" {
+			errs = append(errs, removeFile(p))
+		}
+	}
+	if within(m.Dir, b.cfg.imagesDir()) {
+		errs = append(errs, os.RemoveAll(m.Dir))
+		// The last image takes the directory with it (RAMDir holds only running VMs' RAM
+		// files then); a capture racing this recreates it.
+		_ = os.Remove(b.cfg.imagesDir())
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("microvm: discard memory image %s: %w", c.ID, err)
 	}
-	// The last image takes the directory with it (RAMDir holds only running VMs' RAM
-	// files then); a capture racing this recreates it.
-	_ = os.Remove(b.cfg.imagesDir())
+	return nil
+}
+
+func removeFile(p string) error {
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
 	return nil
 }

@@ -29,21 +29,34 @@ type memState struct {
 	guest *guestIdentity
 }
 
+// captureKind says what a capture is for, which decides where its memory image goes.
+type captureKind int
+
+const (
+	// captureSnapshot: the VM continues; the image is persistent (on disk).
+	captureSnapshot captureKind = iota
+	// capturePause: the VM ends after the capture; the image is persistent.
+	capturePause
+	// captureFork: the VM continues; the image is transient (tmpfs) and goes once the
+	// children have mapped it.
+	captureFork
+)
+
 // Snapshot implements sandbox.Instance: the VM stops for the device state, a copy of its
 // RAM file and the seal of its disk's upper, then continues.
 func (i *Instance) Snapshot(ctx context.Context) (sandbox.Captured, error) {
-	c, err := i.capture(ctx, false)
+	c, err := i.capture(ctx, captureSnapshot)
 	if err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// capture stops the VM and writes a capture of it. With pause the VM stays stopped and
-// its RAM file becomes the capture's (no copy); the caller ends the VM. Without, the VM
-// continues. Any error before the end leaves the VM running (recoverable) unless it
-// has died (ErrGone).
-func (i *Instance) capture(ctx context.Context, pause bool) (_ *capture, err error) {
+// capture stops the VM and writes a capture of it. For a pause the VM stays stopped; the
+// caller ends the VM. Otherwise the VM continues. Any error before the end leaves the VM
+// running (recoverable) unless it has died (ErrGone).
+func (i *Instance) capture(ctx context.Context, kind captureKind) (_ *capture, err error) {
+	pause := kind == capturePause
 	i.stopMu.Lock()
 	defer i.stopMu.Unlock()
 	i.mu.Lock()
@@ -52,7 +65,7 @@ func (i *Instance) capture(ctx context.Context, pause bool) (_ *capture, err err
 	if stopped || proc == nil || proc.exited() || disk == nil || slot == nil {
 		return nil, fmt.Errorf("%w: %s", sandbox.ErrGone, i.id)
 	}
-	c, err := i.newCapture(disk.Size(), slot, mem)
+	c, err := i.newCapture(disk.Size(), slot, mem, kind != captureFork)
 	if err != nil {
 		return nil, err
 	}
@@ -63,7 +76,7 @@ func (i *Instance) capture(ctx context.Context, pause bool) (_ *capture, err err
 		if err == nil {
 			return
 		}
-		os.RemoveAll(c.Memory.Dir)
+		_ = removeImage(i.b, c)
 		if !sealed { // once sealed, the layer is a lower of the running disk
 			os.RemoveAll(c.Dir)
 		}
@@ -76,37 +89,44 @@ func (i *Instance) capture(ctx context.Context, pause bool) (_ *capture, err err
 			err = errors.Join(err, rerr)
 		}
 	}()
-	statePath := filepath.Join(c.Memory.Dir, "state")
+	var st vmm.State
 	if mem.privateRAM {
-		c.Memory.State, err = m.SaveFull(ctx, statePath)
+		st, err = m.SaveFull(ctx, filepath.Join(c.Memory.Dir, stateName))
 	} else {
-		c.Memory.State, err = m.SaveDeviceState(ctx, statePath)
+		st, err = m.SaveDeviceState(ctx, filepath.Join(c.Memory.Dir, stateName))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("microvm: capture %s: %w", i.id, err)
 	}
+	c.Memory.State = memBlob{Path: st.Path, Size: st.Size, Role: roleVMState}
+	c.Memory.IgnoreShared = st.IgnoreShared
 	tState := time.Now()
+	i.b.crashPoint(crashCaptureState)
 	// QEMU flushed the disk at the stop: the upper holds everything the guest wrote.
-	ref, err := disk.Stack().Restack(ctx, filepath.Join(c.Dir, "disk.lsmt"))
-	if err == nil {
-		err = disk.Stack().Persist(ref)
-	}
-	if ref.Path != "" {
+	layerPath := filepath.Join(c.Dir, "disk.lsmt")
+	lowers, _, err := disk.Seal(ctx, layerPath)
+	if _, serr := os.Stat(layerPath); serr == nil {
 		sealed = true
 	}
 	if err != nil {
 		return nil, fmt.Errorf("microvm: capture %s: seal disk: %w", i.id, err)
 	}
-	for _, l := range disk.Lowers() {
+	for _, l := range lowers {
 		c.Layers = append(c.Layers, sandbox.LayerRef{Path: l.Path, Digest: l.Digest, Size: l.Size, UUID: l.UUID})
 	}
+	i.b.crashPoint(crashCaptureSealed)
 	tDisk := time.Now()
 	if !mem.privateRAM {
-		if err := i.captureRAM(c, pause); err != nil {
+		if err := i.captureRAM(c, kind != captureFork); err != nil {
 			return nil, err
+		}
+	} else if kind != captureFork {
+		if err := syncFiles(c.Memory.State.Path); err != nil {
+			return nil, fmt.Errorf("microvm: capture %s: %w", i.id, err)
 		}
 	}
 	tRAM := time.Now()
+	i.b.crashPoint(crashCaptureRAM)
 	if !pause {
 		if err := m.Resume(ctx); err != nil {
 			return nil, fmt.Errorf("microvm: capture %s: continue: %w", i.id, err)
@@ -117,8 +137,15 @@ func (i *Instance) capture(ctx context.Context, pause bool) (_ *capture, err err
 	return c, nil
 }
 
-// newCapture names a capture of inst and creates its directories.
-func (i *Instance) newCapture(diskSize int64, slot *network.Slot, mem memState) (*capture, error) {
+// Names of a memory image's files in its directory.
+const (
+	ramName   = "ram"
+	stateName = "state"
+)
+
+// newCapture names a capture of inst and creates its directories: its memory image goes
+// next to its disk layer when persistent, on tmpfs otherwise.
+func (i *Instance) newCapture(diskSize int64, slot *network.Slot, mem memState, persistent bool) (*capture, error) {
 	guest := mem.guest
 	if guest == nil {
 		g, err := slotIdentity(slot.NetnsPath, slot.IP, slot.PrefixLen, slot.Gateway)
@@ -135,8 +162,11 @@ func (i *Instance) newCapture(diskSize int64, slot *network.Slot, mem memState) 
 		return nil, err
 	}
 	c := &capture{Backend: "microvm", ID: id, Dir: filepath.Join(i.b.cfg.capturesDir(), id),
-		VirtualSize: uint64(diskSize), Resources: i.res, Guest: *guest,
-		Memory: &memImage{Dir: filepath.Join(i.b.cfg.imagesDir(), id)}}
+		VirtualSize: uint64(diskSize), Resources: i.res, Guest: *guest, Memory: &memImage{}}
+	c.Memory.Dir = c.Dir
+	if !persistent {
+		c.Memory.Dir = filepath.Join(i.b.cfg.imagesDir(), id)
+	}
 	for _, d := range []string{c.Dir, c.Memory.Dir} {
 		err := os.MkdirAll(d, 0o700)
 		if errors.Is(err, os.ErrNotExist) { // a discard removed the emptied parent meanwhile
@@ -149,24 +179,41 @@ func (i *Instance) newCapture(diskSize int64, slot *network.Slot, mem memState) 
 	return c, nil
 }
 
-// captureRAM makes the stopped VM's own RAM file the capture's memory image: a copy for a
-// VM that goes on, the file itself (QEMU's mapping follows the inode) for a pause.
-func (i *Instance) captureRAM(c *capture, pause bool) error {
-	c.Memory.RAM = filepath.Join(c.Memory.Dir, "ram")
-	var err error
-	if pause {
-		err = os.Rename(i.ramFile, c.Memory.RAM)
-	} else {
-		err = vmm.CopyRAMFile(i.ramFile, c.Memory.RAM)
+// captureRAM copies the stopped VM's own RAM file into the capture's memory image
+// (keeping holes: only what the guest touched is written). A persistent image is synced
+// to disk before the capture counts as taken.
+func (i *Instance) captureRAM(c *capture, persistent bool) error {
+	path := filepath.Join(c.Memory.Dir, ramName)
+	err := vmm.CopyRAMFile(i.ramFile, path)
+	if err == nil && persistent {
+		err = syncFiles(path, c.Memory.State.Path)
 	}
 	if err == nil {
-		err = vmm.MarkTemplate(c.Memory.RAM)
+		err = vmm.MarkTemplate(path)
 	}
 	if err != nil {
-		if pause {
-			_ = os.Rename(c.Memory.RAM, i.ramFile)
-		}
 		return fmt.Errorf("microvm: capture %s: RAM: %w", i.id, err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("microvm: capture %s: RAM: %w", i.id, err)
+	}
+	c.Memory.RAM = &memBlob{Path: path, Size: st.Size(), Role: roleMemory}
+	return nil
+}
+
+// syncFiles flushes files to disk.
+func syncFiles(paths ...string) error {
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("sync %s: %w", p, err)
+		}
 	}
 	return nil
 }

@@ -16,9 +16,10 @@ import (
 )
 
 // counterScript starts a background counter whose value lives only in the shell's memory
-// (a restarted process would begin again at 1) and is written to /tmp/count every 100 ms.
+// (a restarted process would begin again at 1) and is written to /tmp/count every 100 ms
+// (renamed into place: a reader never sees the file truncated).
 const counterScript = `rm -f /tmp/counter.pid /tmp/count
-setsid bash -c 'echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' >/dev/null 2>&1 < /dev/null &
+setsid bash -c 'echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' >/dev/null 2>&1 < /dev/null &
 n=0; while [ ! -s /tmp/count ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n+1)); done; cat /tmp/counter.pid`
 
 // counterState reads the counter's pid, whether that process still runs, and its value.

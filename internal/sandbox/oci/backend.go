@@ -219,9 +219,12 @@ type Backend struct {
 	userns bool
 	v2     bool
 	memsw  bool
-	pool   *network.Pool
-	warm   *warmPool
-	log    *slog.Logger
+	// mountBin binds each container's own boot id over the host's ("": not found, the
+	// host's shows through).
+	mountBin string
+	pool     *network.Pool
+	warm     *warmPool
+	log      *slog.Logger
 	// usernsFDs are the user namespaces id-mapped mounts are made for.
 	usernsFDs *usernsCache
 
@@ -280,6 +283,11 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	cfg.UIDBase = base
 	b := &Backend{cfg: cfg, v2: unifiedOnly(), log: cfg.Logger, instances: map[string]*Instance{}, tearing: map[string]int{}, usernsFDs: newUsernsCache()}
 	b.memsw = hostAccountsSwap(b.v2)
+	if mb, err := exec.LookPath("mount"); err == nil {
+		b.mountBin = mb
+	} else {
+		b.log.Warn("oci: no mount binary: sandboxes see the host's boot id", "err", err)
+	}
 	rt, userns, err := b.probe(ctx)
 	if err != nil {
 		return nil, err
@@ -394,6 +402,10 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 // launchWarmOrNew starts the reserved inst from a warm container of root (key names it)
 // when one is ready, else creates one; either way the pool learns root is in demand.
 func (b *Backend) launchWarmOrNew(ctx context.Context, inst *Instance, plan sandbox.LaunchPlan, key string, root createOpts) (sandbox.Instance, error) {
+	if len(plan.Mounts) > 0 {
+		// A warm container's spec is written before anyone asks: it has no volumes.
+		return b.launchNew(ctx, inst, plan, root)
+	}
 	w := b.warm.take(key)
 	b.warm.want(key, root)
 	if w != nil {
@@ -428,6 +440,7 @@ func (b *Backend) launchNew(ctx context.Context, inst *Instance, plan sandbox.La
 	inst.cid = b.containerID(plan.SandboxID)
 	inst.l = b.layout(inst.cid)
 	o.allowInternet, o.res, o.hostname, o.run = plan.AllowInternet, plan.Resources, hostname(plan.SandboxID), true
+	o.mounts = plan.Mounts
 	err := os.Mkdir(inst.l.dir, 0o711)
 	if err == nil {
 		err = b.create(ctx, inst, o)
@@ -457,6 +470,7 @@ type createOpts struct {
 	res           sandbox.Resources
 	hostname      string
 	run           bool // start the init now (runc run -d) or leave it created (warm pool)
+	mounts        []sandbox.Mount
 }
 
 // create builds a container for inst (whose cid and bundle dir are set): network slot,
@@ -492,7 +506,18 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 	} else if err := mountRootfs(inst.l, o.lower, m, userns); err != nil {
 		return err
 	}
+	vols, err := volumeMounts(inst.l, o.mounts, userns)
+	if err != nil {
+		return err
+	}
 	t2 := time.Now()
+	bootID := ""
+	if b.mountBin != "" {
+		bootID = filepath.Join(inst.l.dir, "boot_id")
+		if err := writeBootID(bootID); err != nil {
+			return fmt.Errorf("oci: boot id: %w", err)
+		}
+	}
 	spec := buildSpec(specParams{
 		rootfs: inst.l.rootfs(), hostname: o.hostname, netnsPath: slot.NetnsPath,
 		envdPath: b.cfg.EnvdPath, args: b.initArgs(),
@@ -502,7 +527,7 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		},
 		cgroupsPath: b.cgroupsPath(inst.cid), cpuCount: o.res.CPUCount,
 		memoryMB: o.res.MemoryMB, pidsLimit: b.cfg.PidsLimit, idmap: m, memsw: b.memsw,
-		resolvConf: b.cfg.ResolvConf,
+		resolvConf: b.cfg.ResolvConf, volumes: vols, bootID: bootID, mountBin: b.mountBin,
 	})
 	if err := writeJSON(filepath.Join(inst.l.dir, "config.json"), spec); err != nil {
 		return err

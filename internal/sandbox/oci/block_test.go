@@ -261,6 +261,19 @@ func TestBlockPauseToDisk(t *testing.T) {
 	ctx := context.Background()
 	a := e.launchBlock(t, "pd-a", fs, sandbox.Resources{CPUCount: 1, MemoryMB: 128})
 	e.mustSh(t, a, "echo kept > /root/f && dd if=/dev/urandom of=/root/rand bs=1M count=4 2>/dev/null && md5sum /root/rand > /root/rand.md5")
+	// A sandbox has its own boot id, and a resume with fresh processes (a reboot, to
+	// what runs in it) gets a new one.
+	host, err := os.ReadFile(bootIDPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bootA := e.mustSh(t, a, "cat "+bootIDPath)
+	if len(bootA) != 37 || bootA == string(host) {
+		t.Fatalf("boot id %q (host's %q)", bootA, host)
+	}
+	if out := e.mustSh(t, a, "echo x > "+bootIDPath+" 2>&1 || echo refused"); !strings.Contains(out, "refused") {
+		t.Fatalf("the boot id is writable: %q", out)
+	}
 	ps, err := a.Pause(ctx, sandbox.PauseOptions{KeepMemory: false})
 	if err != nil {
 		t.Fatal(err)
@@ -284,6 +297,9 @@ func TestBlockPauseToDisk(t *testing.T) {
 	if out := e.mustSh(t, r, "cat /root/f; md5sum -c /root/rand.md5"); out != "kept\n/root/rand: OK\n" {
 		t.Fatalf("after resume: %q", out)
 	}
+	if bootR := e.mustSh(t, r, "cat "+bootIDPath); len(bootR) != 37 || bootR == bootA || bootR == string(host) {
+		t.Fatalf("boot id after a resume from disk %q, before %q", bootR, bootA)
+	}
 	// Pause again and kill while paused: the capture and its layers go.
 	ps3, err := r.Pause(ctx, sandbox.PauseOptions{})
 	if err != nil {
@@ -297,11 +313,19 @@ func TestBlockPauseToDisk(t *testing.T) {
 	}
 	// KeepMemory still freezes in place.
 	k := e.launchBlock(t, "pd-b", fs, sandbox.Resources{})
+	bootK := e.mustSh(t, k, "cat "+bootIDPath)
 	if _, err := k.Pause(ctx, sandbox.PauseOptions{KeepMemory: true}); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := k.Status(ctx); st != "paused" {
 		t.Fatalf("memory pause: status %q", st)
+	}
+	// Thawed in place, its processes never stopped: the same boot.
+	if err := k.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if again := e.mustSh(t, k, "cat "+bootIDPath); again != bootK {
+		t.Fatalf("boot id changed across a freeze: %q -> %q", bootK, again)
 	}
 }
 

@@ -52,12 +52,18 @@ func usernsFD(m idMap) (int, error) {
 // (host id 0 appears as the namespace's root), so a shared template directory owned by host
 // root is owned by root inside a user-namespaced sandbox without copying or chowning it.
 func idmappedBind(src, dst string, userns int) error {
+	return idmappedBindAttr(src, dst, userns, unix.MOUNT_ATTR_IDMAP|unix.MOUNT_ATTR_RDONLY)
+}
+
+// idmappedBindAttr is idmappedBind with the mount attributes set (MOUNT_ATTR_IDMAP, plus
+// MOUNT_ATTR_RDONLY for a read-only view).
+func idmappedBindAttr(src, dst string, userns int, set uint64) error {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
 		return fmt.Errorf("oci: open_tree %s: %w", src, err)
 	}
 	defer unix.Close(fd)
-	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY, Userns_fd: uint64(userns)}
+	attr := &unix.MountAttr{Attr_set: set, Userns_fd: uint64(userns)}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
 		return fmt.Errorf("oci: idmap %s: %w", src, err)
 	}

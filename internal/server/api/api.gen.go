@@ -53,6 +53,14 @@ const (
 	TemplateBuildStatusWaiting  TemplateBuildStatus = "waiting"
 )
 
+// Defines values for VolumeEntryStatType.
+const (
+	Directory VolumeEntryStatType = "directory"
+	File      VolumeEntryStatType = "file"
+	Symlink   VolumeEntryStatType = "symlink"
+	Unknown   VolumeEntryStatType = "unknown"
+)
+
 // Defines values for GetTemplateBuildLogsParamsDirection.
 const (
 	Backward GetTemplateBuildLogsParamsDirection = "backward"
@@ -192,7 +200,7 @@ type NewSandbox struct {
 	MemoryMB *int32           `json:"memoryMB,omitempty"`
 	Metadata *SandboxMetadata `json:"metadata,omitempty"`
 
-	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted but neither acted on nor reported; egressProxy and rules are refused with 400.
+	// Network allowOut takes IP addresses, CIDR blocks and domain patterns ("example.com", "*.example.com": subdomains at any depth, not the apex); denyOut takes IP addresses and CIDR blocks only (E2B's rule). Addresses are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. Domain patterns, rules and egressProxy send the sandbox's outbound TCP through the node's egress proxy (docs/operations.md): names are read from the TLS SNI and the HTTP Host on ports 443 and 80, rules' header transforms are applied to plain HTTP requests (HTTPS is relayed untouched, never intercepted), and egressProxy tunnels all TCP through a SOCKS5 server. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost replaces the Host of requests the node proxies into the sandbox's user ports (${PORT} is the port). httpsPorts is accepted but not acted on. Malformed entries are refused with 400.
 	Network *SandboxNetworkConfig `json:"network,omitempty"`
 
 	// Secure Issue an envd access token.
@@ -223,13 +231,31 @@ type NewSandboxV2 struct {
 	MemoryMB *int32           `json:"memoryMB,omitempty"`
 	Metadata *SandboxMetadata `json:"metadata,omitempty"`
 
-	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted but neither acted on nor reported; egressProxy and rules are refused with 400.
+	// Network allowOut takes IP addresses, CIDR blocks and domain patterns ("example.com", "*.example.com": subdomains at any depth, not the apex); denyOut takes IP addresses and CIDR blocks only (E2B's rule). Addresses are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. Domain patterns, rules and egressProxy send the sandbox's outbound TCP through the node's egress proxy (docs/operations.md): names are read from the TLS SNI and the HTTP Host on ports 443 and 80, rules' header transforms are applied to plain HTTP requests (HTTPS is relayed untouched, never intercepted), and egressProxy tunnels all TCP through a SOCKS5 server. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost replaces the Host of requests the node proxies into the sandbox's user ports (${PORT} is the port). httpsPorts is accepted but not acted on. Malformed entries are refused with 400.
 	Network    *SandboxNetworkConfig `json:"network,omitempty"`
 	TemplateID string                `json:"templateID"`
 
 	// Timeout Seconds until the sandbox expires (default 300).
 	Timeout      *int32                `json:"timeout,omitempty"`
 	VolumeMounts *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// NewSecret defines model for NewSecret.
+type NewSecret struct {
+	// Metadata At most 32 entries; keys up to 128 bytes, values up to 1024, 8192 bytes in all.
+	Metadata *SecretMetadata `json:"metadata,omitempty"`
+
+	// Name Lower-cased before storage; the sec_ prefix is reserved for ids.
+	Name string `json:"name"`
+
+	// Value Write-only (at most 64 KiB); sandboxes get it through ${e2b.secrets.<name>} placeholders.
+	Value string `json:"value"`
+}
+
+// NewVolume defines model for NewVolume.
+type NewVolume struct {
+	// Name 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit.
+	Name string `json:"name"`
 }
 
 // NodeCapabilities defines model for NodeCapabilities.
@@ -299,12 +325,21 @@ type SandboxDetail struct {
 	MemoryMB        int32             `json:"memoryMB"`
 	Metadata        *SandboxMetadata  `json:"metadata,omitempty"`
 
-	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted but neither acted on nor reported; egressProxy and rules are refused with 400.
-	Network    *SandboxNetworkConfig `json:"network,omitempty"`
-	SandboxID  string                `json:"sandboxID"`
-	StartedAt  time.Time             `json:"startedAt"`
-	State      SandboxState          `json:"state"`
-	TemplateID string                `json:"templateID"`
+	// Network allowOut takes IP addresses, CIDR blocks and domain patterns ("example.com", "*.example.com": subdomains at any depth, not the apex); denyOut takes IP addresses and CIDR blocks only (E2B's rule). Addresses are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. Domain patterns, rules and egressProxy send the sandbox's outbound TCP through the node's egress proxy (docs/operations.md): names are read from the TLS SNI and the HTTP Host on ports 443 and 80, rules' header transforms are applied to plain HTTP requests (HTTPS is relayed untouched, never intercepted), and egressProxy tunnels all TCP through a SOCKS5 server. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost replaces the Host of requests the node proxies into the sandbox's user ports (${PORT} is the port). httpsPorts is accepted but not acted on. Malformed entries are refused with 400.
+	Network      *SandboxNetworkConfig `json:"network,omitempty"`
+	SandboxID    string                `json:"sandboxID"`
+	StartedAt    time.Time             `json:"startedAt"`
+	State        SandboxState          `json:"state"`
+	TemplateID   string                `json:"templateID"`
+	VolumeMounts *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// SandboxEgressProxyConfig SOCKS5 server the sandbox's outbound TCP is tunnelled through. The password is never returned.
+type SandboxEgressProxyConfig struct {
+	// Address host:port of the SOCKS5 server.
+	Address  string  `json:"address"`
+	Password *string `json:"password,omitempty"`
+	Username *string `json:"username,omitempty"`
 }
 
 // SandboxForkRequest defines model for SandboxForkRequest.
@@ -374,15 +409,32 @@ type SandboxMetric struct {
 	TimestampUnix int64     `json:"timestampUnix"`
 }
 
-// SandboxNetworkConfig allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted but neither acted on nor reported; egressProxy and rules are refused with 400.
+// SandboxNetworkConfig allowOut takes IP addresses, CIDR blocks and domain patterns ("example.com", "*.example.com": subdomains at any depth, not the apex); denyOut takes IP addresses and CIDR blocks only (E2B's rule). Addresses are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. Domain patterns, rules and egressProxy send the sandbox's outbound TCP through the node's egress proxy (docs/operations.md): names are read from the TLS SNI and the HTTP Host on ports 443 and 80, rules' header transforms are applied to plain HTTP requests (HTTPS is relayed untouched, never intercepted), and egressProxy tunnels all TCP through a SOCKS5 server. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost replaces the Host of requests the node proxies into the sandbox's user ports (${PORT} is the port). httpsPorts is accepted but not acted on. Malformed entries are refused with 400.
 type SandboxNetworkConfig struct {
-	AllowOut           *[]string               `json:"allowOut,omitempty"`
-	AllowPublicTraffic *bool                   `json:"allowPublicTraffic,omitempty"`
-	DenyOut            *[]string               `json:"denyOut,omitempty"`
-	EgressProxy        *map[string]interface{} `json:"egressProxy"`
-	HttpsPorts         *[]int32                `json:"httpsPorts,omitempty"`
-	MaskRequestHost    *string                 `json:"maskRequestHost,omitempty"`
-	Rules              *map[string]interface{} `json:"rules,omitempty"`
+	AllowOut           *[]string `json:"allowOut,omitempty"`
+	AllowPublicTraffic *bool     `json:"allowPublicTraffic,omitempty"`
+	DenyOut            *[]string `json:"denyOut,omitempty"`
+
+	// EgressProxy SOCKS5 server the sandbox's outbound TCP is tunnelled through. The password is never returned.
+	EgressProxy     *SandboxEgressProxyConfig `json:"egressProxy"`
+	HttpsPorts      *[]int32                  `json:"httpsPorts,omitempty"`
+	MaskRequestHost *string                   `json:"maskRequestHost,omitempty"`
+
+	// Rules Per-domain request transforms; keys are domain patterns or IP addresses.
+	Rules *SandboxNetworkRules `json:"rules,omitempty"`
+}
+
+// SandboxNetworkRule defines model for SandboxNetworkRule.
+type SandboxNetworkRule struct {
+	Transform *SandboxNetworkTransform `json:"transform,omitempty"`
+}
+
+// SandboxNetworkRules Per-domain request transforms; keys are domain patterns or IP addresses.
+type SandboxNetworkRules map[string][]SandboxNetworkRule
+
+// SandboxNetworkTransform defines model for SandboxNetworkTransform.
+type SandboxNetworkTransform struct {
+	Headers *map[string]string `json:"headers,omitempty"`
 }
 
 // SandboxNetworkUpdateConfig The whole outbound policy; omitted fields are cleared.
@@ -390,10 +442,14 @@ type SandboxNetworkUpdateConfig struct {
 	AllowOut *[]string `json:"allowOut,omitempty"`
 
 	// AllowInternetAccess false blocks all outbound traffic except allowOut (like denyOut 0.0.0.0/0). Default true.
-	AllowInternetAccess *bool                   `json:"allow_internet_access,omitempty"`
-	DenyOut             *[]string               `json:"denyOut,omitempty"`
-	EgressProxy         *map[string]interface{} `json:"egressProxy"`
-	Rules               *map[string]interface{} `json:"rules,omitempty"`
+	AllowInternetAccess *bool     `json:"allow_internet_access,omitempty"`
+	DenyOut             *[]string `json:"denyOut,omitempty"`
+
+	// EgressProxy SOCKS5 server the sandbox's outbound TCP is tunnelled through. The password is never returned.
+	EgressProxy *SandboxEgressProxyConfig `json:"egressProxy"`
+
+	// Rules Per-domain request transforms; keys are domain patterns or IP addresses.
+	Rules *SandboxNetworkRules `json:"rules,omitempty"`
 }
 
 // SandboxPauseRequest defines model for SandboxPauseRequest.
@@ -434,6 +490,28 @@ type SandboxVolumeMount struct {
 // SandboxesWithMetrics defines model for SandboxesWithMetrics.
 type SandboxesWithMetrics struct {
 	Sandboxes map[string]SandboxMetric `json:"sandboxes"`
+}
+
+// Secret defines model for Secret.
+type Secret struct {
+	CreatedAt      time.Time `json:"createdAt"`
+	CurrentVersion int64     `json:"currentVersion"`
+
+	// Metadata At most 32 entries; keys up to 128 bytes, values up to 1024, 8192 bytes in all.
+	Metadata  SecretMetadata `json:"metadata"`
+	Name      string         `json:"name"`
+	SecretID  string         `json:"secretID"`
+	UpdatedAt time.Time      `json:"updatedAt"`
+}
+
+// SecretMetadata At most 32 entries; keys up to 128 bytes, values up to 1024, 8192 bytes in all.
+type SecretMetadata map[string]string
+
+// SecretUpdate defines model for SecretUpdate.
+type SecretUpdate struct {
+	// Metadata At most 32 entries; keys up to 128 bytes, values up to 1024, 8192 bytes in all.
+	Metadata *SecretMetadata `json:"metadata,omitempty"`
+	Value    string          `json:"value"`
 }
 
 // SnapshotInfo defines model for SnapshotInfo.
@@ -640,6 +718,47 @@ type TemplateWithBuilds struct {
 	UpdatedAt     time.Time       `json:"updatedAt"`
 }
 
+// Volume defines model for Volume.
+type Volume struct {
+	Name     string `json:"name"`
+	VolumeID string `json:"volumeID"`
+}
+
+// VolumeAndToken defines model for VolumeAndToken.
+type VolumeAndToken struct {
+	Domain *string `json:"domain"`
+	Name   string  `json:"name"`
+
+	// Token Bearer token of the volume content API (/volumecontent/...).
+	Token    string `json:"token"`
+	VolumeID string `json:"volumeID"`
+}
+
+// VolumeEntryStat defines model for VolumeEntryStat.
+type VolumeEntryStat struct {
+	Atime  time.Time           `json:"atime"`
+	Ctime  time.Time           `json:"ctime"`
+	Gid    uint32              `json:"gid"`
+	Mode   uint32              `json:"mode"`
+	Mtime  time.Time           `json:"mtime"`
+	Name   string              `json:"name"`
+	Path   string              `json:"path"`
+	Size   int64               `json:"size"`
+	Target *string             `json:"target,omitempty"`
+	Type   VolumeEntryStatType `json:"type"`
+	Uid    uint32              `json:"uid"`
+}
+
+// VolumeEntryStatType defines model for VolumeEntryStat.Type.
+type VolumeEntryStatType string
+
+// VolumeMetadataUpdate defines model for VolumeMetadataUpdate.
+type VolumeMetadataUpdate struct {
+	Gid  *uint32 `json:"gid,omitempty"`
+	Mode *uint32 `json:"mode,omitempty"`
+	Uid  *uint32 `json:"uid,omitempty"`
+}
+
 // BuildID defines model for buildID.
 type BuildID = string
 
@@ -651,6 +770,24 @@ type SandboxID = string
 
 // TemplateID defines model for templateID.
 type TemplateID = string
+
+// VolumeForce defines model for volumeForce.
+type VolumeForce = bool
+
+// VolumeGID defines model for volumeGID.
+type VolumeGID = uint32
+
+// VolumeID defines model for volumeID.
+type VolumeID = string
+
+// VolumeMode defines model for volumeMode.
+type VolumeMode = uint32
+
+// VolumePath defines model for volumePath.
+type VolumePath = string
+
+// VolumeUID defines model for volumeUID.
+type VolumeUID = uint32
 
 // N400 defines model for 400.
 type N400 = Error
@@ -717,6 +854,12 @@ type GetSandboxMetricsParams struct {
 
 	// End Unix seconds; only samples at or before it.
 	End *int64 `form:"end,omitempty" json:"end,omitempty"`
+}
+
+// ListSecretsParams defines parameters for ListSecrets.
+type ListSecretsParams struct {
+	Limit     *int32  `form:"limit,omitempty" json:"limit,omitempty"`
+	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
 }
 
 // ListSnapshotsParams defines parameters for ListSnapshots.
@@ -829,6 +972,60 @@ type ListTemplatesV2Params struct {
 	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
 }
 
+// ListVolumeDirParams defines parameters for ListVolumeDir.
+type ListVolumeDirParams struct {
+	Depth *int `form:"depth,omitempty" json:"depth,omitempty"`
+
+	// Path Path inside the volume ("/" is its root).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// MakeVolumeDirParams defines parameters for MakeVolumeDir.
+type MakeVolumeDirParams struct {
+	Uid   *VolumeUID   `form:"uid,omitempty" json:"uid,omitempty"`
+	Gid   *VolumeGID   `form:"gid,omitempty" json:"gid,omitempty"`
+	Mode  *VolumeMode  `form:"mode,omitempty" json:"mode,omitempty"`
+	Force *VolumeForce `form:"force,omitempty" json:"force,omitempty"`
+
+	// Path Path inside the volume ("/" is its root).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// ReadVolumeFileParams defines parameters for ReadVolumeFile.
+type ReadVolumeFileParams struct {
+	// Path Path inside the volume ("/" is its root).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// WriteVolumeFileParams defines parameters for WriteVolumeFile.
+type WriteVolumeFileParams struct {
+	Uid   *VolumeUID   `form:"uid,omitempty" json:"uid,omitempty"`
+	Gid   *VolumeGID   `form:"gid,omitempty" json:"gid,omitempty"`
+	Mode  *VolumeMode  `form:"mode,omitempty" json:"mode,omitempty"`
+	Force *VolumeForce `form:"force,omitempty" json:"force,omitempty"`
+
+	// Path Path inside the volume ("/" is its root).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// RemoveVolumePathParams defines parameters for RemoveVolumePath.
+type RemoveVolumePathParams struct {
+	// Path Path inside the volume ("/" is its root).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// StatVolumePathParams defines parameters for StatVolumePath.
+type StatVolumePathParams struct {
+	// Path Path inside the volume ("/" is its root).
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// UpdateVolumePathParams defines parameters for UpdateVolumePath.
+type UpdateVolumePathParams struct {
+	// Path Path inside the volume ("/" is its root).
+	Path VolumePath `form:"path" json:"path"`
+}
+
 // CreateAPIKeyJSONRequestBody defines body for CreateAPIKey for application/json ContentType.
 type CreateAPIKeyJSONRequestBody = NewAPIKey
 
@@ -862,6 +1059,12 @@ type CreateSandboxSnapshotJSONRequestBody = SandboxSnapshotRequest
 // SetSandboxTimeoutJSONRequestBody defines body for SetSandboxTimeout for application/json ContentType.
 type SetSandboxTimeoutJSONRequestBody = SandboxTimeoutRequest
 
+// CreateSecretJSONRequestBody defines body for CreateSecret for application/json ContentType.
+type CreateSecretJSONRequestBody = NewSecret
+
+// UpdateSecretJSONRequestBody defines body for UpdateSecret for application/json ContentType.
+type UpdateSecretJSONRequestBody = SecretUpdate
+
 // DeleteTemplateTagsJSONRequestBody defines body for DeleteTemplateTags for application/json ContentType.
 type DeleteTemplateTagsJSONRequestBody = DeleteTemplateTagsRequest
 
@@ -879,6 +1082,12 @@ type StartTemplateBuildV2JSONRequestBody = TemplateBuildStartV2
 
 // RequestTemplateBuildV3JSONRequestBody defines body for RequestTemplateBuildV3 for application/json ContentType.
 type RequestTemplateBuildV3JSONRequestBody = TemplateBuildRequestV3
+
+// UpdateVolumePathJSONRequestBody defines body for UpdateVolumePath for application/json ContentType.
+type UpdateVolumePathJSONRequestBody = VolumeMetadataUpdate
+
+// CreateVolumeJSONRequestBody defines body for CreateVolume for application/json ContentType.
+type CreateVolumeJSONRequestBody = NewVolume
 
 // RequestEditorFn  is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
@@ -1044,6 +1253,25 @@ type ClientInterface interface {
 
 	SetSandboxTimeout(ctx context.Context, sandboxID SandboxID, body SetSandboxTimeoutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListSecrets request
+	ListSecrets(ctx context.Context, params *ListSecretsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateSecretWithBody request with any body
+	CreateSecretWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	CreateSecret(ctx context.Context, body CreateSecretJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteSecret request
+	DeleteSecret(ctx context.Context, secretID string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetSecret request
+	GetSecret(ctx context.Context, secretID string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateSecretWithBody request with any body
+	UpdateSecretWithBody(ctx context.Context, secretID string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	UpdateSecret(ctx context.Context, secretID string, body UpdateSecretJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListSnapshots request
 	ListSnapshots(ctx context.Context, params *ListSnapshotsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -1109,6 +1337,43 @@ type ClientInterface interface {
 	RequestTemplateBuildV3WithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	RequestTemplateBuildV3(ctx context.Context, body RequestTemplateBuildV3JSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListVolumeDir request
+	ListVolumeDir(ctx context.Context, volumeID VolumeID, params *ListVolumeDirParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// MakeVolumeDir request
+	MakeVolumeDir(ctx context.Context, volumeID VolumeID, params *MakeVolumeDirParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ReadVolumeFile request
+	ReadVolumeFile(ctx context.Context, volumeID VolumeID, params *ReadVolumeFileParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// WriteVolumeFileWithBody request with any body
+	WriteVolumeFileWithBody(ctx context.Context, volumeID VolumeID, params *WriteVolumeFileParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RemoveVolumePath request
+	RemoveVolumePath(ctx context.Context, volumeID VolumeID, params *RemoveVolumePathParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// StatVolumePath request
+	StatVolumePath(ctx context.Context, volumeID VolumeID, params *StatVolumePathParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateVolumePathWithBody request with any body
+	UpdateVolumePathWithBody(ctx context.Context, volumeID VolumeID, params *UpdateVolumePathParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	UpdateVolumePath(ctx context.Context, volumeID VolumeID, params *UpdateVolumePathParams, body UpdateVolumePathJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListVolumes request
+	ListVolumes(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateVolumeWithBody request with any body
+	CreateVolumeWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	CreateVolume(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteVolume request
+	DeleteVolume(ctx context.Context, volumeID VolumeID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetVolume request
+	GetVolume(ctx context.Context, volumeID VolumeID, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 func (c *Client) GetCapabilities(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -1519,6 +1784,90 @@ func (c *Client) SetSandboxTimeout(ctx context.Context, sandboxID SandboxID, bod
 	return c.Client.Do(req)
 }
 
+func (c *Client) ListSecrets(ctx context.Context, params *ListSecretsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListSecretsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) CreateSecretWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateSecretRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) CreateSecret(ctx context.Context, body CreateSecretJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateSecretRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) DeleteSecret(ctx context.Context, secretID string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteSecretRequest(c.Server, secretID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) GetSecret(ctx context.Context, secretID string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetSecretRequest(c.Server, secretID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) UpdateSecretWithBody(ctx context.Context, secretID string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateSecretRequestWithBody(c.Server, secretID, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) UpdateSecret(ctx context.Context, secretID string, body UpdateSecretJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateSecretRequest(c.Server, secretID, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 func (c *Client) ListSnapshots(ctx context.Context, params *ListSnapshotsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListSnapshotsRequest(c.Server, params)
 	if err != nil {
@@ -1797,6 +2146,162 @@ func (c *Client) RequestTemplateBuildV3WithBody(ctx context.Context, contentType
 
 func (c *Client) RequestTemplateBuildV3(ctx context.Context, body RequestTemplateBuildV3JSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewRequestTemplateBuildV3Request(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) ListVolumeDir(ctx context.Context, volumeID VolumeID, params *ListVolumeDirParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListVolumeDirRequest(c.Server, volumeID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) MakeVolumeDir(ctx context.Context, volumeID VolumeID, params *MakeVolumeDirParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewMakeVolumeDirRequest(c.Server, volumeID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) ReadVolumeFile(ctx context.Context, volumeID VolumeID, params *ReadVolumeFileParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewReadVolumeFileRequest(c.Server, volumeID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) WriteVolumeFileWithBody(ctx context.Context, volumeID VolumeID, params *WriteVolumeFileParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewWriteVolumeFileRequestWithBody(c.Server, volumeID, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) RemoveVolumePath(ctx context.Context, volumeID VolumeID, params *RemoveVolumePathParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRemoveVolumePathRequest(c.Server, volumeID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) StatVolumePath(ctx context.Context, volumeID VolumeID, params *StatVolumePathParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewStatVolumePathRequest(c.Server, volumeID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) UpdateVolumePathWithBody(ctx context.Context, volumeID VolumeID, params *UpdateVolumePathParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateVolumePathRequestWithBody(c.Server, volumeID, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) UpdateVolumePath(ctx context.Context, volumeID VolumeID, params *UpdateVolumePathParams, body UpdateVolumePathJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateVolumePathRequest(c.Server, volumeID, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) ListVolumes(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListVolumesRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) CreateVolumeWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateVolumeRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) CreateVolume(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateVolumeRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) DeleteVolume(ctx context.Context, volumeID VolumeID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteVolumeRequest(c.Server, volumeID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) GetVolume(ctx context.Context, volumeID VolumeID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetVolumeRequest(c.Server, volumeID)
 	if err != nil {
 		return nil, err
 	}
@@ -2798,6 +3303,226 @@ func NewSetSandboxTimeoutRequestWithBody(server string, sandboxID SandboxID, con
 	}
 
 	operationPath := fmt.Sprintf("/sandboxes/%s/timeout", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewListSecretsRequest generates requests for ListSecrets
+func NewListSecretsRequest(server string, params *ListSecretsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/secrets")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "limit", runtime.ParamLocationQuery, *params.Limit); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.NextToken != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "nextToken", runtime.ParamLocationQuery, *params.NextToken); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewCreateSecretRequest calls the generic CreateSecret builder with application/json body
+func NewCreateSecretRequest(server string, body CreateSecretJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateSecretRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewCreateSecretRequestWithBody generates requests for CreateSecret with any type of body
+func NewCreateSecretRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/secrets")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteSecretRequest generates requests for DeleteSecret
+func NewDeleteSecretRequest(server string, secretID string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "secretID", runtime.ParamLocationPath, secretID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/secrets/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("DELETE", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetSecretRequest generates requests for GetSecret
+func NewGetSecretRequest(server string, secretID string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "secretID", runtime.ParamLocationPath, secretID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/secrets/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewUpdateSecretRequest calls the generic UpdateSecret builder with application/json body
+func NewUpdateSecretRequest(server string, secretID string, body UpdateSecretJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpdateSecretRequestWithBody(server, secretID, "application/json", bodyReader)
+}
+
+// NewUpdateSecretRequestWithBody generates requests for UpdateSecret with any type of body
+func NewUpdateSecretRequestWithBody(server string, secretID string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "secretID", runtime.ParamLocationPath, secretID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/secrets/%s", pathParam0)
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -4007,6 +4732,664 @@ func NewRequestTemplateBuildV3RequestWithBody(server string, contentType string,
 	return req, nil
 }
 
+// NewListVolumeDirRequest generates requests for ListVolumeDir
+func NewListVolumeDirRequest(server string, volumeID VolumeID, params *ListVolumeDirParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "volumeID", runtime.ParamLocationPath, volumeID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/volumecontent/%s/dir", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if params.Depth != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "depth", runtime.ParamLocationQuery, *params.Depth); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if queryFrag, err := runtime.StyleParamWithLocation("form", true, "path", runtime.ParamLocationQuery, params.Path); err != nil {
+			return nil, err
+		} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+			return nil, err
+		} else {
+			for k, v := range parsed {
+				for _, v2 := range v {
+					queryValues.Add(k, v2)
+				}
+			}
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewMakeVolumeDirRequest generates requests for MakeVolumeDir
+func NewMakeVolumeDirRequest(server string, volumeID VolumeID, params *MakeVolumeDirParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "volumeID", runtime.ParamLocationPath, volumeID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/volumecontent/%s/dir", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if params.Uid != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "uid", runtime.ParamLocationQuery, *params.Uid); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Gid != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "gid", runtime.ParamLocationQuery, *params.Gid); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Mode != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "mode", runtime.ParamLocationQuery, *params.Mode); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Force != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "force", runtime.ParamLocationQuery, *params.Force); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if queryFrag, err := runtime.StyleParamWithLocation("form", true, "path", runtime.ParamLocationQuery, params.Path); err != nil {
+			return nil, err
+		} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+			return nil, err
+		} else {
+			for k, v := range parsed {
+				for _, v2 := range v {
+					queryValues.Add(k, v2)
+				}
+			}
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewReadVolumeFileRequest generates requests for ReadVolumeFile
+func NewReadVolumeFileRequest(server string, volumeID VolumeID, params *ReadVolumeFileParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "volumeID", runtime.ParamLocationPath, volumeID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/volumecontent/%s/file", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if queryFrag, err := runtime.StyleParamWithLocation("form", true, "path", runtime.ParamLocationQuery, params.Path); err != nil {
+			return nil, err
+		} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+			return nil, err
+		} else {
+			for k, v := range parsed {
+				for _, v2 := range v {
+					queryValues.Add(k, v2)
+				}
+			}
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewWriteVolumeFileRequestWithBody generates requests for WriteVolumeFile with any type of body
+func NewWriteVolumeFileRequestWithBody(server string, volumeID VolumeID, params *WriteVolumeFileParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "volumeID", runtime.ParamLocationPath, volumeID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/volumecontent/%s/file", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if params.Uid != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "uid", runtime.ParamLocationQuery, *params.Uid); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Gid != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "gid", runtime.ParamLocationQuery, *params.Gid); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Mode != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "mode", runtime.ParamLocationQuery, *params.Mode); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if params.Force != nil {
+
+			if queryFrag, err := runtime.StyleParamWithLocation("form", true, "force", runtime.ParamLocationQuery, *params.Force); err != nil {
+				return nil, err
+			} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+				return nil, err
+			} else {
+				for k, v := range parsed {
+					for _, v2 := range v {
+						queryValues.Add(k, v2)
+					}
+				}
+			}
+
+		}
+
+		if queryFrag, err := runtime.StyleParamWithLocation("form", true, "path", runtime.ParamLocationQuery, params.Path); err != nil {
+			return nil, err
+		} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+			return nil, err
+		} else {
+			for k, v := range parsed {
+				for _, v2 := range v {
+					queryValues.Add(k, v2)
+				}
+			}
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("PUT", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewRemoveVolumePathRequest generates requests for RemoveVolumePath
+func NewRemoveVolumePathRequest(server string, volumeID VolumeID, params *RemoveVolumePathParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "volumeID", runtime.ParamLocationPath, volumeID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/volumecontent/%s/path", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if queryFrag, err := runtime.StyleParamWithLocation("form", true, "path", runtime.ParamLocationQuery, params.Path); err != nil {
+			return nil, err
+		} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+			return nil, err
+		} else {
+			for k, v := range parsed {
+				for _, v2 := range v {
+					queryValues.Add(k, v2)
+				}
+			}
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("DELETE", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewStatVolumePathRequest generates requests for StatVolumePath
+func NewStatVolumePathRequest(server string, volumeID VolumeID, params *StatVolumePathParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "volumeID", runtime.ParamLocationPath, volumeID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/volumecontent/%s/path", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if queryFrag, err := runtime.StyleParamWithLocation("form", true, "path", runtime.ParamLocationQuery, params.Path); err != nil {
+			return nil, err
+		} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+			return nil, err
+		} else {
+			for k, v := range parsed {
+				for _, v2 := range v {
+					queryValues.Add(k, v2)
+				}
+			}
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewUpdateVolumePathRequest calls the generic UpdateVolumePath builder with application/json body
+func NewUpdateVolumePathRequest(server string, volumeID VolumeID, params *UpdateVolumePathParams, body UpdateVolumePathJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpdateVolumePathRequestWithBody(server, volumeID, params, "application/json", bodyReader)
+}
+
+// NewUpdateVolumePathRequestWithBody generates requests for UpdateVolumePath with any type of body
+func NewUpdateVolumePathRequestWithBody(server string, volumeID VolumeID, params *UpdateVolumePathParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "volumeID", runtime.ParamLocationPath, volumeID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/volumecontent/%s/path", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		queryValues := queryURL.Query()
+
+		if queryFrag, err := runtime.StyleParamWithLocation("form", true, "path", runtime.ParamLocationQuery, params.Path); err != nil {
+			return nil, err
+		} else if parsed, err := url.ParseQuery(queryFrag); err != nil {
+			return nil, err
+		} else {
+			for k, v := range parsed {
+				for _, v2 := range v {
+					queryValues.Add(k, v2)
+				}
+			}
+		}
+
+		queryURL.RawQuery = queryValues.Encode()
+	}
+
+	req, err := http.NewRequest("PATCH", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewListVolumesRequest generates requests for ListVolumes
+func NewListVolumesRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/volumes")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewCreateVolumeRequest calls the generic CreateVolume builder with application/json body
+func NewCreateVolumeRequest(server string, body CreateVolumeJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateVolumeRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewCreateVolumeRequestWithBody generates requests for CreateVolume with any type of body
+func NewCreateVolumeRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/volumes")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewDeleteVolumeRequest generates requests for DeleteVolume
+func NewDeleteVolumeRequest(server string, volumeID VolumeID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "volumeID", runtime.ParamLocationPath, volumeID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/volumes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("DELETE", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetVolumeRequest generates requests for GetVolume
+func NewGetVolumeRequest(server string, volumeID VolumeID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "volumeID", runtime.ParamLocationPath, volumeID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/volumes/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 func (c *Client) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
@@ -4141,6 +5524,25 @@ type ClientWithResponsesInterface interface {
 
 	SetSandboxTimeoutWithResponse(ctx context.Context, sandboxID SandboxID, body SetSandboxTimeoutJSONRequestBody, reqEditors ...RequestEditorFn) (*SetSandboxTimeoutResponse, error)
 
+	// ListSecretsWithResponse request
+	ListSecretsWithResponse(ctx context.Context, params *ListSecretsParams, reqEditors ...RequestEditorFn) (*ListSecretsResponse, error)
+
+	// CreateSecretWithBodyWithResponse request with any body
+	CreateSecretWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateSecretResponse, error)
+
+	CreateSecretWithResponse(ctx context.Context, body CreateSecretJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSecretResponse, error)
+
+	// DeleteSecretWithResponse request
+	DeleteSecretWithResponse(ctx context.Context, secretID string, reqEditors ...RequestEditorFn) (*DeleteSecretResponse, error)
+
+	// GetSecretWithResponse request
+	GetSecretWithResponse(ctx context.Context, secretID string, reqEditors ...RequestEditorFn) (*GetSecretResponse, error)
+
+	// UpdateSecretWithBodyWithResponse request with any body
+	UpdateSecretWithBodyWithResponse(ctx context.Context, secretID string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateSecretResponse, error)
+
+	UpdateSecretWithResponse(ctx context.Context, secretID string, body UpdateSecretJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateSecretResponse, error)
+
 	// ListSnapshotsWithResponse request
 	ListSnapshotsWithResponse(ctx context.Context, params *ListSnapshotsParams, reqEditors ...RequestEditorFn) (*ListSnapshotsResponse, error)
 
@@ -4206,6 +5608,43 @@ type ClientWithResponsesInterface interface {
 	RequestTemplateBuildV3WithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RequestTemplateBuildV3Response, error)
 
 	RequestTemplateBuildV3WithResponse(ctx context.Context, body RequestTemplateBuildV3JSONRequestBody, reqEditors ...RequestEditorFn) (*RequestTemplateBuildV3Response, error)
+
+	// ListVolumeDirWithResponse request
+	ListVolumeDirWithResponse(ctx context.Context, volumeID VolumeID, params *ListVolumeDirParams, reqEditors ...RequestEditorFn) (*ListVolumeDirResponse, error)
+
+	// MakeVolumeDirWithResponse request
+	MakeVolumeDirWithResponse(ctx context.Context, volumeID VolumeID, params *MakeVolumeDirParams, reqEditors ...RequestEditorFn) (*MakeVolumeDirResponse, error)
+
+	// ReadVolumeFileWithResponse request
+	ReadVolumeFileWithResponse(ctx context.Context, volumeID VolumeID, params *ReadVolumeFileParams, reqEditors ...RequestEditorFn) (*ReadVolumeFileResponse, error)
+
+	// WriteVolumeFileWithBodyWithResponse request with any body
+	WriteVolumeFileWithBodyWithResponse(ctx context.Context, volumeID VolumeID, params *WriteVolumeFileParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*WriteVolumeFileResponse, error)
+
+	// RemoveVolumePathWithResponse request
+	RemoveVolumePathWithResponse(ctx context.Context, volumeID VolumeID, params *RemoveVolumePathParams, reqEditors ...RequestEditorFn) (*RemoveVolumePathResponse, error)
+
+	// StatVolumePathWithResponse request
+	StatVolumePathWithResponse(ctx context.Context, volumeID VolumeID, params *StatVolumePathParams, reqEditors ...RequestEditorFn) (*StatVolumePathResponse, error)
+
+	// UpdateVolumePathWithBodyWithResponse request with any body
+	UpdateVolumePathWithBodyWithResponse(ctx context.Context, volumeID VolumeID, params *UpdateVolumePathParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateVolumePathResponse, error)
+
+	UpdateVolumePathWithResponse(ctx context.Context, volumeID VolumeID, params *UpdateVolumePathParams, body UpdateVolumePathJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateVolumePathResponse, error)
+
+	// ListVolumesWithResponse request
+	ListVolumesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListVolumesResponse, error)
+
+	// CreateVolumeWithBodyWithResponse request with any body
+	CreateVolumeWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error)
+
+	CreateVolumeWithResponse(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error)
+
+	// DeleteVolumeWithResponse request
+	DeleteVolumeWithResponse(ctx context.Context, volumeID VolumeID, reqEditors ...RequestEditorFn) (*DeleteVolumeResponse, error)
+
+	// GetVolumeWithResponse request
+	GetVolumeWithResponse(ctx context.Context, volumeID VolumeID, reqEditors ...RequestEditorFn) (*GetVolumeResponse, error)
 }
 
 type GetCapabilitiesResponse struct {
@@ -4788,6 +6227,132 @@ func (r SetSandboxTimeoutResponse) StatusCode() int {
 	return 0
 }
 
+type ListSecretsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *[]Secret
+	JSON400      *N400
+	JSON401      *N401
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r ListSecretsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListSecretsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type CreateSecretResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON201      *Secret
+	JSON400      *N400
+	JSON401      *N401
+	JSON409      *N409
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateSecretResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateSecretResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type DeleteSecretResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteSecretResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteSecretResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type GetSecretResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *Secret
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r GetSecretResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetSecretResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type UpdateSecretResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *Secret
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r UpdateSecretResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpdateSecretResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
 type ListSnapshotsResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5248,6 +6813,287 @@ func (r RequestTemplateBuildV3Response) StatusCode() int {
 	return 0
 }
 
+type ListVolumeDirResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *[]VolumeEntryStat
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r ListVolumeDirResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListVolumeDirResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type MakeVolumeDirResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON201      *VolumeEntryStat
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON409      *N409
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r MakeVolumeDirResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r MakeVolumeDirResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type ReadVolumeFileResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r ReadVolumeFileResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ReadVolumeFileResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type WriteVolumeFileResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *VolumeEntryStat
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r WriteVolumeFileResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r WriteVolumeFileResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type RemoveVolumePathResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r RemoveVolumePathResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RemoveVolumePathResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type StatVolumePathResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *VolumeEntryStat
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r StatVolumePathResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r StatVolumePathResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type UpdateVolumePathResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *VolumeEntryStat
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r UpdateVolumePathResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpdateVolumePathResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type ListVolumesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *[]Volume
+	JSON401      *N401
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r ListVolumesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListVolumesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type CreateVolumeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON201      *VolumeAndToken
+	JSON400      *N400
+	JSON401      *N401
+	JSON409      *N409
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateVolumeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateVolumeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type DeleteVolumeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON401      *N401
+	JSON404      *N404
+	JSON409      *N409
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteVolumeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteVolumeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type GetVolumeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *VolumeAndToken
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r GetVolumeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetVolumeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
 // GetCapabilitiesWithResponse request returning *GetCapabilitiesResponse
 func (c *ClientWithResponses) GetCapabilitiesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetCapabilitiesResponse, error) {
 	rsp, err := c.GetCapabilities(ctx, reqEditors...)
@@ -5543,6 +7389,67 @@ func (c *ClientWithResponses) SetSandboxTimeoutWithResponse(ctx context.Context,
 	return ParseSetSandboxTimeoutResponse(rsp)
 }
 
+// ListSecretsWithResponse request returning *ListSecretsResponse
+func (c *ClientWithResponses) ListSecretsWithResponse(ctx context.Context, params *ListSecretsParams, reqEditors ...RequestEditorFn) (*ListSecretsResponse, error) {
+	rsp, err := c.ListSecrets(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListSecretsResponse(rsp)
+}
+
+// CreateSecretWithBodyWithResponse request with arbitrary body returning *CreateSecretResponse
+func (c *ClientWithResponses) CreateSecretWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateSecretResponse, error) {
+	rsp, err := c.CreateSecretWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateSecretResponse(rsp)
+}
+
+func (c *ClientWithResponses) CreateSecretWithResponse(ctx context.Context, body CreateSecretJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSecretResponse, error) {
+	rsp, err := c.CreateSecret(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateSecretResponse(rsp)
+}
+
+// DeleteSecretWithResponse request returning *DeleteSecretResponse
+func (c *ClientWithResponses) DeleteSecretWithResponse(ctx context.Context, secretID string, reqEditors ...RequestEditorFn) (*DeleteSecretResponse, error) {
+	rsp, err := c.DeleteSecret(ctx, secretID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteSecretResponse(rsp)
+}
+
+// GetSecretWithResponse request returning *GetSecretResponse
+func (c *ClientWithResponses) GetSecretWithResponse(ctx context.Context, secretID string, reqEditors ...RequestEditorFn) (*GetSecretResponse, error) {
+	rsp, err := c.GetSecret(ctx, secretID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetSecretResponse(rsp)
+}
+
+// UpdateSecretWithBodyWithResponse request with arbitrary body returning *UpdateSecretResponse
+func (c *ClientWithResponses) UpdateSecretWithBodyWithResponse(ctx context.Context, secretID string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateSecretResponse, error) {
+	rsp, err := c.UpdateSecretWithBody(ctx, secretID, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateSecretResponse(rsp)
+}
+
+func (c *ClientWithResponses) UpdateSecretWithResponse(ctx context.Context, secretID string, body UpdateSecretJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateSecretResponse, error) {
+	rsp, err := c.UpdateSecret(ctx, secretID, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateSecretResponse(rsp)
+}
+
 // ListSnapshotsWithResponse request returning *ListSnapshotsResponse
 func (c *ClientWithResponses) ListSnapshotsWithResponse(ctx context.Context, params *ListSnapshotsParams, reqEditors ...RequestEditorFn) (*ListSnapshotsResponse, error) {
 	rsp, err := c.ListSnapshots(ctx, params, reqEditors...)
@@ -5751,6 +7658,121 @@ func (c *ClientWithResponses) RequestTemplateBuildV3WithResponse(ctx context.Con
 		return nil, err
 	}
 	return ParseRequestTemplateBuildV3Response(rsp)
+}
+
+// ListVolumeDirWithResponse request returning *ListVolumeDirResponse
+func (c *ClientWithResponses) ListVolumeDirWithResponse(ctx context.Context, volumeID VolumeID, params *ListVolumeDirParams, reqEditors ...RequestEditorFn) (*ListVolumeDirResponse, error) {
+	rsp, err := c.ListVolumeDir(ctx, volumeID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListVolumeDirResponse(rsp)
+}
+
+// MakeVolumeDirWithResponse request returning *MakeVolumeDirResponse
+func (c *ClientWithResponses) MakeVolumeDirWithResponse(ctx context.Context, volumeID VolumeID, params *MakeVolumeDirParams, reqEditors ...RequestEditorFn) (*MakeVolumeDirResponse, error) {
+	rsp, err := c.MakeVolumeDir(ctx, volumeID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseMakeVolumeDirResponse(rsp)
+}
+
+// ReadVolumeFileWithResponse request returning *ReadVolumeFileResponse
+func (c *ClientWithResponses) ReadVolumeFileWithResponse(ctx context.Context, volumeID VolumeID, params *ReadVolumeFileParams, reqEditors ...RequestEditorFn) (*ReadVolumeFileResponse, error) {
+	rsp, err := c.ReadVolumeFile(ctx, volumeID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseReadVolumeFileResponse(rsp)
+}
+
+// WriteVolumeFileWithBodyWithResponse request with arbitrary body returning *WriteVolumeFileResponse
+func (c *ClientWithResponses) WriteVolumeFileWithBodyWithResponse(ctx context.Context, volumeID VolumeID, params *WriteVolumeFileParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*WriteVolumeFileResponse, error) {
+	rsp, err := c.WriteVolumeFileWithBody(ctx, volumeID, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseWriteVolumeFileResponse(rsp)
+}
+
+// RemoveVolumePathWithResponse request returning *RemoveVolumePathResponse
+func (c *ClientWithResponses) RemoveVolumePathWithResponse(ctx context.Context, volumeID VolumeID, params *RemoveVolumePathParams, reqEditors ...RequestEditorFn) (*RemoveVolumePathResponse, error) {
+	rsp, err := c.RemoveVolumePath(ctx, volumeID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRemoveVolumePathResponse(rsp)
+}
+
+// StatVolumePathWithResponse request returning *StatVolumePathResponse
+func (c *ClientWithResponses) StatVolumePathWithResponse(ctx context.Context, volumeID VolumeID, params *StatVolumePathParams, reqEditors ...RequestEditorFn) (*StatVolumePathResponse, error) {
+	rsp, err := c.StatVolumePath(ctx, volumeID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseStatVolumePathResponse(rsp)
+}
+
+// UpdateVolumePathWithBodyWithResponse request with arbitrary body returning *UpdateVolumePathResponse
+func (c *ClientWithResponses) UpdateVolumePathWithBodyWithResponse(ctx context.Context, volumeID VolumeID, params *UpdateVolumePathParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateVolumePathResponse, error) {
+	rsp, err := c.UpdateVolumePathWithBody(ctx, volumeID, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateVolumePathResponse(rsp)
+}
+
+func (c *ClientWithResponses) UpdateVolumePathWithResponse(ctx context.Context, volumeID VolumeID, params *UpdateVolumePathParams, body UpdateVolumePathJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateVolumePathResponse, error) {
+	rsp, err := c.UpdateVolumePath(ctx, volumeID, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateVolumePathResponse(rsp)
+}
+
+// ListVolumesWithResponse request returning *ListVolumesResponse
+func (c *ClientWithResponses) ListVolumesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListVolumesResponse, error) {
+	rsp, err := c.ListVolumes(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListVolumesResponse(rsp)
+}
+
+// CreateVolumeWithBodyWithResponse request with arbitrary body returning *CreateVolumeResponse
+func (c *ClientWithResponses) CreateVolumeWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error) {
+	rsp, err := c.CreateVolumeWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateVolumeResponse(rsp)
+}
+
+func (c *ClientWithResponses) CreateVolumeWithResponse(ctx context.Context, body CreateVolumeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateVolumeResponse, error) {
+	rsp, err := c.CreateVolume(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateVolumeResponse(rsp)
+}
+
+// DeleteVolumeWithResponse request returning *DeleteVolumeResponse
+func (c *ClientWithResponses) DeleteVolumeWithResponse(ctx context.Context, volumeID VolumeID, reqEditors ...RequestEditorFn) (*DeleteVolumeResponse, error) {
+	rsp, err := c.DeleteVolume(ctx, volumeID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteVolumeResponse(rsp)
+}
+
+// GetVolumeWithResponse request returning *GetVolumeResponse
+func (c *ClientWithResponses) GetVolumeWithResponse(ctx context.Context, volumeID VolumeID, reqEditors ...RequestEditorFn) (*GetVolumeResponse, error) {
+	rsp, err := c.GetVolume(ctx, volumeID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetVolumeResponse(rsp)
 }
 
 // ParseGetCapabilitiesResponse parses an HTTP response from a GetCapabilitiesWithResponse call
@@ -6863,6 +8885,248 @@ func ParseSetSandboxTimeoutResponse(rsp *http.Response) (*SetSandboxTimeoutRespo
 	return response, nil
 }
 
+// ParseListSecretsResponse parses an HTTP response from a ListSecretsWithResponse call
+func ParseListSecretsResponse(rsp *http.Response) (*ListSecretsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListSecretsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest []Secret
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseCreateSecretResponse parses an HTTP response from a CreateSecretWithResponse call
+func ParseCreateSecretResponse(rsp *http.Response) (*CreateSecretResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateSecretResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Secret
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest N409
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseDeleteSecretResponse parses an HTTP response from a DeleteSecretWithResponse call
+func ParseDeleteSecretResponse(rsp *http.Response) (*DeleteSecretResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteSecretResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetSecretResponse parses an HTTP response from a GetSecretWithResponse call
+func ParseGetSecretResponse(rsp *http.Response) (*GetSecretResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetSecretResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Secret
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseUpdateSecretResponse parses an HTTP response from a UpdateSecretWithResponse call
+func ParseUpdateSecretResponse(rsp *http.Response) (*UpdateSecretResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpdateSecretResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Secret
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseListSnapshotsResponse parses an HTTP response from a ListSnapshotsWithResponse call
 func ParseListSnapshotsResponse(rsp *http.Response) (*ListSnapshotsResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -7779,6 +10043,565 @@ func ParseRequestTemplateBuildV3Response(rsp *http.Response) (*RequestTemplateBu
 	return response, nil
 }
 
+// ParseListVolumeDirResponse parses an HTTP response from a ListVolumeDirWithResponse call
+func ParseListVolumeDirResponse(rsp *http.Response) (*ListVolumeDirResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListVolumeDirResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest []VolumeEntryStat
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseMakeVolumeDirResponse parses an HTTP response from a MakeVolumeDirWithResponse call
+func ParseMakeVolumeDirResponse(rsp *http.Response) (*MakeVolumeDirResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &MakeVolumeDirResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest VolumeEntryStat
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest N409
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseReadVolumeFileResponse parses an HTTP response from a ReadVolumeFileWithResponse call
+func ParseReadVolumeFileResponse(rsp *http.Response) (*ReadVolumeFileResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ReadVolumeFileResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseWriteVolumeFileResponse parses an HTTP response from a WriteVolumeFileWithResponse call
+func ParseWriteVolumeFileResponse(rsp *http.Response) (*WriteVolumeFileResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &WriteVolumeFileResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VolumeEntryStat
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseRemoveVolumePathResponse parses an HTTP response from a RemoveVolumePathWithResponse call
+func ParseRemoveVolumePathResponse(rsp *http.Response) (*RemoveVolumePathResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RemoveVolumePathResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseStatVolumePathResponse parses an HTTP response from a StatVolumePathWithResponse call
+func ParseStatVolumePathResponse(rsp *http.Response) (*StatVolumePathResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &StatVolumePathResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VolumeEntryStat
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseUpdateVolumePathResponse parses an HTTP response from a UpdateVolumePathWithResponse call
+func ParseUpdateVolumePathResponse(rsp *http.Response) (*UpdateVolumePathResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpdateVolumePathResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VolumeEntryStat
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseListVolumesResponse parses an HTTP response from a ListVolumesWithResponse call
+func ParseListVolumesResponse(rsp *http.Response) (*ListVolumesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListVolumesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest []Volume
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseCreateVolumeResponse parses an HTTP response from a CreateVolumeWithResponse call
+func ParseCreateVolumeResponse(rsp *http.Response) (*CreateVolumeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateVolumeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest VolumeAndToken
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest N409
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseDeleteVolumeResponse parses an HTTP response from a DeleteVolumeWithResponse call
+func ParseDeleteVolumeResponse(rsp *http.Response) (*DeleteVolumeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteVolumeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest N409
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseGetVolumeResponse parses an HTTP response from a GetVolumeWithResponse call
+func ParseGetVolumeResponse(rsp *http.Response) (*GetVolumeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetVolumeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest VolumeAndToken
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 	// What this node's sandbox backend can do (aenv extension)
@@ -7850,6 +10673,21 @@ type ServerInterface interface {
 	// Set the expiry to now + timeout (may shorten; <= 0 expires now)
 	// (POST /sandboxes/{sandboxID}/timeout)
 	SetSandboxTimeout(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+	// List the API key's secrets (metadata only, never values)
+	// (GET /secrets)
+	ListSecrets(w http.ResponseWriter, r *http.Request, params ListSecretsParams)
+	// Create a secret (the value is stored encrypted and never returned)
+	// (POST /secrets)
+	CreateSecret(w http.ResponseWriter, r *http.Request)
+	// Delete a secret and every version of its value
+	// (DELETE /secrets/{secretID})
+	DeleteSecret(w http.ResponseWriter, r *http.Request, secretID string)
+	// A secret's metadata
+	// (GET /secrets/{secretID})
+	GetSecret(w http.ResponseWriter, r *http.Request, secretID string)
+	// Store a new version of a secret's value
+	// (POST /secrets/{secretID})
+	UpdateSecret(w http.ResponseWriter, r *http.Request, secretID string)
 	// List snapshots, newest first, with paging
 	// (GET /snapshots)
 	ListSnapshots(w http.ResponseWriter, r *http.Request, params ListSnapshotsParams)
@@ -7904,6 +10742,39 @@ type ServerInterface interface {
 	// Request a template build (E2B Template.build, step 1)
 	// (POST /v3/templates)
 	RequestTemplateBuildV3(w http.ResponseWriter, r *http.Request)
+	// List a directory of a volume (volume token in Authorization Bearer)
+	// (GET /volumecontent/{volumeID}/dir)
+	ListVolumeDir(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params ListVolumeDirParams)
+	// Create a directory in a volume (volume token in Authorization Bearer)
+	// (POST /volumecontent/{volumeID}/dir)
+	MakeVolumeDir(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params MakeVolumeDirParams)
+	// Read a file of a volume (volume token in Authorization Bearer)
+	// (GET /volumecontent/{volumeID}/file)
+	ReadVolumeFile(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params ReadVolumeFileParams)
+	// Write a file of a volume, replacing it atomically (volume token in Authorization Bearer)
+	// (PUT /volumecontent/{volumeID}/file)
+	WriteVolumeFile(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params WriteVolumeFileParams)
+	// Remove a file or directory (recursively) of a volume (volume token in Authorization Bearer)
+	// (DELETE /volumecontent/{volumeID}/path)
+	RemoveVolumePath(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params RemoveVolumePathParams)
+	// Describe an entry of a volume (volume token in Authorization Bearer)
+	// (GET /volumecontent/{volumeID}/path)
+	StatVolumePath(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params StatVolumePathParams)
+	// Change an entry's owner or mode (volume token in Authorization Bearer)
+	// (PATCH /volumecontent/{volumeID}/path)
+	UpdateVolumePath(w http.ResponseWriter, r *http.Request, volumeID VolumeID, params UpdateVolumePathParams)
+	// List the API key's volumes
+	// (GET /volumes)
+	ListVolumes(w http.ResponseWriter, r *http.Request)
+	// Create a persistent volume on this node
+	// (POST /volumes)
+	CreateVolume(w http.ResponseWriter, r *http.Request)
+	// Delete a volume and its content
+	// (DELETE /volumes/{volumeID})
+	DeleteVolume(w http.ResponseWriter, r *http.Request, volumeID VolumeID)
+	// A volume and its content token (by ID or name)
+	// (GET /volumes/{volumeID})
+	GetVolume(w http.ResponseWriter, r *http.Request, volumeID VolumeID)
 }
 
 // ServerInterfaceWrapper converts contexts to parameters.
@@ -8606,6 +11477,160 @@ func (siw *ServerInterfaceWrapper) SetSandboxTimeout(w http.ResponseWriter, r *h
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.SetSandboxTimeout(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListSecrets operation middleware
+func (siw *ServerInterfaceWrapper) ListSecrets(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListSecretsParams
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "limit", r.URL.Query(), &params.Limit)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "nextToken" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "nextToken", r.URL.Query(), &params.NextToken)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "nextToken", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListSecrets(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateSecret operation middleware
+func (siw *ServerInterfaceWrapper) CreateSecret(w http.ResponseWriter, r *http.Request) {
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateSecret(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteSecret operation middleware
+func (siw *ServerInterfaceWrapper) DeleteSecret(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "secretID" -------------
+	var secretID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "secretID", r.PathValue("secretID"), &secretID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "secretID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteSecret(w, r, secretID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetSecret operation middleware
+func (siw *ServerInterfaceWrapper) GetSecret(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "secretID" -------------
+	var secretID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "secretID", r.PathValue("secretID"), &secretID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "secretID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSecret(w, r, secretID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateSecret operation middleware
+func (siw *ServerInterfaceWrapper) UpdateSecret(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "secretID" -------------
+	var secretID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "secretID", r.PathValue("secretID"), &secretID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "secretID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateSecret(w, r, secretID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -9393,6 +12418,481 @@ func (siw *ServerInterfaceWrapper) RequestTemplateBuildV3(w http.ResponseWriter,
 	handler.ServeHTTP(w, r)
 }
 
+// ListVolumeDir operation middleware
+func (siw *ServerInterfaceWrapper) ListVolumeDir(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", r.PathValue("volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListVolumeDirParams
+
+	// ------------- Optional query parameter "depth" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "depth", r.URL.Query(), &params.Depth)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "depth", Err: err})
+		return
+	}
+
+	// ------------- Required query parameter "path" -------------
+
+	if paramValue := r.URL.Query().Get("path"); paramValue != "" {
+
+	} else {
+		siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		return
+	}
+
+	err = runtime.BindQueryParameter("form", true, true, "path", r.URL.Query(), &params.Path)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListVolumeDir(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// MakeVolumeDir operation middleware
+func (siw *ServerInterfaceWrapper) MakeVolumeDir(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", r.PathValue("volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params MakeVolumeDirParams
+
+	// ------------- Optional query parameter "uid" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "uid", r.URL.Query(), &params.Uid)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "uid", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "gid" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "gid", r.URL.Query(), &params.Gid)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "gid", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "mode" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "mode", r.URL.Query(), &params.Mode)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "mode", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "force" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "force", r.URL.Query(), &params.Force)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "force", Err: err})
+		return
+	}
+
+	// ------------- Required query parameter "path" -------------
+
+	if paramValue := r.URL.Query().Get("path"); paramValue != "" {
+
+	} else {
+		siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		return
+	}
+
+	err = runtime.BindQueryParameter("form", true, true, "path", r.URL.Query(), &params.Path)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.MakeVolumeDir(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ReadVolumeFile operation middleware
+func (siw *ServerInterfaceWrapper) ReadVolumeFile(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", r.PathValue("volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ReadVolumeFileParams
+
+	// ------------- Required query parameter "path" -------------
+
+	if paramValue := r.URL.Query().Get("path"); paramValue != "" {
+
+	} else {
+		siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		return
+	}
+
+	err = runtime.BindQueryParameter("form", true, true, "path", r.URL.Query(), &params.Path)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ReadVolumeFile(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// WriteVolumeFile operation middleware
+func (siw *ServerInterfaceWrapper) WriteVolumeFile(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", r.PathValue("volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params WriteVolumeFileParams
+
+	// ------------- Optional query parameter "uid" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "uid", r.URL.Query(), &params.Uid)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "uid", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "gid" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "gid", r.URL.Query(), &params.Gid)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "gid", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "mode" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "mode", r.URL.Query(), &params.Mode)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "mode", Err: err})
+		return
+	}
+
+	// ------------- Optional query parameter "force" -------------
+
+	err = runtime.BindQueryParameter("form", true, false, "force", r.URL.Query(), &params.Force)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "force", Err: err})
+		return
+	}
+
+	// ------------- Required query parameter "path" -------------
+
+	if paramValue := r.URL.Query().Get("path"); paramValue != "" {
+
+	} else {
+		siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		return
+	}
+
+	err = runtime.BindQueryParameter("form", true, true, "path", r.URL.Query(), &params.Path)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.WriteVolumeFile(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// RemoveVolumePath operation middleware
+func (siw *ServerInterfaceWrapper) RemoveVolumePath(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", r.PathValue("volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params RemoveVolumePathParams
+
+	// ------------- Required query parameter "path" -------------
+
+	if paramValue := r.URL.Query().Get("path"); paramValue != "" {
+
+	} else {
+		siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		return
+	}
+
+	err = runtime.BindQueryParameter("form", true, true, "path", r.URL.Query(), &params.Path)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.RemoveVolumePath(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// StatVolumePath operation middleware
+func (siw *ServerInterfaceWrapper) StatVolumePath(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", r.PathValue("volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params StatVolumePathParams
+
+	// ------------- Required query parameter "path" -------------
+
+	if paramValue := r.URL.Query().Get("path"); paramValue != "" {
+
+	} else {
+		siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		return
+	}
+
+	err = runtime.BindQueryParameter("form", true, true, "path", r.URL.Query(), &params.Path)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.StatVolumePath(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateVolumePath operation middleware
+func (siw *ServerInterfaceWrapper) UpdateVolumePath(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", r.PathValue("volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params UpdateVolumePathParams
+
+	// ------------- Required query parameter "path" -------------
+
+	if paramValue := r.URL.Query().Get("path"); paramValue != "" {
+
+	} else {
+		siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "path"})
+		return
+	}
+
+	err = runtime.BindQueryParameter("form", true, true, "path", r.URL.Query(), &params.Path)
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "path", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateVolumePath(w, r, volumeID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListVolumes operation middleware
+func (siw *ServerInterfaceWrapper) ListVolumes(w http.ResponseWriter, r *http.Request) {
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListVolumes(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateVolume operation middleware
+func (siw *ServerInterfaceWrapper) CreateVolume(w http.ResponseWriter, r *http.Request) {
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateVolume(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteVolume operation middleware
+func (siw *ServerInterfaceWrapper) DeleteVolume(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", r.PathValue("volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteVolume(w, r, volumeID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetVolume operation middleware
+func (siw *ServerInterfaceWrapper) GetVolume(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID VolumeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", r.PathValue("volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetVolume(w, r, volumeID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 type UnescapedCookieParamError struct {
 	ParamName string
 	Err       error
@@ -9536,6 +13036,11 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/resume", wrapper.ResumeSandbox)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/snapshots", wrapper.CreateSandboxSnapshot)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes/{sandboxID}/timeout", wrapper.SetSandboxTimeout)
+	m.HandleFunc("GET "+options.BaseURL+"/secrets", wrapper.ListSecrets)
+	m.HandleFunc("POST "+options.BaseURL+"/secrets", wrapper.CreateSecret)
+	m.HandleFunc("DELETE "+options.BaseURL+"/secrets/{secretID}", wrapper.DeleteSecret)
+	m.HandleFunc("GET "+options.BaseURL+"/secrets/{secretID}", wrapper.GetSecret)
+	m.HandleFunc("POST "+options.BaseURL+"/secrets/{secretID}", wrapper.UpdateSecret)
 	m.HandleFunc("GET "+options.BaseURL+"/snapshots", wrapper.ListSnapshots)
 	m.HandleFunc("GET "+options.BaseURL+"/templates", wrapper.ListTemplates)
 	m.HandleFunc("GET "+options.BaseURL+"/templates/aliases/{alias}", wrapper.GetTemplateAlias)
@@ -9554,6 +13059,17 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc("GET "+options.BaseURL+"/v2/templates", wrapper.ListTemplatesV2)
 	m.HandleFunc("POST "+options.BaseURL+"/v2/templates/{templateID}/builds/{buildID}", wrapper.StartTemplateBuildV2)
 	m.HandleFunc("POST "+options.BaseURL+"/v3/templates", wrapper.RequestTemplateBuildV3)
+	m.HandleFunc("GET "+options.BaseURL+"/volumecontent/{volumeID}/dir", wrapper.ListVolumeDir)
+	m.HandleFunc("POST "+options.BaseURL+"/volumecontent/{volumeID}/dir", wrapper.MakeVolumeDir)
+	m.HandleFunc("GET "+options.BaseURL+"/volumecontent/{volumeID}/file", wrapper.ReadVolumeFile)
+	m.HandleFunc("PUT "+options.BaseURL+"/volumecontent/{volumeID}/file", wrapper.WriteVolumeFile)
+	m.HandleFunc("DELETE "+options.BaseURL+"/volumecontent/{volumeID}/path", wrapper.RemoveVolumePath)
+	m.HandleFunc("GET "+options.BaseURL+"/volumecontent/{volumeID}/path", wrapper.StatVolumePath)
+	m.HandleFunc("PATCH "+options.BaseURL+"/volumecontent/{volumeID}/path", wrapper.UpdateVolumePath)
+	m.HandleFunc("GET "+options.BaseURL+"/volumes", wrapper.ListVolumes)
+	m.HandleFunc("POST "+options.BaseURL+"/volumes", wrapper.CreateVolume)
+	m.HandleFunc("DELETE "+options.BaseURL+"/volumes/{volumeID}", wrapper.DeleteVolume)
+	m.HandleFunc("GET "+options.BaseURL+"/volumes/{volumeID}", wrapper.GetVolume)
 
 	return m
 }

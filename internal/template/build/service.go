@@ -431,7 +431,7 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 	logf("info", fmt.Sprintf("starting the build sandbox on %s", base.ID))
 	sb, err := s.sbx.Create(ctx, orchestrator.CreateRequest{TemplateID: base.ID, Timeout: s.cfg.BuildTimeout + time.Minute,
 		Secure: true, AllowInternet: true, Resources: rec.Resources,
-		Metadata: map[string]string{"aenv.build": rec.ID, "aenv.template": rec.TemplateID}})
+		Metadata: map[string]string{orchestrator.BuildMetadataKey: rec.ID, "aenv.template": rec.TemplateID}})
 	if err != nil {
 		return failStep("base", fmt.Errorf("start the build sandbox: %w", err))
 	}
@@ -503,6 +503,11 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 	if err := templateStorage(&t, c, rec, base.ID, icfg); err != nil {
 		s.dropCapture(ctx, c, dir)
 		return failStep("finalize", err)
+	}
+	if c.Layers != nil {
+		// The artifact holds this backend's capture (which only it can discard); the
+		// template's filesystem boots on any backend.
+		t.Backend = sb.Backend
 	}
 	if rec.Name != rec.TemplateID {
 		t.Aliases = []string{rec.Name}
