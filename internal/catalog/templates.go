@@ -64,6 +64,11 @@ type Template struct {
 	// it; a template built from a capture records the backend the build ran on, but its
 	// sandboxes boot its filesystem (the layer stack) on any backend.
 	Backend string `json:"backend,omitempty"`
+	// EnvdAccessToken is, for a snapshot, the envd token of its source sandbox, which
+	// envd holds in a captured memory: re-initialising envd in a sandbox restored from it
+	// needs it (and replaces it). It travels with the snapshot to other nodes, as the
+	// memory image that holds it does.
+	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
 	// Artifact is an opaque description owned by the storage engine or backend (layer
 	// stack, captured snapshot state); the catalog stores it verbatim.
 	Artifact  json.RawMessage `json:"artifact,omitempty"`

@@ -2,11 +2,14 @@ package network
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
 // Per-slot egress rules (E2B's network.allowOut / denyOut) are elements of two sets of
@@ -27,6 +30,7 @@ type egressState struct {
 	mu    sync.Mutex
 	allow []netip.Prefix
 	deny  []netip.Prefix
+	proxy proxyMode
 }
 
 // SetEgress replaces the slot's allow and deny destinations atomically. Entries may
@@ -58,7 +62,7 @@ func (s *Slot) Egress() (allow, deny []netip.Prefix) {
 
 // clearEgress removes the slot's elements, so an address handed out again starts clean.
 func (p *Pool) clearEgress(ctx context.Context, s *Slot) error {
-	return p.SetEgress(ctx, s, nil, nil)
+	return errors.Join(p.SetProxied(ctx, s, sandbox.Egress{}), p.SetEgress(ctx, s, nil, nil))
 }
 
 // writeElements writes the nft commands that turn the slot's elements of set from old

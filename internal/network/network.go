@@ -22,6 +22,8 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/aenv-dev/aenv/internal/egressproxy"
 )
 
 // ErrExhausted means every address of the subnet is allocated.
@@ -130,6 +132,11 @@ type Pool struct {
 	wake     chan struct{}
 	done     chan struct{}
 	fillerOn bool
+
+	// The egress proxy (proxied.go), listening on the bridge address.
+	proxy     *egressproxy.Proxy
+	proxyLn   net.Listener
+	proxyPort int
 }
 
 // New creates (or adopts) the bridge and nftables rules. Slots found from an earlier run
@@ -165,7 +172,11 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	if err := p.ensureBridge(); err != nil {
 		return nil, err
 	}
+	if err := p.startEgressProxy(); err != nil {
+		return nil, err
+	}
 	if err := p.installRules(ctx); err != nil {
+		p.stopEgressProxy()
 		return nil, err
 	}
 	for _, i := range p.existingIndexes() {
@@ -500,6 +511,7 @@ func (p *Pool) Close(ctx context.Context) error {
 	ready := p.ready
 	p.ready = nil
 	p.mu.Unlock()
+	p.stopEgressProxy()
 	var errs []error
 	for _, s := range ready {
 		errs = append(errs, p.destroy(s))

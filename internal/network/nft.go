@@ -17,11 +17,13 @@ import (
 //     forward drops sandbox-to-sandbox routing, connections from outside into sandboxes,
 //     spoofed sources, infrastructure ranges (infra.go), sources in the "blocked" set
 //     (no internet) and per-slot egress rules (egress.go); postrouting
-//     masquerades the subnet.
+//     masquerades the subnet; prerouting redirects the TCP of proxied slots to the
+//     egress proxy, which input lets in (proxied.go).
 //   - bridge: forward drops frames between two sandbox ports, in addition to the kernel's
 //     isolated-port flag set on each veth.
 func (p *Pool) rules() string {
 	br, sub, pre := p.cfg.Bridge, p.subnet.String(), p.cfg.Prefix
+	sets, prerouting, input, fwd := p.proxyRules()
 	return fmt.Sprintf(`table inet %[1]s {}
 delete table inet %[1]s
 table bridge %[1]s {}
@@ -30,10 +32,10 @@ table inet %[1]s {
 	set blocked { type ipv4_addr; }
 	set egress_allow { type ipv4_addr . ipv4_addr; flags interval; }
 	set egress_deny { type ipv4_addr . ipv4_addr; flags interval; }
-%[4]s	chain input {
+%[4]s%[5]s%[6]s	chain input {
 		type filter hook input priority filter - 10; policy accept;
 		iifname "%[1]s" ct state established,related accept
-		iifname "%[1]s" drop
+%[7]s		iifname "%[1]s" drop
 	}
 	chain forward {
 		type filter hook forward priority filter - 10; policy accept;
@@ -42,7 +44,7 @@ table inet %[1]s {
 		oifname "%[1]s" drop
 		iifname "%[1]s" ip saddr != %[2]s drop
 		iifname "%[1]s" ip daddr @infra_deny jump infra
-		iifname "%[1]s" ip saddr . ip daddr @egress_allow accept
+%[8]s		iifname "%[1]s" ip saddr . ip daddr @egress_allow accept
 		iifname "%[1]s" ip saddr @blocked drop
 		iifname "%[1]s" ip saddr . ip daddr @egress_deny drop
 		iifname "%[1]s" meta nfproto ipv6 drop
@@ -58,7 +60,7 @@ table bridge %[1]s {
 		iifname "%[3]sh*" oifname "%[3]sh*" drop
 	}
 }
-`, br, sub, pre, p.infraRules())
+`, br, sub, pre, p.infraRules(), sets, prerouting, input, fwd)
 }
 
 func (p *Pool) installRules(ctx context.Context) error {

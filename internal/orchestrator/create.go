@@ -113,6 +113,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		AutoResume:         req.AutoResume,
 		AllowInternet:      req.AllowInternet,
 		Egress:             req.Egress,
+		MaskRequestHost:    req.MaskRequestHost,
 		Private:            req.Private,
 		Backend:            o.backend.Name(),
 		Launch: LaunchInfo{
@@ -136,6 +137,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 	rec.AutoPauseDisk = req.AutoPauseDisk
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFresh, SandboxID: id, RootFS: rec.Launch.RootFS,
 		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Mounts: rec.Launch.Mounts}
+	held := ""
 	if tpl.Kind == catalog.KindTemplate {
 		fs, err := o.templateRoot(tpl)
 		if err != nil {
@@ -150,8 +152,10 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		}
 		plan.Kind, plan.Snapshot = sandbox.LaunchFromSnapshot, c
 		rec.Launch.ParentSnapshot = tpl.ID
+		// The snapshot's memory (a backend that keeps processes) holds its source's envd.
+		held = tpl.EnvdAccessToken
 	}
-	return o.start(ctx, opCreate, rec, plan, timeout)
+	return o.start(ctx, opCreate, rec, plan, timeout, held)
 }
 
 // templateRoot is the root filesystem of sandboxes created from template t: its layer
@@ -213,8 +217,9 @@ func (o *Orchestrator) decodeSnapshotTemplate(operation string, tpl catalog.Temp
 }
 
 // start registers a new sandbox record, launches it from plan and returns once it is
-// Running with TTL now+timeout. Any failure leaves nothing behind.
-func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox, plan sandbox.LaunchPlan, timeout time.Duration) (*Sandbox, error) {
+// Running with TTL now+timeout. held is the envd token the launched memory may hold
+// (initEnvd). Any failure leaves nothing behind.
+func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox, plan sandbox.LaunchPlan, timeout time.Duration, held string) (*Sandbox, error) {
 	id := rec.ID
 	rec.State = StateCreating
 	e := &entry{rec: rec}
@@ -236,7 +241,7 @@ func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox,
 
 	octx, cancel := o.opContext(ctx)
 	defer cancel()
-	inst, version, err := o.launch(octx, operation, plan, &rec, false)
+	inst, version, err := o.launch(octx, operation, plan, &rec, held)
 	if err != nil {
 		o.remove(e, p, err)
 		return nil, err
@@ -261,7 +266,7 @@ func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox,
 
 // launch runs the backend launch, waits for envd and initialises it, timing each
 // stage under operation. On failure the instance is stopped before returning.
-func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbox.LaunchPlan, rec *Sandbox, resume bool) (sandbox.Instance, string, error) {
+func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbox.LaunchPlan, rec *Sandbox, held string) (sandbox.Instance, string, error) {
 	var inst sandbox.Instance
 	m := o.metricsFor(rec.Metadata)
 	err := m.timeStage(operation, stageLaunch, func() (err error) {
@@ -283,7 +288,7 @@ func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbo
 	}
 	var version string
 	err = m.timeStage(operation, stageEnvdInit, func() (err error) {
-		version, err = o.initEnvd(ctx, ep, rec, resume)
+		version, err = o.initEnvd(ctx, ep, rec, held)
 		return err
 	})
 	if err != nil {

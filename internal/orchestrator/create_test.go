@@ -83,7 +83,8 @@ func TestCreateInitialisesEnvdAndPersists(t *testing.T) {
 // The JSON keys of /init are envd's (e2b-protocol.md §3.6); check them on the wire
 // rather than through the struct the code was written with.
 func TestEnvdInitWireKeys(t *testing.T) {
-	raw, err := json.Marshal(envdInit{EnvVars: map[string]string{}, AccessToken: "t", DefaultUser: "user",
+	tok := "t"
+	raw, err := json.Marshal(envdInit{EnvVars: map[string]string{}, AccessToken: &tok, DefaultUser: "user",
 		DefaultWorkdir: "/home/user", Timestamp: "x"})
 	if err != nil {
 		t.Fatal(err)

@@ -27,7 +27,7 @@ var semver = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+$`)
 // envdInit is the POST /init body (e2b-protocol.md §3.6; key names are envd's).
 type envdInit struct {
 	EnvVars        map[string]string `json:"envVars"`
-	AccessToken    string            `json:"accessToken,omitempty"`
+	AccessToken    *string           `json:"accessToken,omitempty"`
 	DefaultUser    string            `json:"defaultUser"`
 	DefaultWorkdir string            `json:"defaultWorkdir"`
 	Timestamp      string            `json:"timestamp"`
@@ -78,10 +78,12 @@ func (o *Orchestrator) waitEnvd(ctx context.Context, ep sandbox.Endpoint) error 
 	}
 }
 
-// initEnvd hands envd its environment, token and default user. resume says the
-// instance may already hold the token (memory snapshot), in which case envd requires
-// it in X-Access-Token. It returns the envd version envd reports.
-func (o *Orchestrator) initEnvd(ctx context.Context, ep sandbox.Endpoint, rec *Sandbox, resume bool) (string, error) {
+// initEnvd hands envd its environment, token and default user. held is the token the
+// instance's envd may already hold (its memory came from a capture: a resumed pause, or
+// a fork or snapshot launch, whose envd holds the source's token), which envd requires in
+// X-Access-Token; it is replaced by rec's (cleared when rec has none). It returns the
+// envd version envd reports.
+func (o *Orchestrator) initEnvd(ctx context.Context, ep sandbox.Endpoint, rec *Sandbox, held string) (string, error) {
 	env, err := o.sandboxEnv(rec)
 	if err != nil {
 		return "", err
@@ -91,10 +93,12 @@ func (o *Orchestrator) initEnvd(ctx context.Context, ep sandbox.Endpoint, rec *S
 	env["E2B_TEMPLATE_ID"] = rec.TemplateID
 	body := envdInit{
 		EnvVars:        env,
-		AccessToken:    rec.EnvdAccessToken,
 		DefaultUser:    cmp.Or(rec.Launch.DefaultUser, defaultUser),
 		DefaultWorkdir: cmp.Or(rec.Launch.DefaultWorkdir, defaultWorkdir),
 		Timestamp:      o.clock.Now().UTC().Format(time.RFC3339Nano),
+	}
+	if rec.EnvdAccessToken != "" || held != "" {
+		body.AccessToken = &rec.EnvdAccessToken
 	}
 	raw, err := json.Marshal(body)
 	if err != nil {
@@ -105,8 +109,8 @@ func (o *Orchestrator) initEnvd(ctx context.Context, ep sandbox.Endpoint, rec *S
 		return "", fmt.Errorf("envd init: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if resume && rec.EnvdAccessToken != "" {
-		req.Header.Set("X-Access-Token", rec.EnvdAccessToken)
+	if held != "" {
+		req.Header.Set("X-Access-Token", held)
 	}
 	resp, err := o.envd.Do(req)
 	if err != nil {

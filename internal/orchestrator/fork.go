@@ -106,6 +106,7 @@ func (o *Orchestrator) forkChild(ctx context.Context, src *Sandbox, c sandbox.Ca
 		AutoResume:         src.AutoResume,
 		AllowInternet:      src.AllowInternet,
 		Egress:             src.Egress,
+		MaskRequestHost:    src.MaskRequestHost,
 		Private:            src.Private,
 		Backend:            o.backend.Name(),
 		Launch:             src.Launch,
@@ -118,7 +119,8 @@ func (o *Orchestrator) forkChild(ctx context.Context, src *Sandbox, c sandbox.Ca
 	}
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: id, RootFS: rec.Launch.RootFS,
 		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c, Mounts: rec.Launch.Mounts}
-	sb, err := o.start(ctx, opFork, rec, plan, timeout)
+	// The children's envd holds the source's token (its memory is the source's).
+	sb, err := o.start(ctx, opFork, rec, plan, timeout, src.EnvdAccessToken)
 	if err != nil {
 		return nil, fmt.Errorf("fork child of %s: %w", src.ID, err)
 	}

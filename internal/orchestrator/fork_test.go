@@ -53,6 +53,12 @@ func TestForkChildrenAreIsolatedCopies(t *testing.T) {
 				if h.stored(c.ID) == nil {
 					t.Fatalf("child %d not persisted", i)
 				}
+				// The child's envd may hold the source's token (its memory is the
+				// source's): /init authenticates with it and replaces it.
+				if in := h.inst(c.ID).Envd().Inits(); len(in) != 1 || in[0].HeaderToken != src.EnvdAccessToken ||
+					in[0].AccessToken != c.EnvdAccessToken {
+					t.Fatalf("child %d envd init %+v, want header token %q", i, in, src.EnvdAccessToken)
+				}
 				h.inst(c.ID).WriteFile("/mine", []byte(fmt.Sprint(i)))
 				hasAgent := slices.Contains(h.inst(c.ID).Processes(), "agent")
 				if hasAgent != mode.opts.Capabilities.LiveFork {

@@ -138,7 +138,7 @@ func (o *Orchestrator) revive(ctx context.Context, operation string, e *entry) (
 		plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: rec.ID, RootFS: rec.Launch.RootFS,
 			Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c, ColdBoot: true, Mounts: rec.Launch.Mounts}
 		// Fresh processes: envd does not hold the token yet, so /init goes without it.
-		return o.launch(ctx, operation, plan, rec, false)
+		return o.launch(ctx, operation, plan, rec, "")
 	}
 	if inst != nil {
 		err := o.m.timeStage(operation, stageThaw, func() error { return inst.Resume(ctx) })
@@ -167,7 +167,7 @@ func (o *Orchestrator) revive(ctx context.Context, operation string, e *entry) (
 	o.mu.Unlock()
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchResume, SandboxID: rec.ID, RootFS: rec.Launch.RootFS,
 		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Paused: ps, Mounts: rec.Launch.Mounts}
-	return o.launch(ctx, operation, plan, rec, true)
+	return o.launch(ctx, operation, plan, rec, rec.EnvdAccessToken)
 }
 
 // resumeLocked resumes e, which must be stable and Paused with o.mu held, with TTL

@@ -86,8 +86,11 @@ type CreateRequest struct {
 	Resources sandbox.Resources // zero fields take the template's values
 	// AutoPauseDisk makes the timeout pause a pause to disk (E2B's autoPauseMemory:false).
 	AutoPauseDisk bool
-	// Egress is network.allowOut/denyOut, validated by ParseEgress.
+	// Egress is network.allowOut/denyOut/rules/egressProxy, validated by ParseEgress.
 	Egress Egress
+	// MaskRequestHost is network.maskRequestHost: the Host user-port requests carry into
+	// the sandbox ("${PORT}" is replaced by the port).
+	MaskRequestHost string
 	// Owner is who asked (the API key's owner): secrets in EnvVars and volumes resolve
 	// in its scope.
 	Owner string
@@ -138,8 +141,10 @@ type Sandbox struct {
 	// Private sandboxes require TrafficAccessToken on user ports.
 	Private bool `json:"private,omitempty"`
 	// Egress is the destination part of the outbound policy (network.go).
-	Egress  Egress `json:"egress,omitzero"`
-	Backend string `json:"backend"`
+	Egress Egress `json:"egress,omitzero"`
+	// MaskRequestHost replaces the Host of requests proxied into user ports.
+	MaskRequestHost string `json:"maskRequestHost,omitempty"`
+	Backend         string `json:"backend"`
 	// AutoPauseDisk makes the timeout pause to disk instead of keeping memory.
 	AutoPauseDisk bool `json:"autoPauseDisk,omitempty"`
 	// Paused is the backend's encoded PausedState while State is paused in memory.

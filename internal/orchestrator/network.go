@@ -8,21 +8,28 @@ import (
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
-// Egress is a sandbox's destination rules (E2B's network.allowOut and denyOut) as
-// canonical CIDR strings. The slices are replaced, never modified in place, so records
-// may share them.
+// Egress is a sandbox's destination rules (E2B's network.allowOut, denyOut, rules and
+// egressProxy) in canonical form: CIDR strings and lowercase domain patterns. The
+// slices and maps are replaced, never modified in place, so records may share them.
+// The SOCKS5 password is kept in the record (the node's data directory) and never
+// returned by the API.
 type Egress struct {
-	AllowOut []string `json:"allowOut,omitempty"`
-	DenyOut  []string `json:"denyOut,omitempty"`
+	AllowOut []string                       `json:"allowOut,omitempty"`
+	DenyOut  []string                       `json:"denyOut,omitempty"`
+	Rules    map[string][]sandbox.Transform `json:"rules,omitempty"`
+	Proxy    *sandbox.SOCKSProxy            `json:"egressProxy,omitempty"`
 }
 
 // Empty reports whether the rules restrict nothing.
-func (g Egress) Empty() bool { return len(g.AllowOut) == 0 && len(g.DenyOut) == 0 }
+func (g Egress) Empty() bool {
+	return len(g.AllowOut) == 0 && len(g.DenyOut) == 0 && len(g.Rules) == 0 && g.Proxy == nil
+}
 
-// ParseEgress validates E2B allowOut and denyOut lists (IP addresses and CIDR blocks)
-// and returns them in canonical form. Errors wrap ErrInvalid.
-func ParseEgress(allowOut, denyOut []string) (Egress, error) {
-	allow, err := sandbox.ParseDestinations("network.allowOut", allowOut)
+// ParseEgress validates E2B allowOut (IP addresses, CIDR blocks, domain patterns),
+// denyOut (IP addresses and CIDR blocks), rules and egressProxy, and returns them in
+// canonical form. Errors wrap ErrInvalid.
+func ParseEgress(allowOut, denyOut []string, rules map[string][]sandbox.Transform, proxy *sandbox.SOCKSProxy) (Egress, error) {
+	allow, domains, err := sandbox.ParseAllowOut("network.allowOut", allowOut)
 	if err != nil {
 		return Egress{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
@@ -31,8 +38,14 @@ func ParseEgress(allowOut, denyOut []string) (Egress, error) {
 		return Egress{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	out := Egress{}
-	if len(allow) > 0 {
-		out.AllowOut = sandbox.FormatDestinations(allow)
+	if out.Rules, err = sandbox.ParseRules(rules); err != nil {
+		return Egress{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if out.Proxy, err = sandbox.ParseSOCKSProxy(proxy); err != nil {
+		return Egress{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if len(allow)+len(domains) > 0 {
+		out.AllowOut = append(sandbox.FormatDestinations(allow), domains...)
 	}
 	if len(deny) > 0 {
 		out.DenyOut = sandbox.FormatDestinations(deny)
@@ -42,7 +55,7 @@ func ParseEgress(allowOut, denyOut []string) (Egress, error) {
 
 // policy is the record's outbound policy for the backend.
 func (rec *Sandbox) policy() (sandbox.Egress, error) {
-	allow, err := sandbox.ParseDestinations("allowOut", rec.Egress.AllowOut)
+	allow, domains, err := sandbox.ParseAllowOut("allowOut", rec.Egress.AllowOut)
 	if err != nil {
 		return sandbox.Egress{}, err
 	}
@@ -50,7 +63,10 @@ func (rec *Sandbox) policy() (sandbox.Egress, error) {
 	if err != nil {
 		return sandbox.Egress{}, err
 	}
-	return sandbox.Egress{AllowInternet: rec.AllowInternet, AllowOut: allow, DenyOut: deny}, nil
+	return sandbox.Egress{
+		AllowInternet: rec.AllowInternet, AllowOut: allow, DenyOut: deny,
+		AllowDomains: domains, Rules: rec.Egress.Rules, Proxy: rec.Egress.Proxy,
+	}, nil
 }
 
 // applyEgress installs rec's outbound policy on inst. Backends without EgressUpdater
@@ -64,7 +80,7 @@ func (o *Orchestrator) applyEgress(ctx context.Context, inst sandbox.Instance, r
 	upd, ok := inst.(sandbox.EgressUpdater)
 	if !ok {
 		if !rec.Egress.Empty() {
-			return fmt.Errorf("%w: backend %s cannot enforce network.allowOut/denyOut", ErrUnsupported, o.backend.Name())
+			return fmt.Errorf("%w: backend %s cannot enforce network.allowOut/denyOut/rules/egressProxy", ErrUnsupported, o.backend.Name())
 		}
 		return nil
 	}
@@ -86,7 +102,7 @@ type NetworkUpdate struct {
 // The record is updated only once the rules are in place; on failure the old policy
 // stays. Errors: ErrNotFound, ErrInvalid, ErrUnsupported.
 func (o *Orchestrator) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate) error {
-	if _, err := ParseEgress(u.Egress.AllowOut, u.Egress.DenyOut); err != nil {
+	if _, err := ParseEgress(u.Egress.AllowOut, u.Egress.DenyOut, u.Egress.Rules, u.Egress.Proxy); err != nil {
 		return err
 	}
 	e, _, err := o.acquire(ctx, id, waitOpts{})
@@ -132,6 +148,8 @@ func (o *Orchestrator) UpdateNetwork(ctx context.Context, id string, u NetworkUp
 		"allowInternetAccess": fmt.Sprint(next.AllowInternet),
 		"allowOut":            fmt.Sprint(next.Egress.AllowOut),
 		"denyOut":             fmt.Sprint(next.Egress.DenyOut),
+		"rules":               fmt.Sprint(sandbox.RuleKeys(next.Egress.Rules)),
+		"egressProxy":         proxyAddress(next.Egress.Proxy),
 	})
 	o.finish(e, p, prev, nil)
 	return nil
@@ -147,4 +165,12 @@ func (o *Orchestrator) reapplyEgress(ctx context.Context, e *entry) {
 	if err := o.applyEgress(ctx, e.inst, &e.rec); err != nil {
 		o.log.Error("re-apply network rules after restart", "sandbox", e.rec.ID, "err", err)
 	}
+}
+
+// proxyAddress is what logs say of a SOCKS5 proxy: its address, never its credentials.
+func proxyAddress(p *sandbox.SOCKSProxy) string {
+	if p == nil {
+		return ""
+	}
+	return p.Address
 }

@@ -24,14 +24,18 @@ func TestParseEgress(t *testing.T) {
 		{name: "canonical", allow: []string{"1.2.3.4", "10.1.2.3/8"}, deny: []string{"0.0.0.0/0", "::ffff:1.2.3.4"},
 			want: Egress{AllowOut: []string{"1.2.3.4/32", "10.0.0.0/8"}, DenyOut: []string{"0.0.0.0/0", "1.2.3.4/32"}}},
 		{name: "ipv6 kept", deny: []string{"2001:db8::1"}, want: Egress{DenyOut: []string{"2001:db8::1/128"}}},
-		{name: "domain", allow: []string{"example.com"}, err: "domain name"},
-		{name: "wildcard domain", allow: []string{"*.example.com"}, err: "domain name"},
+		{name: "domains", allow: []string{"Example.COM.", "*.example.com", "1.2.3.4", "example.com"},
+			want: Egress{AllowOut: []string{"1.2.3.4/32", "example.com", "*.example.com"}}},
+		{name: "domain in denyOut", deny: []string{"example.com"}, err: "domain name"},
+		{name: "bare wildcard", allow: []string{"*"}, err: "bare wildcard"},
+		{name: "inner wildcard", allow: []string{"a.*.example.com"}, err: "not a DNS label"},
+		{name: "single label", allow: []string{"localhost"}, err: "single-label"},
 		{name: "bad prefix", deny: []string{"1.2.3.4/40"}, err: "network.denyOut"},
 		{name: "empty entry", deny: []string{""}, err: "not an IP address"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseEgress(tc.allow, tc.deny)
+			got, err := ParseEgress(tc.allow, tc.deny, nil, nil)
 			if tc.err != "" {
 				if !errors.Is(err, ErrInvalid) || !errors.Is(err, sandbox.ErrBadDestination) || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("err = %v, want ErrInvalid mentioning %q", err, tc.err)
@@ -60,7 +64,7 @@ func TestUpdateNetwork(t *testing.T) {
 	for _, mode := range snapModes {
 		t.Run(mode.name, func(t *testing.T) {
 			h := newHarness(t, mode.opts, nil)
-			eg, err := ParseEgress([]string{"1.1.1.1"}, []string{"0.0.0.0/0"})
+			eg, err := ParseEgress([]string{"1.1.1.1"}, []string{"0.0.0.0/0"}, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -122,6 +122,7 @@ func snapshotTemplate(src *Sandbox, snapID, name string, raw []byte, now time.Ti
 		SourceSandboxID: src.ID,
 		ParentID:        src.Launch.ParentSnapshot,
 		Backend:         src.Backend,
+		EnvdAccessToken: src.EnvdAccessToken,
 		Artifact:        json.RawMessage(raw),
 		CreatedAt:       now.UTC(),
 		VolumeMounts:    slices.Clone(src.VolumeMounts),

@@ -93,6 +93,12 @@ func TestSnapshotKeepsSourceRunningAndCreatesFromIt(t *testing.T) {
 					t.Fatalf("child from %q: %+v", ref, child)
 				}
 				ci := h.inst(child.ID)
+				if in := ci.Envd().Inits(); len(in) != 1 || in[0].HeaderToken != src.EnvdAccessToken || in[0].AccessToken != child.EnvdAccessToken {
+					t.Fatalf("child from %q: envd init %+v, want the source's token in the header", ref, in)
+				}
+				if tpl.EnvdAccessToken != src.EnvdAccessToken {
+					t.Fatalf("snapshot template keeps envd token %q, want the source's", tpl.EnvdAccessToken)
+				}
 				if got := h.file(child.ID, "/a"); got != "1" {
 					t.Fatalf("child from %q sees /a=%q, want the snapshot's 1", ref, got)
 				}

@@ -11,15 +11,28 @@ import (
 // ErrBadDestination means an egress rule entry is not an IP address or CIDR block.
 var ErrBadDestination = errors.New("bad egress destination")
 
-// Egress is a sandbox's outbound policy (E2B's allow_internet_access, network.allowOut
-// and network.denyOut). Evaluation order, as in E2B: a destination in AllowOut is
-// reachable, even when it is also in DenyOut and even without internet access; otherwise
-// one in DenyOut is not; otherwise AllowInternet decides. AllowOut alone restricts
-// nothing.
+// Egress is a sandbox's outbound policy (E2B's allow_internet_access and network's
+// allowOut, denyOut, rules and egressProxy). Evaluation order, as in E2B: a destination
+// in AllowOut (by address, or by name for AllowDomains) is reachable, even when it is
+// also in DenyOut and even without internet access; otherwise one in DenyOut is not;
+// otherwise AllowInternet decides. AllowOut alone restricts nothing.
 type Egress struct {
 	AllowInternet bool
 	AllowOut      []netip.Prefix
 	DenyOut       []netip.Prefix
+	// AllowDomains are allowOut's domain patterns (ParseDomainPattern), matched against
+	// the TLS SNI or HTTP Host of a connection.
+	AllowDomains []string
+	// Rules are request transforms per domain pattern or IP address (ParseRules).
+	Rules map[string][]Transform
+	// Proxy tunnels the sandbox's outbound TCP through a SOCKS5 server.
+	Proxy *SOCKSProxy
+}
+
+// NeedsProxy reports whether the policy needs the node's egress proxy: what nftables
+// cannot decide (names, request rewriting, tunnelling).
+func (e Egress) NeedsProxy() bool {
+	return len(e.AllowDomains) > 0 || len(e.Rules) > 0 || e.Proxy != nil
 }
 
 // EgressUpdater is implemented by instances whose outbound policy can be changed while
@@ -32,10 +45,7 @@ type EgressUpdater interface {
 
 // ParseDestinations turns E2B egress entries (bare IP addresses or CIDR blocks, IPv4 or
 // IPv6) into masked prefixes, in order and without duplicates. field names the list in
-// errors. Domain names are refused: filtering by name needs an inspecting egress proxy,
-// which this node does not run, and accepting them without enforcing them would
-// silently leave "allowOut: [api.example.com], denyOut: [0.0.0.0/0]" unable to reach
-// the host the user meant to allow.
+// errors. Domain names are refused (E2B takes them in allowOut only: ParseAllowOut).
 func ParseDestinations(field string, entries []string) ([]netip.Prefix, error) {
 	out := make([]netip.Prefix, 0, len(entries))
 	seen := map[netip.Prefix]bool{}
@@ -56,7 +66,7 @@ func ParseDestinations(field string, entries []string) ([]netip.Prefix, error) {
 		}
 		if err != nil {
 			if looksLikeDomain(s) {
-				return nil, fmt.Errorf("%w: %s entry %q is a domain name; only IP addresses and CIDR blocks are supported", ErrBadDestination, field, raw)
+				return nil, fmt.Errorf("%w: %s entry %q is a domain name; only IP addresses and CIDR blocks are supported in this list", ErrBadDestination, field, raw)
 			}
 			return nil, fmt.Errorf("%w: %s entry %q is not an IP address or CIDR block", ErrBadDestination, field, raw)
 		}

@@ -3,9 +3,15 @@ package server
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
+	"strconv"
+	"strings"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/aenv-dev/aenv/internal/orchestrator"
+	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/server/api"
 )
 
@@ -15,9 +21,7 @@ type networkUpdater interface {
 	UpdateNetwork(ctx context.Context, id string, u orchestrator.NetworkUpdate) error
 }
 
-// createEgress validates the destination rules of a create's network config. Fields that
-// would need an egress proxy (egressProxy, rules) are refused: accepting them would let a
-// user believe traffic is tunnelled or rewritten when it is not.
+// createEgress validates the destination rules of a create's network config.
 func createEgress(n *api.SandboxNetworkConfig) (orchestrator.Egress, error) {
 	if n == nil {
 		return orchestrator.Egress{}, nil
@@ -25,16 +29,44 @@ func createEgress(n *api.SandboxNetworkConfig) (orchestrator.Egress, error) {
 	return parseEgress(n.EgressProxy, n.Rules, n.AllowOut, n.DenyOut)
 }
 
-// parseEgress validates a network config's destination rules (of a create or an
-// update), refusing the fields that would need an egress proxy.
-func parseEgress(proxy, rules *map[string]any, allowOut, denyOut *[]string) (orchestrator.Egress, error) {
-	if proxy != nil && *proxy != nil {
-		return orchestrator.Egress{}, fmt.Errorf("%w: network.egressProxy is not supported by this server", orchestrator.ErrInvalid)
+// parseEgress validates a network config's destination rules (of a create or an update).
+func parseEgress(proxy *api.SandboxEgressProxyConfig, rules *api.SandboxNetworkRules, allowOut, denyOut *[]string) (orchestrator.Egress, error) {
+	var p *sandbox.SOCKSProxy
+	if proxy != nil {
+		p = &sandbox.SOCKSProxy{Address: proxy.Address, Username: deref(proxy.Username), Password: deref(proxy.Password)}
 	}
-	if rules != nil && len(*rules) > 0 {
-		return orchestrator.Egress{}, fmt.Errorf("%w: network.rules (request transforms) are not supported by this server", orchestrator.ErrInvalid)
+	var rs map[string][]sandbox.Transform
+	if rules != nil {
+		rs = make(map[string][]sandbox.Transform, len(*rules))
+		for k, list := range *rules {
+			ts := make([]sandbox.Transform, len(list))
+			for i, r := range list {
+				if r.Transform != nil && r.Transform.Headers != nil {
+					ts[i].Headers = *r.Transform.Headers
+				}
+			}
+			rs[k] = ts
+		}
 	}
-	return orchestrator.ParseEgress(derefList(allowOut), derefList(denyOut))
+	return orchestrator.ParseEgress(derefList(allowOut), derefList(denyOut), rs, p)
+}
+
+// parseMaskRequestHost validates network.maskRequestHost: a Host header value once
+// ${PORT} is replaced. Empty means none.
+func parseMaskRequestHost(n *api.SandboxNetworkConfig) (string, error) {
+	if n == nil || n.MaskRequestHost == nil || *n.MaskRequestHost == "" {
+		return "", nil
+	}
+	m := *n.MaskRequestHost
+	if len(m) > 255 || strings.TrimSpace(m) != m || !httpguts.ValidHostHeader(maskedHost(m, 65535)) || strings.ContainsAny(m, "/?#@") {
+		return "", fmt.Errorf("network.maskRequestHost %q is not a host[:port] (${PORT} stands for the port)", m)
+	}
+	return m, nil
+}
+
+// maskedHost is the Host a request to port carries into a sandbox with mask.
+func maskedHost(mask string, port int) string {
+	return strings.ReplaceAll(mask, "${PORT}", strconv.Itoa(port))
 }
 
 func derefList(p *[]string) []string {
@@ -82,6 +114,33 @@ func networkBody(sb *orchestrator.Sandbox) *api.SandboxNetworkConfig {
 	if len(sb.Egress.DenyOut) > 0 {
 		d := append([]string(nil), sb.Egress.DenyOut...)
 		out.DenyOut = &d
+	}
+	if len(sb.Egress.Rules) > 0 {
+		rs := make(api.SandboxNetworkRules, len(sb.Egress.Rules))
+		for k, list := range sb.Egress.Rules {
+			rl := make([]api.SandboxNetworkRule, len(list))
+			for i, t := range list {
+				h := maps.Clone(t.Headers)
+				if h == nil {
+					h = map[string]string{}
+				}
+				rl[i].Transform = &api.SandboxNetworkTransform{Headers: &h}
+			}
+			rs[k] = rl
+		}
+		out.Rules = &rs
+	}
+	if p := sb.Egress.Proxy; p != nil {
+		// The password is never returned (E2B's rule).
+		out.EgressProxy = &api.SandboxEgressProxyConfig{Address: p.Address}
+		if p.Username != "" {
+			u := p.Username
+			out.EgressProxy.Username = &u
+		}
+	}
+	if sb.MaskRequestHost != "" {
+		m := sb.MaskRequestHost
+		out.MaskRequestHost = &m
 	}
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,14 +72,37 @@ func TestCreateNetworkRules(t *testing.T) {
 			want: orchestrator.Egress{DenyOut: []string{"192.168.0.0/16"}}},
 		{name: "bad CIDR", path: "/v2/sandboxes", status: 400, msg: `network.denyOut entry "10.0.0.0/33"`,
 			body: `{"templateID":"base","network":{"denyOut":["10.0.0.0/33"]}}`},
-		{name: "domain in allowOut", path: "/v2/sandboxes", status: 400, msg: "domain name",
-			body: `{"templateID":"base","network":{"allowOut":["api.example.com"],"denyOut":["0.0.0.0/0"]}}`},
-		{name: "garbage", path: "/sandboxes", status: 400, msg: "not an IP address or CIDR block",
+		{name: "domains in allowOut", path: "/v2/sandboxes", status: 201,
+			body: `{"templateID":"base","network":{"allowOut":["API.example.com","*.example.org","1.2.3.4"],"denyOut":["0.0.0.0/0"]}}`,
+			want: orchestrator.Egress{AllowOut: []string{"1.2.3.4/32", "api.example.com", "*.example.org"}, DenyOut: []string{"0.0.0.0/0"}}},
+		{name: "domain in denyOut", path: "/v2/sandboxes", status: 400, msg: "domain name",
+			body: `{"templateID":"base","network":{"denyOut":["api.example.com"]}}`},
+		{name: "garbage", path: "/sandboxes", status: 400, msg: "neither an IP address, a CIDR block nor a domain pattern",
 			body: `{"templateID":"base","network":{"allowOut":["not an ip"]}}`},
-		{name: "egress proxy", path: "/v2/sandboxes", status: 400, msg: "egressProxy",
-			body: `{"templateID":"base","network":{"egressProxy":{"address":"p:1080"}}}`},
-		{name: "rules", path: "/v2/sandboxes", status: 400, msg: "network.rules",
-			body: `{"templateID":"base","network":{"rules":{"api.example.com":[{"transform":{"headers":{"a":"b"}}}]}}}`},
+		{name: "bare wildcard", path: "/sandboxes", status: 400, msg: "bare wildcard",
+			body: `{"templateID":"base","network":{"allowOut":["*"]}}`},
+		{name: "wildcard inside", path: "/sandboxes", status: 400, msg: "not a DNS label",
+			body: `{"templateID":"base","network":{"allowOut":["api.*.example.com"]}}`},
+		{name: "egress proxy", path: "/v2/sandboxes", status: 201,
+			body: `{"templateID":"base","network":{"egressProxy":{"address":"P.example.com:1080","username":"u","password":"p"}}}`},
+		{name: "egress proxy without port", path: "/v2/sandboxes", status: 400, msg: "network.egressProxy.address",
+			body: `{"templateID":"base","network":{"egressProxy":{"address":"p.example.com"}}}`},
+		{name: "egress proxy password alone", path: "/v2/sandboxes", status: 400, msg: "needs a username",
+			body: `{"templateID":"base","network":{"egressProxy":{"address":"1.2.3.4:1080","password":"p"}}}`},
+		{name: "rules", path: "/v2/sandboxes", status: 201,
+			body: `{"templateID":"base","network":{"rules":{"API.example.com":[{"transform":{"headers":{"a":"b"}}}]}}}`},
+		{name: "rule bare wildcard", path: "/v2/sandboxes", status: 400, msg: "network.rules key",
+			body: `{"templateID":"base","network":{"rules":{"*":[{"transform":{"headers":{"a":"b"}}}]}}}`},
+		{name: "rule framing header", path: "/v2/sandboxes", status: 400, msg: "cannot be set by a transform",
+			body: `{"templateID":"base","network":{"rules":{"a.example.com":[{"transform":{"headers":{"Content-Length":"1"}}}]}}}`},
+		{name: "rule bad header value", path: "/v2/sandboxes", status: 400, msg: "not a valid header value",
+			body: `{"templateID":"base","network":{"rules":{"a.example.com":[{"transform":{"headers":{"X-A":"a\r\nb: c"}}}]}}}`},
+		{name: "rule keys clash", path: "/v2/sandboxes", status: 400, msg: "appears twice",
+			body: `{"templateID":"base","network":{"rules":{"a.example.com":[],"A.example.com":[]}}}`},
+		{name: "mask", path: "/v2/sandboxes", status: 201,
+			body: `{"templateID":"base","network":{"maskRequestHost":"${PORT}-app.example.com"}}`},
+		{name: "bad mask", path: "/v2/sandboxes", status: 400, msg: "maskRequestHost",
+			body: `{"templateID":"base","network":{"maskRequestHost":"a b/c"}}`},
 		{name: "null egress proxy is absent", path: "/v2/sandboxes", status: 201,
 			body: `{"templateID":"base","network":{"egressProxy":null,"rules":{}}}`},
 	}
@@ -123,15 +147,31 @@ func TestUpdateNetwork(t *testing.T) {
 		t.Fatalf("detail network = %v, allowInternetAccess = %v", netw, detail["allowInternetAccess"])
 	}
 
+	// Rules and a SOCKS5 proxy are reported back, the password never.
+	rec = e.do("PUT", "/sandboxes/sb1/network", `{"allowOut":["*.Example.com"],"rules":{"Api.example.com":[{"transform":{"headers":{"Authorization":"Bearer x"}}}]},"egressProxy":{"address":"socks.example.net:1080","username":"u","password":"secret-pw"}}`)
+	if rec.Code != http.StatusNoContent {
+		t.Fatalf("PUT = %d %s", rec.Code, rec.Body)
+	}
+	raw := e.do("GET", "/sandboxes/sb1", "").Body.String()
+	detail = decode[map[string]any](t, e.do("GET", "/sandboxes/sb1", ""))
+	netw, _ = detail["network"].(map[string]any)
+	if strings.Contains(raw, "secret-pw") || fmt.Sprint(netw["allowOut"]) != "[*.example.com]" ||
+		fmt.Sprint(netw["rules"]) != "map[api.example.com:[map[transform:map[headers:map[Authorization:Bearer x]]]]]" ||
+		fmt.Sprint(netw["egressProxy"]) != "map[address:socks.example.net:1080 username:u]" {
+		t.Fatalf("detail network = %s", raw)
+	}
+
 	rec = e.do("PUT", "/sandboxes/sb1/network", `{"allow_internet_access":false}`)
-	if rec.Code != http.StatusNoContent || n.updates[1].AllowInternet || !n.updates[1].Egress.Empty() {
-		t.Fatalf("PUT = %d, update %+v", rec.Code, n.updates[1])
+	if rec.Code != http.StatusNoContent || n.updates[2].AllowInternet || !n.updates[2].Egress.Empty() {
+		t.Fatalf("PUT = %d, update %+v", rec.Code, n.updates[2])
 	}
 
 	bad := []struct{ name, body, msg string }{
 		{"bad IP", `{"denyOut":["300.1.1.1"]}`, "network.denyOut"},
-		{"domain", `{"allowOut":["*.example.com"]}`, "domain name"},
-		{"proxy", `{"egressProxy":{"address":"p:1"}}`, "egressProxy"},
+		{"domain in denyOut", `{"denyOut":["*.example.com"]}`, "domain name"},
+		{"bad domain", `{"allowOut":["exa mple.com"]}`, "domain pattern"},
+		{"proxy", `{"egressProxy":{"address":"p:0"}}`, "egressProxy"},
+		{"rules", `{"rules":{"*":[]}}`, "network.rules"},
 		{"not JSON", `{`, "not valid JSON"},
 		{"no body", ``, "required"},
 	}
@@ -140,7 +180,7 @@ func TestUpdateNetwork(t *testing.T) {
 			wantError(t, e.do("PUT", "/sandboxes/sb1/network", tc.body), http.StatusBadRequest, tc.msg)
 		})
 	}
-	if len(n.updates) != 2 {
+	if len(n.updates) != 3 {
 		t.Fatalf("a refused update reached the orchestrator: %+v", n.updates)
 	}
 	wantError(t, e.do("PUT", "/sandboxes/nope/network", `{}`), http.StatusNotFound, "nope")

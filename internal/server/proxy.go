@@ -57,6 +57,8 @@ type upstream struct {
 	envd     bool
 	// sandbox is the ID of the sandbox that has hostPort now; addresses are reused.
 	sandbox string
+	// host is the Host the request carries in (network.maskRequestHost); empty: hostPort.
+	host string
 }
 
 type upstreamKey struct{}
@@ -182,6 +184,9 @@ func rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.URL.Path = u.path
 	pr.Out.URL.RawPath = u.rawPath
 	pr.Out.Host = u.hostPort
+	if u.host != "" {
+		pr.Out.Host = u.host
+	}
 	pr.SetXForwarded()
 	h := pr.Out.Header
 	h.Del(headerSandboxID)
@@ -379,6 +384,9 @@ func (p *sandboxProxy) forward(w http.ResponseWriter, r *http.Request, t target)
 			return
 		}
 		u.hostPort = net.JoinHostPort(ep.Host, strconv.Itoa(t.port))
+		if sb.MaskRequestHost != "" {
+			u.host = maskedHost(sb.MaskRequestHost, t.port)
+		}
 	}
 	ctx := context.WithValue(r.Context(), upstreamKey{}, u)
 	ctx = context.WithValue(ctx, sandboxIDKey{}, t.id)

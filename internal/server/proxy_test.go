@@ -296,6 +296,21 @@ func TestProxyUserPortsArePublic(t *testing.T) {
 	wantUpstream(t, e.doWith("GET", path, "", nil), ch)
 }
 
+// maskRequestHost replaces the Host a user port sees (${PORT} is the port); envd keeps
+// the address.
+func TestProxyMaskRequestHost(t *testing.T) {
+	e, ch, port := proxyEnv(t)
+	e.orch.sandboxes["sb1"].MaskRequestHost = "${PORT}-app.example.com"
+	s := wantUpstream(t, e.doWith("GET", "/proxy/sb1/"+strconv.Itoa(port)+"/", "", nil), ch)
+	if want := strconv.Itoa(port) + "-app.example.com"; s.Host != want {
+		t.Fatalf("user port saw Host %q, want %q", s.Host, want)
+	}
+	s = wantUpstream(t, e.doWith("GET", "/health", "", envdHeaders("sb1", "tok1")), ch)
+	if s.Host != "127.0.0.1:"+strconv.Itoa(port) {
+		t.Fatalf("envd saw Host %q", s.Host)
+	}
+}
+
 func TestProxyPrivateSandboxNeedsTrafficToken(t *testing.T) {
 	e, ch, port := proxyEnv(t)
 	e.orch.sandboxes["sb1"].TrafficAccessToken = "traffic"

@@ -113,6 +113,9 @@ func (s *Server) createRequest(p createParams, defTimeout time.Duration) (orches
 	if req.Egress, err = createEgress(p.network); err != nil {
 		return req, err
 	}
+	if req.MaskRequestHost, err = parseMaskRequestHost(p.network); err != nil {
+		return req, err
+	}
 	if p.metadata != nil {
 		if err := checkStringMap("metadata", *p.metadata); err != nil {
 			return req, err

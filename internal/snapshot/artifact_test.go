@@ -111,7 +111,7 @@ func TestWithLayerList(t *testing.T) {
 func TestManifestFromTemplate(t *testing.T) {
 	tpl := catalog.Template{ID: "snap-x", Kind: catalog.KindSnapshot, Aliases: []string{"golden"},
 		Resources: sandbox.Resources{CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024}, EnvVars: map[string]string{"K": "V"},
-		DefaultUser: "user", SourceSandboxID: "sbx-1", ParentID: "snap-p", Backend: "oci",
+		DefaultUser: "user", SourceSandboxID: "sbx-1", ParentID: "snap-p", Backend: "oci", EnvdAccessToken: "tok",
 		Artifact: json.RawMessage(`{"layers":[{"path":"/l/a.commit","uuid":"U1","size":4096}]}`)}
 	m, err := ManifestFromTemplate(tpl, "0.5.15")
 	if err != nil {
@@ -119,7 +119,7 @@ func TestManifestFromTemplate(t *testing.T) {
 	}
 	if m.ID != "snap-x" || m.Kind != repository.KindSnapshot || m.Name != "golden" || len(m.Layers) != 1 ||
 		m.Resources.DiskSizeMB != 1024 || m.SourceSandbox != "sbx-1" || m.ParentSnapshot != "snap-p" ||
-		m.Config.EnvVars["K"] != "V" || m.EnvdVersion != "0.5.15" || m.validate() != nil {
+		m.Config.EnvVars["K"] != "V" || m.EnvdVersion != "0.5.15" || m.Config.EnvdAccessToken != "tok" || m.validate() != nil {
 		t.Fatalf("manifest %+v", m)
 	}
 	// A microVM snapshot publishes its memory image; a template built from such a

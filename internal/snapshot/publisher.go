@@ -84,7 +84,9 @@ type Defaults struct {
 	ReadyCmd       string            `json:"ready_cmd,omitempty"`
 	DefaultUser    string            `json:"default_user,omitempty"`
 	DefaultWorkdir string            `json:"default_workdir,omitempty"`
-	Artifact       json.RawMessage   `json:"artifact,omitempty"`
+	// EnvdAccessToken is a snapshot's catalog.Template.EnvdAccessToken.
+	EnvdAccessToken string          `json:"envd_access_token,omitempty"`
+	Artifact        json.RawMessage `json:"artifact,omitempty"`
 }
 
 // Manifest describes what to publish.

@@ -184,6 +184,7 @@ func (p *Publisher) register(ctx context.Context, rec repository.Record, keepLoc
 		ReadyCmd:        cfg.ReadyCmd,
 		DefaultUser:     cfg.DefaultUser,
 		DefaultWorkdir:  cfg.DefaultWorkdir,
+		EnvdAccessToken: cfg.EnvdAccessToken,
 		SourceSandboxID: rec.SourceSandboxID,
 		ParentID:        rec.ParentSnapshotID,
 		Backend:         rec.Backend,

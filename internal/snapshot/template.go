@@ -33,7 +33,7 @@ func ManifestFromTemplate(t catalog.Template, envdVersion string) (Manifest, err
 		ID: t.ID, Kind: repository.KindTemplate, Layers: files,
 		Resources: repository.Resources{CPUCount: t.Resources.CPUCount, MemoryMB: t.Resources.MemoryMB, DiskSizeMB: t.Resources.DiskSizeMB},
 		Config: Defaults{EnvVars: t.EnvVars, StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, DefaultUser: t.DefaultUser,
-			DefaultWorkdir: t.DefaultWorkdir, Artifact: t.Artifact},
+			DefaultWorkdir: t.DefaultWorkdir, EnvdAccessToken: t.EnvdAccessToken, Artifact: t.Artifact},
 		EnvdVersion: envdVersion, Backend: t.Backend, SourceSandbox: t.SourceSandboxID, ParentSnapshot: t.ParentID,
 		CreatedAt: t.CreatedAt,
 	}

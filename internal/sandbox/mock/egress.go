@@ -24,7 +24,8 @@ func (i *Instance) UpdateEgress(_ context.Context, e sandbox.Egress) error {
 	}
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	i.egress.last = sandbox.Egress{AllowInternet: e.AllowInternet, AllowOut: slices.Clone(e.AllowOut), DenyOut: slices.Clone(e.DenyOut)}
+	e.AllowOut, e.DenyOut, e.AllowDomains = slices.Clone(e.AllowOut), slices.Clone(e.DenyOut), slices.Clone(e.AllowDomains)
+	i.egress.last = e
 	i.egress.calls++
 	return nil
 }

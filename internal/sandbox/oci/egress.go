@@ -8,7 +8,8 @@ import (
 )
 
 // UpdateEgress implements sandbox.EgressUpdater on the instance's network slot: outbound
-// NAT for AllowInternet, then the allow and deny destinations. It works on a sandbox
+// NAT for AllowInternet, the allow and deny destinations, and the egress proxy for
+// domains, request transforms and a SOCKS5 tunnel. It works on a sandbox
 // paused in place too (its slot stays); a stopped one has no slot and reports ErrGone.
 // The rules live in the node's nftables, not in the container, so the sandbox cannot
 // change them, and they go with the slot when it is released.
@@ -22,6 +23,9 @@ func (i *Instance) UpdateEgress(ctx context.Context, e sandbox.Egress) error {
 	// Two atomic steps: between them (milliseconds) the old internet setting applies
 	// with the new destinations.
 	if err := i.b.pool.SetEgress(ctx, slot, e.AllowOut, e.DenyOut); err != nil {
+		return fmt.Errorf("oci: %s: %w", i.id, err)
+	}
+	if err := i.b.pool.SetProxied(ctx, slot, e); err != nil {
 		return fmt.Errorf("oci: %s: %w", i.id, err)
 	}
 	if err := i.b.pool.SetInternet(ctx, slot, e.AllowInternet); err != nil {

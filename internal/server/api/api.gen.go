@@ -200,7 +200,7 @@ type NewSandbox struct {
 	MemoryMB *int32           `json:"memoryMB,omitempty"`
 	Metadata *SandboxMetadata `json:"metadata,omitempty"`
 
-	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted but neither acted on nor reported; egressProxy and rules are refused with 400.
+	// Network allowOut takes IP addresses, CIDR blocks and domain patterns ("example.com", "*.example.com": subdomains at any depth, not the apex); denyOut takes IP addresses and CIDR blocks only (E2B's rule). Addresses are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. Domain patterns, rules and egressProxy send the sandbox's outbound TCP through the node's egress proxy (docs/operations.md): names are read from the TLS SNI and the HTTP Host on ports 443 and 80, rules' header transforms are applied to plain HTTP requests (HTTPS is relayed untouched, never intercepted), and egressProxy tunnels all TCP through a SOCKS5 server. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost replaces the Host of requests the node proxies into the sandbox's user ports (${PORT} is the port). httpsPorts is accepted but not acted on. Malformed entries are refused with 400.
 	Network *SandboxNetworkConfig `json:"network,omitempty"`
 
 	// Secure Issue an envd access token.
@@ -231,7 +231,7 @@ type NewSandboxV2 struct {
 	MemoryMB *int32           `json:"memoryMB,omitempty"`
 	Metadata *SandboxMetadata `json:"metadata,omitempty"`
 
-	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted but neither acted on nor reported; egressProxy and rules are refused with 400.
+	// Network allowOut takes IP addresses, CIDR blocks and domain patterns ("example.com", "*.example.com": subdomains at any depth, not the apex); denyOut takes IP addresses and CIDR blocks only (E2B's rule). Addresses are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. Domain patterns, rules and egressProxy send the sandbox's outbound TCP through the node's egress proxy (docs/operations.md): names are read from the TLS SNI and the HTTP Host on ports 443 and 80, rules' header transforms are applied to plain HTTP requests (HTTPS is relayed untouched, never intercepted), and egressProxy tunnels all TCP through a SOCKS5 server. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost replaces the Host of requests the node proxies into the sandbox's user ports (${PORT} is the port). httpsPorts is accepted but not acted on. Malformed entries are refused with 400.
 	Network    *SandboxNetworkConfig `json:"network,omitempty"`
 	TemplateID string                `json:"templateID"`
 
@@ -325,13 +325,21 @@ type SandboxDetail struct {
 	MemoryMB        int32             `json:"memoryMB"`
 	Metadata        *SandboxMetadata  `json:"metadata,omitempty"`
 
-	// Network allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted but neither acted on nor reported; egressProxy and rules are refused with 400.
+	// Network allowOut takes IP addresses, CIDR blocks and domain patterns ("example.com", "*.example.com": subdomains at any depth, not the apex); denyOut takes IP addresses and CIDR blocks only (E2B's rule). Addresses are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. Domain patterns, rules and egressProxy send the sandbox's outbound TCP through the node's egress proxy (docs/operations.md): names are read from the TLS SNI and the HTTP Host on ports 443 and 80, rules' header transforms are applied to plain HTTP requests (HTTPS is relayed untouched, never intercepted), and egressProxy tunnels all TCP through a SOCKS5 server. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost replaces the Host of requests the node proxies into the sandbox's user ports (${PORT} is the port). httpsPorts is accepted but not acted on. Malformed entries are refused with 400.
 	Network      *SandboxNetworkConfig `json:"network,omitempty"`
 	SandboxID    string                `json:"sandboxID"`
 	StartedAt    time.Time             `json:"startedAt"`
 	State        SandboxState          `json:"state"`
 	TemplateID   string                `json:"templateID"`
 	VolumeMounts *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// SandboxEgressProxyConfig SOCKS5 server the sandbox's outbound TCP is tunnelled through. The password is never returned.
+type SandboxEgressProxyConfig struct {
+	// Address host:port of the SOCKS5 server.
+	Address  string  `json:"address"`
+	Password *string `json:"password,omitempty"`
+	Username *string `json:"username,omitempty"`
 }
 
 // SandboxForkRequest defines model for SandboxForkRequest.
@@ -401,15 +409,32 @@ type SandboxMetric struct {
 	TimestampUnix int64     `json:"timestampUnix"`
 }
 
-// SandboxNetworkConfig allowOut and denyOut (IP addresses and CIDR blocks; domain names are refused with 400) are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost and httpsPorts are accepted but neither acted on nor reported; egressProxy and rules are refused with 400.
+// SandboxNetworkConfig allowOut takes IP addresses, CIDR blocks and domain patterns ("example.com", "*.example.com": subdomains at any depth, not the apex); denyOut takes IP addresses and CIDR blocks only (E2B's rule). Addresses are enforced with nftables on the sandbox's network namespace: an allowOut destination is reachable even when denied or without internet access, a denyOut one is not. Domain patterns, rules and egressProxy send the sandbox's outbound TCP through the node's egress proxy (docs/operations.md): names are read from the TLS SNI and the HTTP Host on ports 443 and 80, rules' header transforms are applied to plain HTTP requests (HTTPS is relayed untouched, never intercepted), and egressProxy tunnels all TCP through a SOCKS5 server. allowPublicTraffic=false makes user ports require the e2b-traffic-access-token header. maskRequestHost replaces the Host of requests the node proxies into the sandbox's user ports (${PORT} is the port). httpsPorts is accepted but not acted on. Malformed entries are refused with 400.
 type SandboxNetworkConfig struct {
-	AllowOut           *[]string               `json:"allowOut,omitempty"`
-	AllowPublicTraffic *bool                   `json:"allowPublicTraffic,omitempty"`
-	DenyOut            *[]string               `json:"denyOut,omitempty"`
-	EgressProxy        *map[string]interface{} `json:"egressProxy"`
-	HttpsPorts         *[]int32                `json:"httpsPorts,omitempty"`
-	MaskRequestHost    *string                 `json:"maskRequestHost,omitempty"`
-	Rules              *map[string]interface{} `json:"rules,omitempty"`
+	AllowOut           *[]string `json:"allowOut,omitempty"`
+	AllowPublicTraffic *bool     `json:"allowPublicTraffic,omitempty"`
+	DenyOut            *[]string `json:"denyOut,omitempty"`
+
+	// EgressProxy SOCKS5 server the sandbox's outbound TCP is tunnelled through. The password is never returned.
+	EgressProxy     *SandboxEgressProxyConfig `json:"egressProxy"`
+	HttpsPorts      *[]int32                  `json:"httpsPorts,omitempty"`
+	MaskRequestHost *string                   `json:"maskRequestHost,omitempty"`
+
+	// Rules Per-domain request transforms; keys are domain patterns or IP addresses.
+	Rules *SandboxNetworkRules `json:"rules,omitempty"`
+}
+
+// SandboxNetworkRule defines model for SandboxNetworkRule.
+type SandboxNetworkRule struct {
+	Transform *SandboxNetworkTransform `json:"transform,omitempty"`
+}
+
+// SandboxNetworkRules Per-domain request transforms; keys are domain patterns or IP addresses.
+type SandboxNetworkRules map[string][]SandboxNetworkRule
+
+// SandboxNetworkTransform defines model for SandboxNetworkTransform.
+type SandboxNetworkTransform struct {
+	Headers *map[string]string `json:"headers,omitempty"`
 }
 
 // SandboxNetworkUpdateConfig The whole outbound policy; omitted fields are cleared.
@@ -417,10 +442,14 @@ type SandboxNetworkUpdateConfig struct {
 	AllowOut *[]string `json:"allowOut,omitempty"`
 
 	// AllowInternetAccess false blocks all outbound traffic except allowOut (like denyOut 0.0.0.0/0). Default true.
-	AllowInternetAccess *bool                   `json:"allow_internet_access,omitempty"`
-	DenyOut             *[]string               `json:"denyOut,omitempty"`
-	EgressProxy         *map[string]interface{} `json:"egressProxy"`
-	Rules               *map[string]interface{} `json:"rules,omitempty"`
+	AllowInternetAccess *bool     `json:"allow_internet_access,omitempty"`
+	DenyOut             *[]string `json:"denyOut,omitempty"`
+
+	// EgressProxy SOCKS5 server the sandbox's outbound TCP is tunnelled through. The password is never returned.
+	EgressProxy *SandboxEgressProxyConfig `json:"egressProxy"`
+
+	// Rules Per-domain request transforms; keys are domain patterns or IP addresses.
+	Rules *SandboxNetworkRules `json:"rules,omitempty"`
 }
 
 // SandboxPauseRequest defines model for SandboxPauseRequest.
