@@ -95,6 +95,9 @@ type Backend struct {
 	// empty: vmlinux and initrd.img in the directory "microvm" next to envd (`make guest`).
 	GuestKernel string `toml:"guest_kernel"`
 	GuestInitrd string `toml:"guest_initrd"`
+	// QEMUUser is the microvm backend's "uid:gid" for QEMU once its devices are open;
+	// empty: microvm.DefaultQEMUUser.
+	QEMUUser string `toml:"qemu_user"`
 	// UIDBase is the first host uid of the node's sandbox uid ranges; 0 picks a block no
 	// other node on the host holds (recorded in /run/aenv/uid-ranges.json).
 	UIDBase int `toml:"uid_base"`

@@ -138,6 +138,14 @@ func ociDataPlane(c *dataplane.Client) oci.DataPlane {
 	return c
 }
 
+// microvmDataPlane keeps a nil client a nil interface.
+func microvmDataPlane(c *dataplane.Client) microvm.DataPlane {
+	if c == nil {
+		return nil
+	}
+	return c
+}
+
 // openMicroVM is the "microvm" kind: a QEMU microVM per sandbox (package microvm).
 func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 	cfg := env.Config
@@ -150,7 +158,9 @@ func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 		Kernel:        cfg.Backend.GuestKernel,
 		Initrd:        cfg.Backend.GuestInitrd,
 		Accel:         cfg.Backend.Accel,
+		QEMUUser:      cfg.Backend.QEMUUser,
 		LayerResolver: env.Layers,
+		DataPlane:     microvmDataPlane(env.DataPlane),
 		BlobFetcher:   fetcher,
 		Logger:        env.Logger,
 		Network: network.Config{

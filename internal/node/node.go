@@ -125,9 +125,8 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	n.onClose(func(context.Context) { repo.Close() })
 
 	var dp *nodeDataPlane
-	// Only the oci backend opens its disks through the data plane so far (the microvm
-	// backend's QEMU opens a disk file it serves itself).
-	if cfg.Backend.DataPlane && cfg.Backend.Kind == "oci" {
+	// The oci and microvm backends open their root disks through the data plane.
+	if cfg.Backend.DataPlane && (cfg.Backend.Kind == "oci" || cfg.Backend.Kind == "microvm") {
 		if dp, err = startDataPlane(ctx, cfg, n.Log); err != nil {
 			return nil, err
 		}

@@ -95,7 +95,38 @@ type Config struct {
 	// Incoming starts QEMU waiting for a migration stream (-incoming defer): the state of a
 	// snapshot is loaded through QMP, after the migration capabilities are set.
 	Incoming bool
+	// Confine limits what QEMU may do once it has opened its devices; nil runs it as
+	// started (root, no filter).
+	Confine *Confinement
+
+	// driveFiles are the drives' descriptors of a confined QEMU (Start opens them).
+	driveFiles [][2]*os.File
 }
+
+// Confinement is how far QEMU is confined on the host. QEMU opens everything it needs at
+// start (kernel, RAM file, drives, tap descriptor, console log, QMP socket) and later
+// receives snapshot streams as descriptors over QMP, so it can drop everything after that.
+type Confinement struct {
+	// UID and GID QEMU switches to (-runas) before the guest starts; both 0 keep root.
+	// QEMU then holds no capability: it can open no other file its user may not, signal
+	// or trace no process of another user, and no set*uid call brings root back.
+	UID, GID int
+	// Chroot is an empty directory QEMU chroots into (-chroot) before the guest starts,
+	// so a compromised QEMU sees no host file by name; "" stays in the host's root.
+	Chroot string
+	// Seccomp installs QEMU's system call filter (-sandbox on): no obsolete calls, no
+	// fork or exec (snapshot streams go through descriptors, not exec: URIs), no
+	// scheduler or resource-limit changes, and no_new_privs. set*uid stays allowed:
+	// QEMU 7.2 installs the filter before -runas switches user (elevateprivileges=deny
+	// kills it there), and once it runs as UID it has nothing to elevate to.
+	Seccomp bool
+}
+
+// driveFDSet is the fd set of a confined QEMU's first drive (the next drives follow).
+const driveFDSet = 10
+
+// SeccompPolicy is the -sandbox argument Confinement.Seccomp gives QEMU.
+const SeccompPolicy = "on,obsolete=deny,spawn=deny,resourcecontrol=deny"
 
 var idRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{0,31}$`)
 var macRE = regexp.MustCompile(`^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$`)
@@ -121,6 +152,14 @@ func (c *Config) Validate() error {
 	for name, p := range map[string]string{"initrd": c.Initrd, "pidfile": c.PIDFile, "log": c.LogFile} {
 		if p != "" && !filepath.IsAbs(p) {
 			return fmt.Errorf("vmm: %s path %q must be absolute", name, p)
+		}
+	}
+	if k := c.Confine; k != nil {
+		if k.UID < 0 || k.GID < 0 || (k.UID == 0) != (k.GID == 0) {
+			return fmt.Errorf("vmm: confinement uid %d gid %d: both positive or both 0", k.UID, k.GID)
+		}
+		if k.Chroot != "" && !filepath.IsAbs(k.Chroot) {
+			return fmt.Errorf("vmm: chroot %q must be absolute", k.Chroot)
 		}
 	}
 	if strings.ContainsAny(c.Cmdline, "\n\x00") {
@@ -205,7 +244,8 @@ func (n NIC) validate() error {
 // written twice.
 func optValue(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 
-// extraFiles are the descriptors QEMU inherits, in the order Args numbers them.
+// extraFiles are the descriptors QEMU inherits, in the order Args numbers them: tap
+// queues, then (confined) each drive's read-write and read-only descriptor.
 func (c *Config) extraFiles() []*os.File {
 	var fs []*os.File
 	for _, n := range c.NICs {
@@ -213,7 +253,52 @@ func (c *Config) extraFiles() []*os.File {
 			fs = append(fs, n.TapFile)
 		}
 	}
+	for _, d := range c.driveFiles {
+		fs = append(fs, d[0], d[1])
+	}
 	return fs
+}
+
+// passDrives: a confined QEMU gets its drives as descriptors (an fd set per drive, one
+// read-write and one read-only descriptor), not paths. QEMU reopens an image by name when
+// its permissions change — every migration's end inactivates the drives, every restore's
+// activates them — which a chrooted or unprivileged QEMU could not; from an fd set it
+// duplicates the descriptor of the access mode it wants.
+func (c *Config) passDrives() bool { return c.Confine != nil }
+
+// openDrives opens the descriptors passDrives hands QEMU; the caller closes them once
+// QEMU has started.
+func (c *Config) openDrives() error {
+	if !c.passDrives() {
+		return nil
+	}
+	for _, d := range c.Drives {
+		mode := os.O_RDWR
+		if d.ReadOnly {
+			mode = os.O_RDONLY
+		}
+		rw, err := os.OpenFile(d.Path, mode, 0)
+		if err != nil {
+			c.closeDrives()
+			return fmt.Errorf("vmm: drive %s: %w", d.ID, err)
+		}
+		ro, err := os.Open(d.Path)
+		if err != nil {
+			rw.Close()
+			c.closeDrives()
+			return fmt.Errorf("vmm: drive %s: %w", d.ID, err)
+		}
+		c.driveFiles = append(c.driveFiles, [2]*os.File{rw, ro})
+	}
+	return nil
+}
+
+func (c *Config) closeDrives() {
+	for _, d := range c.driveFiles {
+		d[0].Close()
+		d[1].Close()
+	}
+	c.driveFiles = nil
 }
 
 // Args is QEMU's command line (without the binary). It does not validate; Start does.
@@ -245,7 +330,13 @@ func (c *Config) Args() []string {
 	if c.PIDFile != "" {
 		a = append(a, "-pidfile", c.PIDFile)
 	}
-	for _, d := range c.Drives {
+	taps := 0
+	for _, n := range c.NICs {
+		if n.TapFile != nil {
+			taps++
+		}
+	}
+	for n, d := range c.Drives {
 		format, cache := d.Format, d.Cache
 		if format == "" {
 			format = "raw"
@@ -253,10 +344,25 @@ func (c *Config) Args() []string {
 		if cache == "" {
 			cache = "writeback"
 		}
+		file := optValue(d.Path)
+		if c.passDrives() {
+			set := driveFDSet + n
+			// Descriptors numbered after the taps' (extraFiles).
+			a = append(a, "-add-fd", fmt.Sprintf("fd=%d,set=%d", 3+taps+2*n, set),
+				"-add-fd", fmt.Sprintf("fd=%d,set=%d", 4+taps+2*n, set))
+			file = fmt.Sprintf("/dev/fdset/%d", set)
+		}
 		drive := fmt.Sprintf("id=%s,file=%s,format=%s,if=none,cache=%s,aio=threads",
-			d.ID, optValue(d.Path), format, cache)
+			d.ID, file, format, cache)
 		if d.ReadOnly {
 			drive += ",readonly=on"
+		}
+		if c.passDrives() {
+			// QEMU's image locks (OFD locks) taken through the fd set's two descriptors
+			// conflict with each other when a restore or a snapshot's end re-activates the
+			// drive ("Failed to get write lock"). What they guard, one QEMU per image,
+			// the caller guarantees: each drive is one VM's own file.
+			drive += ",file.locking=off"
 		}
 		a = append(a, "-drive", drive, "-device", "virtio-blk-device,drive="+d.ID)
 	}
@@ -283,6 +389,17 @@ func (c *Config) Args() []string {
 	}
 	if c.Incoming {
 		a = append(a, "-incoming", "defer")
+	}
+	if k := c.Confine; k != nil {
+		if k.Seccomp {
+			a = append(a, "-sandbox", SeccompPolicy)
+		}
+		if k.UID != 0 || k.GID != 0 {
+			a = append(a, "-runas", fmt.Sprintf("%d:%d", k.UID, k.GID))
+		}
+		if k.Chroot != "" {
+			a = append(a, "-chroot", k.Chroot)
+		}
 	}
 	return a
 }

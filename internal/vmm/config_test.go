@@ -55,6 +55,14 @@ func TestArgs(t *testing.T) {
 		t.Errorf("extra files = %v, want the tap file as fd 3", fs)
 	}
 
+	c.Confine = &Confinement{UID: 64400, GID: 64401, Chroot: "/var/empty", Seccomp: true}
+	if got := strings.Join(c.Args(), " "); !strings.HasSuffix(got, " -sandbox "+SeccompPolicy+" -runas 64400:64401 -chroot /var/empty") {
+		t.Errorf("confined args end %q", got[max(0, len(got)-120):])
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+
 	kvm := baseConfig()
 	kvm.Accel = AccelKVM
 	args := kvm.Args()
@@ -99,6 +107,9 @@ func TestValidate(t *testing.T) {
 			c.NICs = []NIC{{ID: "n", Tap: "t", Forward: []HostForward{{Host: netip.MustParseAddrPort("127.0.0.1:1"), GuestPort: 1}}}}
 		}, "user networking"},
 		{"mac", func(c *Config) { c.NICs = []NIC{{ID: "n", User: true, MAC: "zz"}} }, "MAC"},
+		{"confine uid only", func(c *Config) { c.Confine = &Confinement{UID: 5} }, "both positive"},
+		{"confine negative", func(c *Config) { c.Confine = &Confinement{UID: -1, GID: -1} }, "both positive"},
+		{"confine chroot", func(c *Config) { c.Confine = &Confinement{UID: 5, GID: 5, Chroot: "root"} }, "chroot"},
 		{"guest port", func(c *Config) {
 			c.NICs = []NIC{{ID: "n", User: true, Forward: []HostForward{{Host: netip.MustParseAddrPort("127.0.0.1:1"), GuestPort: 0}}}}
 		}, "guest port"},

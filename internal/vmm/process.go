@@ -20,12 +20,16 @@ const DefaultBinary = "qemu-system-x86_64"
 // Machine is one running QEMU process and its monitor connection. It is safe for
 // concurrent use; QMP commands are serialised.
 type Machine struct {
-	cfg    Config
+	cfg Config
+	pid int
+	// cmd is nil for a machine adopted from an earlier process (Adopt).
 	cmd    *exec.Cmd
 	qmp    *QMP
 	exited chan struct{}
 	// waitErr is QEMU's exit status, valid once exited is closed.
 	waitErr error
+	// args is the command line of an adopted machine.
+	args []string
 	// timings of Start and, for a restore, of the stream's load.
 	timings Timings
 }
@@ -71,6 +75,11 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 		defer f.Close() // the child keeps its own descriptor
 		out = f
 	}
+	if err := cfg.openDrives(); err != nil {
+		return nil, err
+	}
+	// QEMU holds its own copies once started.
+	defer cfg.closeDrives()
 	t0 := time.Now()
 	cmd := exec.Command(cfg.Binary, cfg.Args()...)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -87,7 +96,7 @@ func Start(ctx context.Context, cfg Config) (*Machine, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("vmm: start %s: %w", cfg.Binary, err)
 	}
-	m := &Machine{cfg: cfg, cmd: cmd, exited: make(chan struct{})}
+	m := &Machine{cfg: cfg, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{})}
 	go func() {
 		m.waitErr = cmd.Wait()
 		close(m.exited)
@@ -168,7 +177,7 @@ func checkRAMFile(mem Memory) error {
 }
 
 // PID is QEMU's process id (also its process group id).
-func (m *Machine) PID() int { return m.cmd.Process.Pid }
+func (m *Machine) PID() int { return m.pid }
 
 // Config is the configuration the machine was started with (defaults filled in).
 func (m *Machine) Config() Config { return m.cfg }
@@ -217,7 +226,7 @@ func (m *Machine) Kill() {
 	select {
 	case <-m.exited:
 	default:
-		_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
+		_ = syscall.Kill(-m.pid, syscall.SIGKILL)
 		<-m.exited
 	}
 	m.closeQMP()

@@ -15,16 +15,15 @@
 //
 // Processes: QEMU (started and driven over QMP by package vmm) runs in a process group of
 // its own and survives the node; its pidfile in the sandbox directory lets Reconcile find
-// it. Sandboxes are not adopted after a restart:
-// their disk's FUSE server lived in the previous process (as for the OCI backend's block
-// roots), so Reconcile kills every QEMU it finds and removes what they used.
+// it. With the data plane (Config.DataPlane) serving the root disks, a restart adopts
+// every VM the orchestrator still knows (adopt.go); without it their disks died with the
+// previous process, and Reconcile kills every QEMU it finds and removes what they used.
 package microvm
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,6 +31,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -73,6 +73,12 @@ type Config struct {
 	Initrd string
 	// QEMU is the qemu-system-x86_64 binary. Default "qemu-system-x86_64" from PATH.
 	QEMU string
+	// QEMUUser is "uid:gid", the user every QEMU switches to once it has opened its
+	// devices (-runas). Default DefaultQEMUUser, a user no account has: QEMU then owns no
+	// file on the host. Unconfined runs QEMU as root without a chroot or a seccomp filter
+	// (debugging only); see docs/operations.md for what confinement covers.
+	QEMUUser   string
+	Unconfined bool
 	// Accel is auto (default: KVM when a probe guest boots with it within 10 s, else TCG),
 	// tcg or kvm.
 	Accel string
@@ -98,9 +104,13 @@ type Config struct {
 	ResolvConf string
 	// LayerResolver opens sealed layers that have a digest but no local path.
 	LayerResolver stack.Resolver
+	// DataPlane serves root disks from the data-plane process (`aenv dataplane`), so they
+	// and their VMs outlive this process and a restart adopts them (adopt.go). Nil serves
+	// them in this process: a restart then removes every VM.
+	DataPlane DataPlane `json:"-"`
 	// BlobFetcher fetches the memory images of captures made on other nodes (by digest,
 	// verified) from the repository. Nil: such captures cannot be restored here.
-	BlobFetcher BlobFetcher
+	BlobFetcher BlobFetcher `json:"-"`
 	Logger      *slog.Logger
 }
 
@@ -162,6 +172,12 @@ func (c *Config) defaults() error {
 	if c.CPUs == 0 {
 		c.CPUs = 1
 	}
+	if c.QEMUUser == "" {
+		c.QEMUUser = DefaultQEMUUser
+	}
+	if _, _, err := parseUser(c.QEMUUser); err != nil {
+		return err
+	}
 	if c.ResolvConf == "" {
 		c.ResolvConf = "/etc/resolv.conf"
 	}
@@ -179,6 +195,10 @@ type Backend struct {
 	log    *slog.Logger
 	initrd string // the boot initramfs: cfg.Initrd plus envd
 	dns    []string
+	// crashAt is the debug crash point (CrashPointEnv), read once at New.
+	crashAt string
+	// confine is how every QEMU is confined (nil: Config.Unconfined).
+	confine *vmm.Confinement
 
 	// fetching serialises fetches of one memory blob (memfetch.go).
 	fetching keyedMutex
@@ -200,8 +220,19 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("microvm: %w", err)
 		}
 	}
-	b := &Backend{cfg: cfg, log: cfg.Logger, instances: map[string]*Instance{}, dns: nameservers(cfg.ResolvConf)}
+	b := &Backend{cfg: cfg, log: cfg.Logger, instances: map[string]*Instance{}, dns: nameservers(cfg.ResolvConf),
+		crashAt: os.Getenv(CrashPointEnv)}
+	if b.crashAt != "" {
+		if !slices.Contains([]string{crashCaptureState, crashCaptureSealed, crashCaptureRAM, crashForkLaunched}, b.crashAt) {
+			return nil, fmt.Errorf("microvm: %s=%q names no crash point", CrashPointEnv, b.crashAt)
+		}
+		b.log.Warn("microvm: debug crash point armed: the process kills itself there", "point", b.crashAt)
+	}
 	if err := b.sweepFetchTemps(); err != nil {
+		return nil, err
+	}
+	var err error
+	if b.confine, err = cfg.confinement(); err != nil {
 		return nil, err
 	}
 	b.initrd = filepath.Join(cfg.DataDir, "initrd.img")
@@ -234,37 +265,17 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 
 func (c *Config) sandboxesDir() string { return filepath.Join(c.DataDir, "sandboxes") }
 
+// chrootDir is the empty directory confined QEMUs chroot into.
+func (c *Config) chrootDir() string { return filepath.Join(c.DataDir, "qemu-root") }
+
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "microvm" }
 
 // Close releases the network pool's warm slots. Running sandboxes keep running; a
-// restart's Reconcile removes them.
+// restart's Reconcile adopts them (data plane) or removes them.
 func (b *Backend) Close(ctx context.Context) error { return b.pool.Close(ctx) }
 
 // Pool exposes the network pool (tests, diagnostics).
 func (b *Backend) Pool() *network.Pool { return b.pool }
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
-
-// savedState is written into the sandbox directory at launch, for Reconcile and humans.
-type savedState struct {
-	ID        string            `json:"id"`
-	SlotIndex int               `json:"slotIndex"`
-	Resources sandbox.Resources `json:"resources"`
-	RAMFile   string            `json:"ramFile"`
-}
-
-func writeState(path string, st savedState) error {
-	raw, err := json.Marshal(st)
-	if err != nil {
-		return fmt.Errorf("microvm: encode state: %w", err)
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, raw, 0o600); err != nil {
-		return fmt.Errorf("microvm: save state: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("microvm: save state: %w", err)
-	}
-	return nil
-}

@@ -36,6 +36,9 @@ func (i *Instance) Fork(ctx context.Context, specs []sandbox.ForkSpec) ([]sandbo
 			inst, err := i.b.Launch(ctx, sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot,
 				SandboxID: s.SandboxID, Resources: s.Resources, AllowInternet: allow, Snapshot: c})
 			out[n] = sandbox.ForkResult{Instance: inst, Err: err}
+			if err == nil {
+				i.b.crashPoint(crashForkLaunched)
+			}
 		}()
 	}
 	wg.Wait()
@@ -94,7 +97,7 @@ func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resum
 		layers[n] = stack.LayerRef{Path: l.Path, Digest: l.Digest, Size: l.Size, UUID: l.UUID}
 	}
 	t1 := time.Now()
-	disk, err := rootfs.OpenDisk(ctx, rootfs.Spec{Dir: inst.dir, Lowers: layers, VirtualSize: c.VirtualSize, Resolver: b.cfg.LayerResolver})
+	disk, err := rootfs.OpenDisk(ctx, rootfs.Spec{Dir: inst.dir, Lowers: layers, VirtualSize: c.VirtualSize, Resolver: b.cfg.LayerResolver, Open: b.diskOpener()})
 	if err != nil {
 		return fmt.Errorf("microvm: root disk: %w", err)
 	}
@@ -139,6 +142,9 @@ func (b *Backend) restore(ctx context.Context, inst *Instance, c *capture, resum
 	guest := c.Guest
 	inst.mem = memState{privateRAM: private, guest: &guest}
 	inst.mu.Unlock()
+	if err := inst.saveState(); err != nil {
+		return err
+	}
 	t5 := time.Now()
 	if err := proc.m.Resume(ctx); err != nil {
 		return fmt.Errorf("microvm: continue restored VM: %w", err)

@@ -23,6 +23,8 @@ type Instance struct {
 	ramFile string
 	res     sandbox.Resources
 	started time.Time
+	// adopted: a restart found this VM running and took it over (Reconcile).
+	adopted bool
 
 	// stopMu serialises Stop (and, later, snapshots) against each other.
 	stopMu sync.Mutex
@@ -32,7 +34,8 @@ type Instance struct {
 	disk *rootfs.Disk
 	proc *vmProc
 	// mem is how the VM holds its memory (memory snapshots, snapshot.go).
-	mem     memState
+	mem memState
+
 	stopped bool
 	// cpu is the last CPU-time sample, for Stats' usage between two calls.
 	cpu cpuSample
@@ -66,8 +69,15 @@ func (i *Instance) PID() int {
 // ConsoleLog is the path of the guest's serial console log (boot diagnostics).
 func (i *Instance) ConsoleLog() string { return i.dir + "/" + consoleLog }
 
-// Resume implements sandbox.Instance: nothing pauses in place.
+// Resume implements sandbox.Instance: nothing pauses in place. The one instance a paused
+// sandbox can have is a VM a restart adopted whose resume the crash interrupted after the
+// VM was restored and running (its record still said paused): that resume is done.
 func (i *Instance) Resume(context.Context) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.adopted && !i.stopped && i.proc != nil && !i.proc.exited() {
+		return nil
+	}
 	return fmt.Errorf("%w: %s is not paused in place", sandbox.ErrGone, i.id)
 }
 

@@ -120,8 +120,7 @@ func (b *Backend) takeSlot(ctx context.Context, inst *Instance, allowInternet bo
 	inst.mu.Lock()
 	inst.slot = slot
 	inst.mu.Unlock()
-	st := savedState{ID: inst.id, SlotIndex: slot.Index, Resources: inst.res, RAMFile: inst.ramFile}
-	if err := writeState(filepath.Join(inst.dir, stateFile), st); err != nil {
+	if err := inst.saveState(); err != nil {
 		return nil, err
 	}
 	return slot, nil
@@ -135,7 +134,7 @@ func (b *Backend) boot(ctx context.Context, inst *Instance, layers []stack.Layer
 		return err
 	}
 	t1 := time.Now()
-	disk, err := rootfs.OpenDisk(ctx, rootfs.Spec{Dir: inst.dir, Lowers: layers, VirtualSize: vsize, Resolver: b.cfg.LayerResolver})
+	disk, err := rootfs.OpenDisk(ctx, rootfs.Spec{Dir: inst.dir, Lowers: layers, VirtualSize: vsize, Resolver: b.cfg.LayerResolver, Open: b.diskOpener()})
 	if err != nil {
 		return fmt.Errorf("microvm: root disk: %w", err)
 	}
@@ -176,7 +175,8 @@ func (b *Backend) startQEMU(ctx context.Context, inst *Instance) error {
 	inst.mu.Lock()
 	inst.proc = proc
 	inst.mu.Unlock()
-	return nil
+	// What a restart needs to adopt the VM.
+	return inst.saveState()
 }
 
 // vmSpec is inst's machine: the same for a boot and every restore of its snapshots.
@@ -186,6 +186,7 @@ func (b *Backend) vmSpec(inst *Instance, disk string, nic *guestNIC) vmSpec {
 		cpus: inst.res.CPUCount, memMB: inst.res.MemoryMB, ramFile: inst.ramFile, disk: disk, nic: nic,
 		pidFile: filepath.Join(inst.dir, pidFileName), qmp: filepath.Join(inst.dir, qmpSock),
 		console: filepath.Join(inst.dir, consoleLog), log: filepath.Join(inst.dir, qemuLog),
+		confine: b.confine,
 	}
 }
 

@@ -29,6 +29,7 @@ type vmSpec struct {
 	log        string // QEMU's own output
 	tscKHz     int    // TCG: the host TSC rate (tsc_early_khz)
 	tbSizeMiB  int    // TCG: translation cache cap (0: QEMU's default)
+	confine    *vmm.Confinement
 }
 
 // config is the VMM configuration. Device order is fixed (disk, then NIC): a migration
@@ -39,7 +40,7 @@ func (s vmSpec) config() vmm.Config {
 		Memory: vmm.Memory{SizeMiB: s.memMB, Path: s.ramFile, Share: !s.privateRAM},
 		Kernel: s.kernel, Initrd: s.initrd, Cmdline: s.cmdline,
 		ConsoleLog: s.console, QMPSocket: s.qmp, PIDFile: s.pidFile, LogFile: s.log, TSCKHz: s.tscKHz, TBSizeMiB: s.tbSizeMiB,
-		Drives: []vmm.Drive{{ID: "root", Path: s.disk}},
+		Drives: []vmm.Drive{{ID: "root", Path: s.disk}}, Confine: s.confine,
 	}
 	if s.nic != nil {
 		c.NICs = []vmm.NIC{{ID: "n0", TapFile: s.nic.tap, MAC: s.nic.mac.String()}}

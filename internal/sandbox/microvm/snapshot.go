@@ -101,20 +101,20 @@ func (i *Instance) capture(ctx context.Context, kind captureKind) (_ *capture, e
 	c.Memory.State = memBlob{Path: st.Path, Size: st.Size, Role: roleVMState}
 	c.Memory.IgnoreShared = st.IgnoreShared
 	tState := time.Now()
+	i.b.crashPoint(crashCaptureState)
 	// QEMU flushed the disk at the stop: the upper holds everything the guest wrote.
-	ref, err := disk.Stack().Restack(ctx, filepath.Join(c.Dir, "disk.lsmt"))
-	if err == nil {
-		err = disk.Stack().Persist(ref)
-	}
-	if ref.Path != "" {
+	layerPath := filepath.Join(c.Dir, "disk.lsmt")
+	lowers, _, err := disk.Seal(ctx, layerPath)
+	if _, serr := os.Stat(layerPath); serr == nil {
 		sealed = true
 	}
 	if err != nil {
 		return nil, fmt.Errorf("microvm: capture %s: seal disk: %w", i.id, err)
 	}
-	for _, l := range disk.Lowers() {
+	for _, l := range lowers {
 		c.Layers = append(c.Layers, sandbox.LayerRef{Path: l.Path, Digest: l.Digest, Size: l.Size, UUID: l.UUID})
 	}
+	i.b.crashPoint(crashCaptureSealed)
 	tDisk := time.Now()
 	if !mem.privateRAM {
 		if err := i.captureRAM(c, kind != captureFork); err != nil {
@@ -126,6 +126,7 @@ func (i *Instance) capture(ctx context.Context, kind captureKind) (_ *capture, e
 		}
 	}
 	tRAM := time.Now()
+	i.b.crashPoint(crashCaptureRAM)
 	if !pause {
 		if err := m.Resume(ctx); err != nil {
 			return nil, fmt.Errorf("microvm: capture %s: continue: %w", i.id, err)
