@@ -124,7 +124,9 @@ test('denyOut/allowOut at create, updateNetwork live, rules survive pause, logs'
     // Bad input: 400 with the reason, and the rules in force stay.
     await assert.rejects(sbx.updateNetwork({ denyOut: ['10.0.0.0/33'] }),
       (err) => err instanceof SandboxError && /400: .*network\.denyOut/.test(err.message))
-    await assert.rejects(sbx.updateNetwork({ allowOut: ['api.example.com'], denyOut: ['0.0.0.0/0'] }),
+    await assert.rejects(sbx.updateNetwork({ allowOut: ['api.*.example.com'], denyOut: ['0.0.0.0/0'] }),
+      (err) => err instanceof SandboxError && /400: .*network\.allowOut.*domain pattern/.test(err.message))
+    await assert.rejects(sbx.updateNetwork({ denyOut: ['api.example.com'] }),
       (err) => err instanceof SandboxError && /400: .*domain name/.test(err.message))
     await expectReach(sbx, true, false, 'after refused updates')
 
