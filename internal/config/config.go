@@ -123,7 +123,13 @@ type Network struct {
 
 // Templates configures the built-in templates.
 type Templates struct {
+	// BaseRootFS is a prebuilt Debian base (`aenv template build-base`) installed as the
+	// base template; empty: the node builds it with debootstrap in the background.
 	BaseRootFS string `toml:"base_rootfs"`
+	// BaseMirror and BaseSuite are the Debian archive and release the node's own build
+	// uses (empty: the host's apt mirror, else deb.debian.org; bookworm).
+	BaseMirror string `toml:"base_mirror"`
+	BaseSuite  string `toml:"base_suite"`
 	// LayeredBase makes the base template a layered (block) image, so its sandboxes can
 	// snapshot, fork and pause to disk. Off: a directory template (overlayfs roots).
 	LayeredBase bool `toml:"layered_base"`

@@ -2,7 +2,7 @@
 // maskRequestHost: the pinned e2b JS SDK (2.51.0) against a real `aenv serve`. A network
 // namespace made here stands for the internet (egress-remote.cjs): a web server, the
 // sandboxes' DNS server, a TLS server that records SNIs, a SOCKS5 server, and a web server
-// on a private address that a name rebinds to. The sandbox (busybox) writes its requests
+// on a private address that a name rebinds to. The sandbox (base-minimal: busybox) writes its requests
 // by hand to the address a name resolves to (busybox wget crashes resolving names); the
 // node's egress proxy goes by the Host and the SNI. Skips, saying why, when not root or
 // when no OCI runtime works on this host.
@@ -87,7 +87,7 @@ const seen = async (what) => (await fetch(`http://${WEB}:81/${what}`)).json()
 test('allowOut by domain, rules inject headers, HTTPS by SNI, maskRequestHost', { timeout: 300_000 }, async (t) => {
   if (skipReason) return t.skip(skipReason)
   const rules = { 'api.egress.test': [{ transform: { headers: { Authorization: 'Bearer injected' } } }] }
-  const sbx = await Sandbox.create({
+  const sbx = await Sandbox.create('base-minimal', {
     timeoutMs: 180_000,
     network: {
       allowOut: ({ rules }) => [...rules.keys(), '*.egress.test'],
@@ -133,7 +133,7 @@ test('allowOut by domain, rules inject headers, HTTPS by SNI, maskRequestHost', 
 
 test('egressProxy tunnels all TCP through SOCKS5; malformed patterns are refused', { timeout: 300_000 }, async (t) => {
   if (skipReason) return t.skip(skipReason)
-  const sbx = await Sandbox.create({ timeoutMs: 120_000 })
+  const sbx = await Sandbox.create('base-minimal', { timeoutMs: 120_000 })
   try {
     await sbx.updateNetwork({
       allowOut: ['api.egress.test'],
