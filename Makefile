@@ -16,9 +16,15 @@ binaries:
 	$(GO) build -trimpath -o $(BIN)/aenv ./cmd/aenv
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
 
-# The base template's root filesystem (busybox, bash, a `user` account) from Debian's static packages.
+# The base template's root filesystem: Debian with python3, node, git, curl and sudo, made
+# with debootstrap once per machine (a few minutes) and kept in $(BASE_CACHE), with the
+# downloaded packages; bin/base-rootfs links to it. base-minimal (busybox + bash) the node
+# builds itself in a second.
+BASE_CACHE ?= /var/cache/aenv
 base: binaries
-	$(BIN)/aenv template build-base --out $(BIN)/base-rootfs
+	$(BIN)/aenv template build-base --out $(BASE_CACHE)/base-debian --cache $(BASE_CACHE)/debootstrap
+	@[ -L $(BIN)/base-rootfs ] || rm -rf $(BIN)/base-rootfs
+	ln -sfn $(BASE_CACHE)/base-debian $(BIN)/base-rootfs
 
 # The microvm backend's guest: Debian's cloud kernel as a PVH vmlinux and a busybox initramfs
 # (fetched with apt-get download into a cache; skipped when bin/microvm is up to date).

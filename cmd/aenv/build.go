@@ -84,7 +84,7 @@ func newBuildCmd(g *globals) *cobra.Command {
 	fl.StringArrayVar(&buildArgs, "build-arg", nil, "ARG value KEY=VALUE (repeatable)")
 	fl.IntVar(&cpu, "cpu", 0, "vCPUs of the build sandbox and the template's sandboxes (default: node default)")
 	fl.IntVar(&memory, "memory", 0, "memory MiB of the build sandbox and the template's sandboxes")
-	fl.BoolVarP(&detach, "detach", "d", false, "start the build and return (follow it with `aenv template logs`)")
+	fl.BoolVarP(&detach, "detach", "d", false, "start the build and return (follow it with: aenv template logs -f NAME)")
 	return cmd
 }
 

@@ -191,7 +191,7 @@ func newExecCmd(g *globals) *cobra.Command {
 		noStdin   bool
 	)
 	cmd := &cobra.Command{
-		Use:   "exec ID -- COMMAND [ARGS...]",
+		Use:   "exec SANDBOX -- COMMAND [ARGS...]",
 		Short: "Run a command in a sandbox, stream its output and exit with its status",
 		Long: "Run a command in a sandbox, stream its output and exit with its status (128+N when\n" +
 			"signal N ended it, as a shell reports). Stdin is forwarded unless it is a terminal\n" +
@@ -244,7 +244,7 @@ func newExecCmd(g *globals) *cobra.Command {
 func newConnectCmd(g *globals) *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "connect ID",
+		Use:   "connect SANDBOX",
 		Short: "Attach a shell to a sandbox, resuming it if it is paused",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -146,7 +146,7 @@ func (e *envdClient) download(cmd *cobra.Command, remote, local, user string, mo
 func newUploadCmd(g *globals) *cobra.Command {
 	var user string
 	cmd := &cobra.Command{
-		Use:     "upload ID LOCAL_PATH REMOTE_PATH",
+		Use:     "upload SANDBOX LOCAL_PATH REMOTE_PATH",
 		Short:   "Copy a file or directory (recursively) into a sandbox",
 		Example: "  aenv upload sbx123 ./data.csv /home/user/data.csv",
 		Args:    cobra.ExactArgs(3),
@@ -172,7 +172,7 @@ func newDownloadCmd(g *globals) *cobra.Command {
 		force bool
 	)
 	cmd := &cobra.Command{
-		Use:     "download ID REMOTE_PATH [LOCAL_PATH|-]",
+		Use:     "download SANDBOX REMOTE_PATH [LOCAL_PATH|-]",
 		Short:   "Copy a file or directory (recursively) out of a sandbox (\"-\" writes a file to stdout)",
 		Example: "  aenv download sbx123 /home/user/out.txt .",
 		Args:    cobra.RangeArgs(2, 3),

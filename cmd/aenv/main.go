@@ -96,5 +96,6 @@ func newRootCmd() *cobra.Command {
 		newPullCmd(g),
 		newLogsCmd(g),
 	)
+	addCompletions(root, g)
 	return root
 }

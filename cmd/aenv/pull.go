@@ -111,7 +111,7 @@ func newPullCmd(g *globals) *cobra.Command {
 	fl.StringVar(&req.ReadyCmd, "ready-cmd", "", "command that succeeds once the start command is ready")
 	fl.IntVar(&probe, "probe", 0, "ready when this TCP port accepts connections (instead of --ready-cmd)")
 	fl.BoolVar(&req.StartFromImage, "start-from-image", false, "use the image's ENTRYPOINT and CMD as the start command")
-	fl.StringVar(&req.User, "user", "", "default user of sandboxes (an account or uid of the image); default: the image's USER, else `user`")
+	fl.StringVar(&req.User, "user", "", "default user of sandboxes (an account or uid of the image); default: the image's USER, else the account named user")
 	fl.BoolVar(&req.Convert, "convert", false, "also convert the layers to overlaybd (needs root, FUSE, loop devices, mkfs.ext4; "+
 		"through a node: default on where its base template is layered)")
 	fl.StringVar(&dataDir, "data-dir", "", "write into this stopped node's data directory instead of asking a running node "+

@@ -238,7 +238,7 @@ func printTable(w io.Writer, items []api.ListedSandbox) error {
 
 func newInfoCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   "info ID",
+		Use:   "info SANDBOX",
 		Short: "Show a sandbox's details as JSON",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -258,7 +258,7 @@ func newInfoCmd(g *globals) *cobra.Command {
 func newPauseCmd(g *globals) *cobra.Command {
 	var disk bool
 	cmd := &cobra.Command{
-		Use:   "pause ID",
+		Use:   "pause SANDBOX",
 		Short: "Pause a sandbox (resume it with `aenv resume` or `aenv connect`)",
 		Long: "Pause a sandbox. By default its processes and memory are kept (frozen), so a resume\n" +
 			"continues where it stopped. --disk snapshots its filesystem and stops it instead,\n" +
@@ -305,7 +305,7 @@ func newResumeCmd(g *globals) *cobra.Command {
 		cold    bool
 	)
 	cmd := &cobra.Command{
-		Use:   "resume ID",
+		Use:   "resume SANDBOX",
 		Short: "Resume a paused sandbox (a running one just gets its expiry extended)",
 		Long: "Resume a paused sandbox with the state it was paused with. --cold restarts its\n" +
 			"processes on its filesystem as it was (a memory-paused sandbox is first captured to\n" +
@@ -361,7 +361,7 @@ func (c *client) connect(cmd *cobra.Command, id string, timeout time.Duration, b
 
 func newTimeoutCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:     "timeout ID DURATION",
+		Use:     "timeout SANDBOX DURATION",
 		Short:   "Set a sandbox to expire DURATION from now (may shorten it)",
 		Example: "  aenv timeout sbx123 30m",
 		Args:    cobra.ExactArgs(2),
@@ -396,7 +396,7 @@ func newTimeoutCmd(g *globals) *cobra.Command {
 
 func newKillCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:     "kill ID...",
+		Use:     "kill SANDBOX...",
 		Aliases: []string{"rm"},
 		Short:   "Kill sandboxes (paused ones are deleted)",
 		Args:    cobra.MinimumNArgs(1),

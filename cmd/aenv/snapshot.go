@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -29,7 +30,7 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 func newSnapshotCreateCmd(g *globals) *cobra.Command {
 	var name, output string
 	cmd := &cobra.Command{
-		Use:     "create SANDBOX_ID",
+		Use:     "create SANDBOX",
 		Short:   "Snapshot a running sandbox (it keeps running with the same ID)",
 		Example: "  aenv snapshot create i4f2c0a1b --name step-3",
 		Args:    cobra.ExactArgs(1),
@@ -206,6 +207,27 @@ func parseTimeoutSeconds(s string) (int32, error) {
 	return durationSeconds(d)
 }
 
+// timeoutText is a --timeout in seconds or as a duration, checked when given and kept
+// as written (parseTimeoutSeconds turns it into the API's seconds).
+type timeoutText struct{ s *string }
+
+func (t timeoutText) String() string {
+	if t.s == nil {
+		return ""
+	}
+	return *t.s
+}
+
+func (t timeoutText) Set(v string) error {
+	if _, err := parseTimeoutSeconds(v); err != nil {
+		return err
+	}
+	*t.s = v
+	return nil
+}
+
+func (timeoutText) Type() string { return "duration" }
+
 func newForkCmd(g *globals) *cobra.Command {
 	var (
 		count   int
@@ -213,11 +235,12 @@ func newForkCmd(g *globals) *cobra.Command {
 		output  string
 	)
 	cmd := &cobra.Command{
-		Use:   "fork SANDBOX_ID",
+		Use:   "fork SANDBOX",
 		Short: "Fork a running sandbox into N copies (one snapshot, N new sandboxes)",
 		Long: "fork snapshots the sandbox once and creates --count sandboxes from it concurrently; each\n" +
 			"child has its own ID and writable filesystem. On the OCI backend children start fresh\n" +
-			"processes on the copied filesystem. One line (or JSON object) per child, in order; the\n" +
+			"processes on the copied filesystem. One line per child, in order: a table row on a\n" +
+			"terminal, a JSON object per line (JSON lines) when piped or with -o json; the\n" +
 			"exit status is 1 when any child failed.",
 		Example: "  aenv fork i4f2c0a1b -n 16 --timeout 10m",
 		Args:    cobra.ExactArgs(1),
@@ -252,7 +275,13 @@ func newForkCmd(g *globals) *cobra.Command {
 			}
 			results := *resp.JSON201
 			if format == "json" {
-				err = encodeIndented(cmd.OutOrStdout(), results)
+				// One line per child, as the table: JSON lines.
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				for _, r := range results {
+					if err = enc.Encode(r); err != nil {
+						break
+					}
+				}
 			} else {
 				err = printForks(cmd.OutOrStdout(), results)
 			}
@@ -273,7 +302,7 @@ func newForkCmd(g *globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.IntVarP(&count, "count", "n", 1, "number of children, 1 to 100")
-	f.StringVar(&timeout, "timeout", "", "time until each child expires, in seconds or as a duration (default: the node's)")
+	f.Var(timeoutText{&timeout}, "timeout", "time until each child expires: seconds (600) or a duration (10m) (default: the node's)")
 	f.StringVarP(&output, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
 	return cmd
 }

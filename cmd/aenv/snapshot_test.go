@@ -108,10 +108,15 @@ func TestSnapshotAndForkCLI(t *testing.T) {
 		t.Fatalf("snapshot ls -o table:\n%s", table)
 	}
 
-	// fork: one result per child, in order, each a new sandbox.
+	// fork: one result per child, in order, each a new sandbox; piped, one JSON object per
+	// line, as the docs say ("one line per child").
 	var forks []api.SandboxForkResult
-	if err := json.Unmarshal([]byte(mustAenv(t, url, "fork", id, "-n", "3", "--timeout", "60")), &forks); err != nil {
-		t.Fatal(err)
+	for _, line := range strings.Split(strings.TrimSuffix(mustAenv(t, url, "fork", id, "-n", "3", "--timeout", "60"), "\n"), "\n") {
+		var f api.SandboxForkResult
+		if err := json.Unmarshal([]byte(line), &f); err != nil {
+			t.Fatalf("fork output line %q: %v", line, err)
+		}
+		forks = append(forks, f)
 	}
 	seen := map[string]bool{id: true}
 	for i, f := range forks {

@@ -17,12 +17,14 @@ import (
 	"github.com/aenv-dev/aenv/internal/template/layered"
 )
 
-// baseFixture is a prebuilt (stamped) base rootfs, an empty data dir and its catalog.
+// baseFixture is a prebuilt (stamped) base rootfs, an empty data dir and its catalog. The
+// node treats a prebuilt base as opaque beyond its stamp, so a tree with the Debian
+// base's stamp stands for one here (test/e2e checks the real thing).
 func baseFixture(t *testing.T) (*catalog.Catalog, config.Config) {
 	t.Helper()
 	src := t.TempDir()
 	os.MkdirAll(filepath.Join(src, "home", "user"), 0o755)
-	os.WriteFile(filepath.Join(src, base.StampFile), []byte(base.Version+"\n"), 0o644)
+	os.WriteFile(filepath.Join(src, base.StampFile), []byte(base.DebianVersion+"\n"), 0o644)
 	dataDir := t.TempDir()
 	cat, err := catalog.Open(filepath.Join(dataDir, CatalogFile))
 	if err != nil {
@@ -69,7 +71,7 @@ func TestEnsureBaseTemplateIsLayered(t *testing.T) {
 	if err := cat.Templates().Put(catalog.Template{ID: BaseTemplateID, Kind: catalog.KindTemplate, RootFSDir: dir}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ensureBaseTemplate(ctx, cat, cfg, log); err != nil {
+	if err := ensureBaseTemplate(ctx, cat, cfg, log, nil); err != nil {
 		t.Fatal(err)
 	}
 	tpl := baseTemplate(t, cat)
@@ -89,7 +91,7 @@ func TestEnsureBaseTemplateIsLayered(t *testing.T) {
 	}
 
 	// A restart changes nothing.
-	if err := ensureBaseTemplate(ctx, cat, cfg, log); err != nil {
+	if err := ensureBaseTemplate(ctx, cat, cfg, log, nil); err != nil {
 		t.Fatal(err)
 	}
 	if again := baseTemplate(t, cat); string(again.Artifact) != string(tpl.Artifact) || !again.CreatedAt.Equal(tpl.CreatedAt) {
@@ -109,11 +111,11 @@ func TestEnsureBaseTemplateFallsBackToDirectory(t *testing.T) {
 	}
 	t.Setenv("PATH", bin) // cp for the install, no mkfs.ext4
 	cat, cfg := baseFixture(t)
-	if err := ensureBaseTemplate(context.Background(), cat, cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if err := ensureBaseTemplate(context.Background(), cat, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil); err != nil {
 		t.Fatal(err)
 	}
 	tpl := baseTemplate(t, cat)
-	if tpl.Artifact != nil || !base.Built(tpl.RootFSDir) {
+	if tpl.Artifact != nil || !base.DebianBuilt(tpl.RootFSDir) {
 		t.Fatalf("base template = %+v", tpl)
 	}
 	if tpl.Layered() {
@@ -125,7 +127,7 @@ func TestEnsureBaseTemplateFromPrebuiltRootfs(t *testing.T) {
 	src := t.TempDir()
 	os.MkdirAll(filepath.Join(src, "home", "user"), 0o755)
 	os.WriteFile(filepath.Join(src, "marker"), []byte("prebuilt"), 0o644)
-	os.WriteFile(filepath.Join(src, base.StampFile), []byte(base.Version+"\n"), 0o644)
+	os.WriteFile(filepath.Join(src, base.StampFile), []byte(base.DebianVersion+"\n"), 0o644)
 	dataDir := t.TempDir()
 	cat, err := catalog.Open(filepath.Join(dataDir, CatalogFile))
 	if err != nil {
@@ -137,7 +139,7 @@ func TestEnsureBaseTemplateFromPrebuiltRootfs(t *testing.T) {
 	cfg.Templates.BaseRootFS = src
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	if err := ensureBaseTemplate(context.Background(), cat, cfg, log); err != nil {
+	if err := ensureBaseTemplate(context.Background(), cat, cfg, log, nil); err != nil {
 		t.Fatal(err)
 	}
 	tpl, err := cat.Templates().Resolve("base")
@@ -150,10 +152,20 @@ func TestEnsureBaseTemplateFromPrebuiltRootfs(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(tpl.RootFSDir, "marker")); string(b) != "prebuilt" {
 		t.Fatal("the prebuilt rootfs was not copied into the data dir")
 	}
+	// Same filesystem: installed by hard links, not by copying 400 MB.
+	a, _ := os.Stat(filepath.Join(src, "marker"))
+	b, _ := os.Stat(filepath.Join(tpl.RootFSDir, "marker"))
+	if a == nil || b == nil || !os.SameFile(a, b) {
+		t.Fatal("the prebuilt rootfs was copied, not hard-linked")
+	}
+	os.Remove(filepath.Join(tpl.RootFSDir, "marker")) // the source's file stays
 	// Installed and current: a second start changes nothing, even without the source.
+	if b, _ := os.ReadFile(filepath.Join(src, "marker")); string(b) != "prebuilt" {
+		t.Fatal("the source changed with the installed copy")
+	}
 	os.RemoveAll(src)
 	os.WriteFile(filepath.Join(tpl.RootFSDir, "marker"), []byte("kept"), 0o644)
-	if err := ensureBaseTemplate(context.Background(), cat, cfg, log); err != nil {
+	if err := ensureBaseTemplate(context.Background(), cat, cfg, log, nil); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(tpl.RootFSDir, "marker")); string(b) != "kept" {
@@ -162,20 +174,72 @@ func TestEnsureBaseTemplateFromPrebuiltRootfs(t *testing.T) {
 }
 
 func TestEnsureBaseTemplateRejectsUnfinishedBuild(t *testing.T) {
-	dataDir := t.TempDir()
-	cat, err := catalog.Open(filepath.Join(dataDir, CatalogFile))
-	if err != nil {
+	for name, stamp := range map[string]string{"no stamp": "", "a base-minimal build": base.Version} {
+		t.Run(name, func(t *testing.T) {
+			dataDir := t.TempDir()
+			cat, err := catalog.Open(filepath.Join(dataDir, CatalogFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cat.Close()
+			cfg := config.Default()
+			cfg.DataDir = dataDir
+			cfg.Templates.BaseRootFS = t.TempDir()
+			if stamp != "" {
+				os.WriteFile(filepath.Join(cfg.Templates.BaseRootFS, base.StampFile), []byte(stamp+"\n"), 0o644)
+			}
+			err = ensureBaseTemplate(context.Background(), cat, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+			if err == nil || !strings.Contains(err.Error(), "build-base") {
+				t.Fatalf("err = %v", err)
+			}
+			if _, err := cat.Templates().Get("base"); err == nil {
+				t.Fatal("a failed install registered the template")
+			}
+		})
+	}
+}
+
+// needMinimal skips unless base-minimal can be built here (root, busybox-static, bash-static).
+func needMinimal(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (base-minimal's home/user belongs to uid 1000)")
+	}
+	for _, p := range []string{"/bin/busybox", "/bin/bash-static"} {
+		if _, err := os.Stat(p); err != nil {
+			t.Skipf("needs %s (busybox-static, bash-static)", p)
+		}
+	}
+}
+
+// Both built-in templates: base-minimal from the host's static binaries, base from the
+// prebuilt rootfs; a restart reuses both.
+func TestEnsureBaseTemplatesInstallsBoth(t *testing.T) {
+	needMinimal(t)
+	cat, cfg := baseFixture(t)
+	cfg.Templates.LayeredBase = false
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bs := newBaseBuild(log)
+	if err := ensureBaseTemplates(context.Background(), cat, cfg, log, bs); err != nil {
 		t.Fatal(err)
 	}
-	defer cat.Close()
-	cfg := config.Default()
-	cfg.DataDir = dataDir
-	cfg.Templates.BaseRootFS = t.TempDir() // no stamp
-	err = ensureBaseTemplate(context.Background(), cat, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err == nil || !strings.Contains(err.Error(), "build-base") {
-		t.Fatalf("err = %v", err)
+	min, err := cat.Templates().Get(MinimalTemplateID)
+	if err != nil || !base.Built(min.RootFSDir) || min.DefaultUser != "user" {
+		t.Fatalf("base-minimal = %+v, %v", min, err)
 	}
-	if _, err := cat.Templates().Get("base"); err == nil {
-		t.Fatal("a failed install registered the template")
+	if fi, err := os.Lstat(filepath.Join(min.RootFSDir, "bin", "busybox")); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("base-minimal has no busybox: %v", err)
+	}
+	if tpl := baseTemplate(t, cat); !base.DebianBuilt(tpl.RootFSDir) || tpl.EnvVars["TERM"] != "xterm-256color" {
+		t.Fatalf("base = %+v", tpl)
+	}
+	if err := bs.pending(BaseTemplateID); err != nil {
+		t.Fatalf("no build ran, yet base is pending: %v", err)
+	}
+	if err := ensureBaseTemplates(context.Background(), cat, cfg, log, bs); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := cat.Templates().Get(MinimalTemplateID); !again.CreatedAt.Equal(min.CreatedAt) || again.RootFSDir != min.RootFSDir {
+		t.Fatalf("restart changed base-minimal: %+v -> %+v", min, again)
 	}
 }

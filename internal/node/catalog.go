@@ -43,7 +43,13 @@ func ClearStaleHolder(ctx context.Context, dataDir string, log *slog.Logger) err
 
 func clearStaleHolder(ctx context.Context, dataDir, path string, log *slog.Logger) error {
 	pid, ok := lockHolder(path)
-	if !ok || !dying(pid) {
+	if !ok {
+		return nil
+	}
+	if gone(pid) {
+		return clearStranded(ctx, path, pid, log)
+	}
+	if !dying(pid) {
 		return nil
 	}
 	log.Warn("the catalog is held by a node that was killed but cannot exit (a thread waits on its own FUSE mount); "+
@@ -97,6 +103,11 @@ func findLockHolder(sc *bufio.Scanner, dev, ino uint64) (int, bool) {
 		}
 	}
 	return 0, false
+}
+
+// gone reports whether no process pid exists.
+func gone(pid int) bool {
+	return syscall.Kill(pid, 0) == syscall.ESRCH
 }
 
 // dying reports whether pid is a process that is exiting: its main thread has already

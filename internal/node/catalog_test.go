@@ -2,9 +2,14 @@ package node
 
 import (
 	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -84,6 +89,49 @@ func TestStatState(t *testing.T) {
 	} {
 		if got := statState(in); got != want {
 			t.Errorf("statState(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestClearStranded: the catalog's lock names a process that is gone, and the open file
+// that holds the lock lives on in a single-threaded child (as a fork of a killed node
+// does). The handling kills that child and the lock is free; a holder that still runs is
+// left alone.
+func TestClearStranded(t *testing.T) {
+	if _, err := exec.LookPath("flock"); err != nil {
+		t.Skip("needs flock(1) (util-linux)")
+	}
+	path := filepath.Join(t.TempDir(), "aenv.db")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// flock(1) takes the lock on fd 9 and exits (the lock names its pid); sleep inherits
+	// fd 9 and keeps the lock; the shell exits.
+	out, err := exec.Command("sh", "-c", `exec 9>>"$1"; flock -x 9; sleep 600 >/dev/null 2>&1 </dev/null & echo $!`, "sh", path).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(child, syscall.SIGKILL) })
+	holder, held := lockHolder(path)
+	if !held || !gone(holder) {
+		t.Fatalf("lock holder %d held=%v: want a pid that is gone", holder, held)
+	}
+	if got := stranded(path); !slices.Equal(got, []int{child}) {
+		t.Fatalf("stranded = %v, want [%d]", got, child)
+	}
+	if err := clearStaleHolder(context.Background(), t.TempDir(), path, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if _, held := lockHolder(path); held {
+		t.Error("the catalog is still locked")
+	}
+	if syscall.Kill(child, 0) == nil {
+		if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child)); statState(string(st)) != 'Z' {
+			t.Error("the stranded process still runs")
 		}
 	}
 }

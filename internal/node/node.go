@@ -81,6 +81,8 @@ type Node struct {
 	// APIKey says where the admin API key came from (for the operator's first start).
 	APIKey apikey.Bootstrapped
 
+	// baseBuild is the node's own build of the base template, when one runs.
+	baseBuild *baseBuild
 	// closers undo Open, in reverse order.
 	closers []func(ctx context.Context)
 }
@@ -104,7 +106,7 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{Config: cfg, Log: o.Logger, Metrics: prometheus.NewRegistry()}
+	n := &Node{Config: cfg, Log: o.Logger, Metrics: prometheus.NewRegistry(), baseBuild: newBaseBuild(o.Logger)}
 	defer func() {
 		if err != nil {
 			n.Close(context.WithoutCancel(ctx))
@@ -160,9 +162,11 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	if dp != nil {
 		n.watchDataPlane(dp)
 	}
-	if err := ensureBaseTemplate(ctx, n.Catalog, cfg, n.Log); err != nil {
+	if err := ensureBaseTemplates(ctx, n.Catalog, cfg, n.Log, n.baseBuild); err != nil {
 		return nil, err
 	}
+	// First to stop on Close: a base build still running is cancelled and cleaned up.
+	n.onClose(func(context.Context) { n.baseBuild.stop() })
 	if err := n.openAPI(); err != nil {
 		return nil, err
 	}
@@ -219,6 +223,7 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 		ShutdownAction:   orchestrator.ShutdownAction(cfg.Sandbox.ShutdownAction),
 		Registerer:       n.Metrics,
 		Logger:           n.Log,
+		TemplatePending:  n.baseBuild.pending,
 	}, n.Backend, n.Catalog, orchestrator.WithPublisher(pub, repo.cache),
 		orchestrator.WithVolumes(n.Volumes), orchestrator.WithSecrets(n.Secrets))
 	if err != nil {
@@ -257,7 +262,7 @@ func (n *Node) openAPI() error {
 
 	// `aenv pull` goes through here while the node holds the catalog lock.
 	pulls := &server.Puller{Templates: cat.Templates(), DataDir: cfg.DataDir,
-		CanConvert: func() bool { return LayeredTemplate(cat, BaseTemplateID) },
+		CanConvert: func() bool { return LayeredTemplate(cat, MinimalTemplateID) },
 		Publisher:  n.Publisher, InUse: orch.UsesRootFSDir, Retired: builds.Retired, Capacity: n.Capacity, Log: n.Log}
 	srv, err := server.New(server.Options{
 		Orchestrator:     orch,

@@ -32,7 +32,7 @@ func nodeConfig(t *testing.T) config.Config {
 	t.Helper()
 	src := t.TempDir()
 	os.MkdirAll(filepath.Join(src, "home", "user"), 0o755)
-	os.WriteFile(filepath.Join(src, base.StampFile), []byte(base.Version+"\n"), 0o644)
+	os.WriteFile(filepath.Join(src, base.StampFile), []byte(base.DebianVersion+"\n"), 0o644)
 	envd := filepath.Join(t.TempDir(), "envd")
 	os.WriteFile(envd, []byte("#!/bin/sh\n"), 0o755)
 	cfg := config.Default()

@@ -81,6 +81,11 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		return err
 	})
 	if errors.Is(err, catalog.ErrNotFound) {
+		if o.cfg.TemplatePending != nil {
+			if perr := o.cfg.TemplatePending(req.TemplateID); perr != nil {
+				return nil, fmt.Errorf("%w: %w", ErrTemplateNotReady, perr)
+			}
+		}
 		return nil, fmt.Errorf("%w: %q", ErrTemplateNotFound, req.TemplateID)
 	} else if err != nil {
 		return nil, fmt.Errorf("resolve template %q: %w", req.TemplateID, err)

@@ -39,6 +39,9 @@ var (
 	ErrTemplateNotFound = errors.New("template not found")              // 404 on create
 	ErrNotRunning       = errors.New("sandbox is not running")          // 502 on the proxy path
 	ErrCapacity         = errors.New("node is out of sandbox capacity") // 503
+	// ErrTemplateNotReady: a template the node installs itself (base) is still being built,
+	// or its build failed; 503 on create.
+	ErrTemplateNotReady = errors.New("template is not ready on this node")
 	// ErrPaused: the sandbox is paused and this request may not resume it (409 on the proxy
 	// path, as E2B answers). It is also an ErrNotRunning.
 	ErrPaused = fmt.Errorf("%w: the sandbox is paused", ErrNotRunning)

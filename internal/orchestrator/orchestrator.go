@@ -67,6 +67,10 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// TemplatePending, when set, is asked about a template id the catalog does not know:
+	// a non-nil answer (why it is not there yet: a build in progress or failed) makes
+	// create fail with ErrTemplateNotReady instead of ErrTemplateNotFound.
+	TemplatePending func(id string) error
 }
 
 func (c *Config) applyDefaults() {

@@ -43,7 +43,7 @@ func statusOf(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, orchestrator.ErrNotRunning):
 		return http.StatusBadGateway
-	case errors.Is(err, orchestrator.ErrCapacity):
+	case errors.Is(err, orchestrator.ErrCapacity), errors.Is(err, orchestrator.ErrTemplateNotReady):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, orchestrator.ErrUnsupported):
 		return http.StatusNotImplemented
@@ -59,8 +59,8 @@ func statusOf(err error) int {
 func writeOrchError(w http.ResponseWriter, r *http.Request, err error) {
 	status := statusOf(err)
 	switch {
-	case errors.Is(err, orchestrator.ErrCapacity):
-		// A full or stopping node is an expected answer, not a failure of the node.
+	case errors.Is(err, orchestrator.ErrCapacity), errors.Is(err, orchestrator.ErrTemplateNotReady):
+		// A full or stopping node, a base still building: expected answers, not failures.
 		slog.Warn("request refused", "method", r.Method, "path", r.URL.Path, "err", err)
 	case status >= 500:
 		slog.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)

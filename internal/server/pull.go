@@ -192,9 +192,9 @@ func (p *Puller) run(ctx context.Context, req install.Request) (catalog.Template
 		return catalog.Template{}, false, err
 	case old.Kind != catalog.KindTemplate:
 		return catalog.Template{}, false, fmt.Errorf("%w: %q is a snapshot; pick another name", catalog.ErrAliasTaken, req.Name)
-	case old.ID == baseTemplateID:
-		// The node reinstalls base at every start; a pulled base would not survive that.
-		return catalog.Template{}, false, fmt.Errorf("%w: %q is the node's base template; pick another name", catalog.ErrAliasTaken, req.Name)
+	case old.ID == baseTemplateID || old.ID == minimalTemplateID:
+		// The node reinstalls these at every start; a pulled one would not survive that.
+		return catalog.Template{}, false, fmt.Errorf("%w: %q is a built-in template of the node; pick another name", catalog.ErrAliasTaken, req.Name)
 	}
 	rt := &replacing{Templates: p.Templates, name: req.Name, old: old}
 	if _, err := install.Run(ctx, rt, req); err != nil {
@@ -250,8 +250,12 @@ func (p *Puller) logger() *slog.Logger {
 	return slog.Default()
 }
 
-// baseTemplateID is the template the node installs itself (cmd/aenv ensureBaseTemplate).
-const baseTemplateID = "base"
+// baseTemplateID and minimalTemplateID are the templates the node installs itself
+// (node.ensureBaseTemplates).
+const (
+	baseTemplateID    = "base"
+	minimalTemplateID = "base-minimal"
+)
 
 // replacing lets install.Run register over an existing template: the name reads as free,
 // and the new entry takes over the old one's ID and aliases.

@@ -144,7 +144,9 @@ export async function startNode({
   if (!apiKey) throw new Error('startNode: apiKey is required')
   const envdBin = join(binDir, 'envd')
   const baseRootfs = join(binDir, 'base-rootfs')
-  for (const b of [bin, envdBin]) {
+  // bin/base-rootfs: the Debian base `make base` builds (once per machine); without it the
+  // node would build it itself with debootstrap and answer 503 for base meanwhile.
+  for (const b of [bin, envdBin, baseRootfs]) {
     if (!existsSync(b)) throw new Error(`${b} is missing: run 'make binaries base' first`)
   }
   const port = await freePort()
@@ -153,7 +155,7 @@ export async function startNode({
   const dataDir = reuseDataDir || mkdtempSync(join(tmpdir(), tag))
   const net = nodeNetwork()
   const args = ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--envd', envdBin]
-  if (existsSync(baseRootfs)) args.push('--base-rootfs', baseRootfs)
+  args.push('--base-rootfs', baseRootfs)
   let log = ''
   const proc = spawn(bin, args, {
     env: {

@@ -103,7 +103,8 @@ async function logs(id, query = '') {
 
 test('denyOut/allowOut at create, updateNetwork live, rules survive pause, logs', { timeout: 300_000 }, async (t) => {
   if (skipReason) return t.skip(skipReason)
-  const sbx = await Sandbox.create({
+  // base-minimal: busybox's nc and httpd.
+  const sbx = await Sandbox.create('base-minimal', {
     timeoutMs: 180_000,
     network: { denyOut: [`${remote.sub}.0/24`], allowOut: [remote.b] },
   })
@@ -124,7 +125,9 @@ test('denyOut/allowOut at create, updateNetwork live, rules survive pause, logs'
     // Bad input: 400 with the reason, and the rules in force stay.
     await assert.rejects(sbx.updateNetwork({ denyOut: ['10.0.0.0/33'] }),
       (err) => err instanceof SandboxError && /400: .*network\.denyOut/.test(err.message))
-    await assert.rejects(sbx.updateNetwork({ allowOut: ['api.example.com'], denyOut: ['0.0.0.0/0'] }),
+    await assert.rejects(sbx.updateNetwork({ allowOut: ['api.*.example.com'], denyOut: ['0.0.0.0/0'] }),
+      (err) => err instanceof SandboxError && /400: .*network\.allowOut.*domain pattern/.test(err.message))
+    await assert.rejects(sbx.updateNetwork({ denyOut: ['api.example.com'] }),
       (err) => err instanceof SandboxError && /400: .*domain name/.test(err.message))
     await expectReach(sbx, true, false, 'after refused updates')
 
@@ -150,7 +153,7 @@ test('denyOut/allowOut at create, updateNetwork live, rules survive pause, logs'
 
 test('allowPublicTraffic: false needs the traffic access token on user ports', { timeout: 120_000 }, async (t) => {
   if (skipReason) return t.skip(skipReason)
-  const sbx = await Sandbox.create({ timeoutMs: 60_000, network: { allowPublicTraffic: false } })
+  const sbx = await Sandbox.create('base-minimal', { timeoutMs: 60_000, network: { allowPublicTraffic: false } })
   try {
     assert.ok(sbx.trafficAccessToken, 'a private sandbox has a traffic access token')
     assert.equal((await sbx.getInfo()).network.allowPublicTraffic, false)
@@ -175,7 +178,7 @@ test('sandbox logs carry the template start command output', { timeout: 300_000 
   if (skipReason) return t.skip(skipReason)
   const name = `e2e-logs-${randomBytes(4).toString('hex')}`
   await Template.build(
-    Template().fromTemplate('base').setStartCmd('echo hello-from-start; echo to-stderr >&2; sleep 600', 'true'), name)
+    Template().fromTemplate('base-minimal').setStartCmd('echo hello-from-start; echo to-stderr >&2; sleep 600', 'true'), name)
   const sbx = await Sandbox.create(name, { timeoutMs: 60_000 })
   try {
     let entries = []

@@ -14,10 +14,9 @@ import { fileURLToPath } from 'node:url'
 
 import { Sandbox, Template, BuildError } from 'e2b'
 
-import { binDir, startNode, stopNode } from './lib.mjs'
+import { startNode, stopNode } from './lib.mjs'
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
-const baseRootfs = path.join(binDir, 'base-rootfs')
 const apiKey = 'e2b_' + randomBytes(20).toString('hex')
 const runId = randomBytes(4).toString('hex')
 
@@ -31,8 +30,7 @@ async function startRegistry() {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-registry-'))
   const bin = path.join(dir, 'registry')
   execFileSync('go', ['build', '-o', bin, './test/e2e/registry'], { cwd: root, stdio: 'inherit' })
-  const args = fs.existsSync(baseRootfs) ? ['--rootfs', baseRootfs] : []
-  const proc = spawn(bin, args, { stdio: ['ignore', 'pipe', 'inherit'] })
+  const proc = spawn(bin, [], { stdio: ['ignore', 'pipe', 'inherit'] })
   let out = ''
   const image = await new Promise((resolve, reject) => {
     proc.on('exit', (code) => reject(new Error(`registry helper exited with ${code}: ${out}`)))

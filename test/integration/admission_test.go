@@ -54,18 +54,18 @@ func TestAdmissionRefusals(t *testing.T) {
 			t.Errorf("%s: the refusal changed the sandboxes: %v, was %v", name, after, before)
 		}
 	}
-	refuse("95 TiB of memory", `{"templateID":"base","memoryMB":100000000}`, 400,
+	refuse("95 TiB of memory", `{"templateID":"base-minimal","memoryMB":100000000}`, 400,
 		"memoryMB 100000000", "limit is 1100 MB", "memory_overcommit")
-	refuse("more CPUs than the host", fmt.Sprintf(`{"templateID":"base","cpuCount":%d}`, runtime.NumCPU()+1), 400,
+	refuse("more CPUs than the host", fmt.Sprintf(`{"templateID":"base-minimal","cpuCount":%d}`, runtime.NumCPU()+1), 400,
 		fmt.Sprintf("cpuCount %d", runtime.NumCPU()+1), "cpu_overcommit")
-	refuse("env var of 200 KB", `{"templateID":"base","envVars":{"BIG":"`+strings.Repeat("x", 200<<10)+`"}}`, 400,
+	refuse("env var of 200 KB", `{"templateID":"base-minimal","envVars":{"BIG":"`+strings.Repeat("x", 200<<10)+`"}}`, 400,
 		"BIG", "65536 bytes per variable")
-	refuse("metadata of 70 KB", `{"templateID":"base","metadata":{"k":"`+strings.Repeat("v", 70<<10)+`"}}`, 400,
+	refuse("metadata of 70 KB", `{"templateID":"base-minimal","metadata":{"k":"`+strings.Repeat("v", 70<<10)+`"}}`, 400,
 		"metadata total")
 
 	a := n.create(ctx, c)
 	n.create(ctx, c)
-	refuse("a full node", `{"templateID":"base"}`, 503, "node is out of sandbox capacity", "1024 of its 1100 MB", "asks for 512 MB")
+	refuse("a full node", `{"templateID":"base-minimal"}`, 503, "node is out of sandbox capacity", "1024 of its 1100 MB", "asks for 512 MB")
 	// Sandboxes that fit still work, and a kill gives the memory back.
 	run(ctx, t, c, a, "true")
 	if err := c.Kill(ctx, a.ID); err != nil {

@@ -17,14 +17,14 @@ func TestBenchAgainstNode(t *testing.T) {
 	defer cancel()
 	c := n.client()
 
-	r, err := bench.RunCreate(ctx, c, bench.CreateOptions{Template: "base", N: 4, Concurrency: 2, Warmup: 1})
+	r, err := bench.RunCreate(ctx, c, bench.CreateOptions{Template: "base-minimal", N: 4, Concurrency: 2, Warmup: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r.Failures != 0 || r.Total.N != 4 || r.Total.P50 <= 0 || r.Total.P50 != r.Total.P50.Round(0) {
 		t.Errorf("create: %+v", r)
 	}
-	d, err := bench.RunDensity(ctx, c, bench.DensityOptions{Template: "base", Count: 3, Concurrency: 2, Settle: 100 * time.Millisecond})
+	d, err := bench.RunDensity(ctx, c, bench.DensityOptions{Template: "base-minimal", Count: 3, Concurrency: 2, Settle: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

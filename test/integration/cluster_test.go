@@ -127,7 +127,7 @@ func TestNodeJoinsCluster(t *testing.T) {
 	}
 
 	c := n.client()
-	sb, err := c.Create(ctx, bench.CreateRequest{TemplateID: "base", Timeout: 120})
+	sb, err := c.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 120})
 	if err != nil {
 		t.Fatal(err)
 	}

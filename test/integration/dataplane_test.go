@@ -117,7 +117,7 @@ func makeSurvivors(ctx context.Context, t *testing.T, n *node, c *bench.Client, 
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			sb, err := c.Create(ctx, bench.CreateRequest{TemplateID: "base", Timeout: 600, Secure: true})
+			sb, err := c.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 600, Secure: true})
 			if err != nil {
 				errs[i] = err
 				return
@@ -206,7 +206,7 @@ func TestLayeredSandboxesSurviveNodeKill(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, _ = c.Create(ctx, bench.CreateRequest{TemplateID: "base", Timeout: 600, Secure: true})
+				_, _ = c.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 600, Secure: true})
 			}()
 		}
 		wg.Wait()

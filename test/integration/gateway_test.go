@@ -103,7 +103,7 @@ func TestGatewayCluster(t *testing.T) {
 	var sbs []bench.Sandbox
 	perNode := map[string][]string{}
 	for range 6 {
-		sb, err := gw.Create(ctx, bench.CreateRequest{TemplateID: "base", Timeout: 300})
+		sb, err := gw.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 300})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +189,7 @@ func TestGatewayCluster(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	for range 3 {
-		sb, err := gw.Create(ctx, bench.CreateRequest{TemplateID: "base", Timeout: 120})
+		sb, err := gw.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 120})
 		if err != nil {
 			t.Fatalf("create with a node gone: %v", err)
 		}

@@ -106,9 +106,22 @@ func runcList(t testing.TB, dataDir string) map[string]container {
 	if _, err := os.Stat(root); os.IsNotExist(err) {
 		return out
 	}
-	raw, err := exec.Command("runc", "--root", root, "list", "--format", "json").Output()
+	// runc list fails on a container whose state the node is writing or removing at
+	// that moment (a warm container being made, a sandbox stopping): ask again.
+	var raw []byte
+	var err error
+	for try := 0; try < 20; try++ {
+		if raw, err = exec.Command("runc", "--root", root, "list", "--format", "json").Output(); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil {
-		t.Fatalf("runc list: %v", err)
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("runc list: %v: %s", err, stderr)
 	}
 	var list []container
 	if err := json.Unmarshal(raw, &list); err != nil {

@@ -85,7 +85,7 @@ func buildStartCmdTemplate(ctx context.Context, t *testing.T, n *node, name, sta
 	var req struct{ TemplateID, BuildID string }
 	apiJSON(ctx, t, n, http.MethodPost, "/v3/templates", map[string]any{"name": name}, http.StatusAccepted, &req)
 	apiJSON(ctx, t, n, http.MethodPost, "/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID,
-		map[string]any{"fromTemplate": "base", "startCmd": startCmd, "readyCmd": "true"}, http.StatusAccepted, nil)
+		map[string]any{"fromTemplate": "base-minimal", "startCmd": startCmd, "readyCmd": "true"}, http.StatusAccepted, nil)
 	for {
 		var st struct {
 			Status string

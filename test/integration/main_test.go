@@ -6,7 +6,7 @@
 //
 // The binaries are built from this checkout once per run (or taken from $AENV_IT_BIN_DIR);
 // the base template comes from bin/base-rootfs when `make base` built it, else it is built
-// into a temporary directory.
+// as `make base` does, into the machine's cache (/var/cache/aenv, once per machine).
 package integration
 
 import (
@@ -80,7 +80,7 @@ func build() (binaries, error) {
 	if err != nil {
 		return binaries{}, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	b := binaries{aenv: filepath.Join(buildDir, "aenv"), envd: filepath.Join(buildDir, "envd")}
 	targets := []struct{ out, pkg string }{{b.aenv, "./cmd/aenv"}, {b.envd, "./cmd/envd"}}
@@ -97,9 +97,9 @@ func build() (binaries, error) {
 		}
 	}
 	b.baseRootFS = filepath.Join(root, "bin", "base-rootfs")
-	if !base.Built(b.baseRootFS) {
-		b.baseRootFS = filepath.Join(buildDir, "base-rootfs")
-		cmd := exec.CommandContext(ctx, b.aenv, "template", "build-base", "--out", b.baseRootFS)
+	if !base.DebianBuilt(b.baseRootFS) {
+		b.baseRootFS = "/var/cache/aenv/base-debian"
+		cmd := exec.CommandContext(ctx, b.aenv, "template", "build-base", "--out", b.baseRootFS, "--cache", "/var/cache/aenv/debootstrap")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return binaries{}, fmt.Errorf("build the base template (or run `make base`): %w\n%s", err, out)
 		}

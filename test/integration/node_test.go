@@ -257,7 +257,7 @@ func (n *node) signal(sig syscall.Signal, wait time.Duration) error {
 // create makes a sandbox through POST /v2/sandboxes and records what its container owns.
 func (n *node) create(ctx context.Context, c *bench.Client) bench.Sandbox {
 	n.t.Helper()
-	sb, err := c.Create(ctx, bench.CreateRequest{TemplateID: "base", Timeout: 600, Secure: true})
+	sb, err := c.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 600, Secure: true})
 	if err != nil {
 		n.t.Fatalf("create: %v", err)
 	}

@@ -166,6 +166,9 @@ func (c *Config) defaults() error {
 		sum := sha256.Sum256([]byte(c.DataDir))
 		c.RAMDir = "/dev/shm/aenv-microvm-" + hex.EncodeToString(sum[:4])
 	}
+	if c.TBSizeMiB < 0 {
+		return fmt.Errorf("microvm: TBSizeMiB %d is negative", c.TBSizeMiB)
+	}
 	if c.MemoryMB == 0 {
 		c.MemoryMB = 256
 	}
@@ -272,8 +275,14 @@ func (c *Config) chrootDir() string { return filepath.Join(c.DataDir, "qemu-root
 func (b *Backend) Name() string { return "microvm" }
 
 // Close releases the network pool's warm slots. Running sandboxes keep running; a
-// restart's Reconcile adopts them (data plane) or removes them.
-func (b *Backend) Close(ctx context.Context) error { return b.pool.Close(ctx) }
+// restart's Reconcile adopts them (data plane) or removes them. The RAM directory goes
+// when nothing is left in it (a node whose sandboxes were stopped leaves no trace on
+// tmpfs).
+func (b *Backend) Close(ctx context.Context) error {
+	_ = os.Remove(b.cfg.imagesDir())
+	_ = os.Remove(b.cfg.RAMDir)
+	return b.pool.Close(ctx)
+}
 
 // Pool exposes the network pool (tests, diagnostics).
 func (b *Backend) Pool() *network.Pool { return b.pool }

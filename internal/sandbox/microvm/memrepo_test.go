@@ -117,11 +117,12 @@ func TestMemoryImageOnAnotherNode(t *testing.T) {
 	pid := strings.TrimSpace(mustSh(t, src, counterScript))
 	mustSh(t, src, `echo from-a > /root/mark`)
 	time.Sleep(time.Second)
+	// The counter runs on: the snapshot holds at least the value read before it.
+	_, _, atSnap := counterState(t, src)
 	snap, err := src.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _, atSnap := counterState(t, src)
 	sc := snap.(*capture)
 	if !within(sc.Memory.RAM.Path, a.b.cfg.capturesDir()) {
 		t.Fatalf("snapshot RAM file %s is not persisted with the capture", sc.Memory.RAM.Path)

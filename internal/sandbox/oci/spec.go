@@ -139,8 +139,11 @@ func buildSpec(p specParams) *specs.Spec {
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
-			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: noFile, Soft: noFile}},
-			NoNewPrivileges: true,
+			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: noFile, Soft: noFile}},
+			// Setuid programs work (sudo in the base template, as on E2B; Docker's default
+			// too): they reach the sandbox's root, with the capability set and seccomp
+			// profile above, which envd gives any client asking for user "root" anyway.
+			NoNewPrivileges: false,
 		},
 		Mounts: mounts,
 		Linux: &specs.Linux{

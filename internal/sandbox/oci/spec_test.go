@@ -65,7 +65,7 @@ func TestBuildSpecLimits(t *testing.T) {
 			if hasUser != tc.userns || (tc.userns && s.Linux.UIDMappings[0].HostID != tc.p.idmap.HostID) {
 				t.Errorf("userns %v mappings %v", hasUser, s.Linux.UIDMappings)
 			}
-			if !s.Process.NoNewPrivileges || s.Linux.Seccomp == nil || len(s.Linux.MaskedPaths) == 0 {
+			if s.Process.NoNewPrivileges || s.Linux.Seccomp == nil || len(s.Linux.MaskedPaths) == 0 {
 				t.Error("hardening missing")
 			}
 		})

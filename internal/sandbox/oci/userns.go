@@ -15,9 +15,15 @@ import (
 // is only a mapping, and every sandbox of a slot index has the same mapping, so each is
 // made once and reused. The container's own user namespace is still made by the runtime
 // from the spec's mappings; these fds never reach a sandbox.
+//
+// Making is serialized: Go's child for a user namespace waits on a pipe for its id maps,
+// and two such forks in flight hold each other's pipe open, so a node killed between them
+// would leave both children waiting forever with every fd of the node (its catalog lock,
+// its API socket). One at a time, a killed node's child sees its pipe close and exits.
 type usernsCache struct {
-	mu  sync.Mutex
-	fds map[idMap]int
+	making sync.Mutex
+	mu     sync.Mutex
+	fds    map[idMap]int
 }
 
 func newUsernsCache() *usernsCache { return &usernsCache{fds: map[idMap]int{}} }
@@ -31,7 +37,9 @@ func (c *usernsCache) get(m idMap) (int, error) {
 	if ok {
 		return fd, nil
 	}
+	c.making.Lock()
 	fd, err := usernsFD(m)
+	c.making.Unlock()
 	if err != nil {
 		return -1, err
 	}

@@ -1,5 +1,8 @@
-// Package base builds the "base" template: a small root filesystem directory made from
-// Debian's statically linked busybox and bash, with a root and an unprivileged "user"
+// Package base builds the node's built-in templates. "base" (BuildDebian) is Debian with
+// what E2B's base offers (python3, node, git, curl, sudo...), made with debootstrap from
+// Debian's packages. "base-minimal" (Build) is a small root filesystem directory made from
+// Debian's statically linked busybox and bash, built in a second from the host's binaries,
+// for the fastest sandboxes and for tests. Both have a root and an unprivileged "user"
 // account, so E2B SDK calls (`/bin/bash -l -c CMD` as user) work without any image pull.
 package base
 
@@ -15,8 +18,8 @@ import (
 	"strings"
 )
 
-// Version is written into the stamp file; bump it when the layout changes so an existing
-// build is replaced.
+// Version is the stamp of the minimal (busybox) base; bump it when the layout changes so
+// an existing build is replaced.
 const Version = "aenv-base-1"
 
 // StampFile marks a finished build inside the rootfs. Its content is Version.
@@ -75,8 +78,8 @@ func Built(dir string) bool {
 	return err == nil && strings.TrimSpace(string(b)) == Version
 }
 
-// Build creates the base rootfs at o.Out. It builds into a sibling temporary directory and
-// renames it into place, so a crash never leaves a half-built template at Out; when Out
+// Build creates the minimal (busybox) base rootfs at o.Out. It builds into a sibling
+// temporary directory and renames it into place, so a crash never leaves a half-built template at Out; when Out
 // already holds a finished build of this Version it does nothing (unless Force).
 func Build(ctx context.Context, o Options) error {
 	if err := o.defaults(); err != nil {
@@ -85,46 +88,7 @@ func Build(ctx context.Context, o Options) error {
 	if !o.Force && Built(o.Out) {
 		return nil
 	}
-	parent := filepath.Dir(o.Out)
-	if err := os.MkdirAll(parent, 0o755); err != nil {
-		return fmt.Errorf("base: create parent: %w", err)
-	}
-	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(o.Out)+".build-")
-	if err != nil {
-		return fmt.Errorf("base: temp dir: %w", err)
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			_ = os.RemoveAll(tmp)
-		}
-	}()
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return fmt.Errorf("base: chmod: %w", err)
-	}
-	if err := populate(ctx, tmp, o); err != nil {
-		return err
-	}
-	// Replace an older build: move it aside first so the rename of the new one is atomic,
-	// then delete it. Sandboxes already running on the old lower keep their inodes.
-	var old string
-	if _, err := os.Lstat(o.Out); err == nil {
-		old = tmp + ".old"
-		if err := os.Rename(o.Out, old); err != nil {
-			return fmt.Errorf("base: move old build aside: %w", err)
-		}
-	}
-	if err := os.Rename(tmp, o.Out); err != nil {
-		if old != "" {
-			_ = os.Rename(old, o.Out)
-		}
-		return fmt.Errorf("base: install build: %w", err)
-	}
-	ok = true
-	if old != "" {
-		_ = os.RemoveAll(old)
-	}
-	return nil
+	return buildInto(o.Out, func(tmp string) error { return populate(ctx, tmp, o) })
 }
 
 type dirSpec struct {

@@ -1,0 +1,90 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/bench"
+)
+
+// BenchmarkRestartAdopt measures a node restart under load: AENV_BENCH_SANDBOXES sandboxes
+// (default 20) run on the layered base, the node is killed with SIGKILL and started again,
+// and the time is taken until its API answers (api-ms) and until every sandbox answers a
+// command (all-ms). Run it with -bench RestartAdopt -benchtime 5x.
+func BenchmarkRestartAdopt(b *testing.B) {
+	count := 20
+	if s := os.Getenv("AENV_BENCH_SANDBOXES"); s != "" {
+		var err error
+		if count, err = strconv.Atoi(s); err != nil {
+			b.Fatalf("AENV_BENCH_SANDBOXES=%q: %v", s, err)
+		}
+	}
+	env := []string{"AENV_SANDBOX_SHUTDOWN_ACTION=stop", "AENV_SANDBOX_MAX_SANDBOXES=" + strconv.Itoa(count+16)}
+	if count > 48 {
+		// A test node's /24 holds 64 slots; this range is used by no other test.
+		env = append(env, "AENV_NETWORK_SUBNET=10.94.0.0/20")
+	}
+	n := newNode(b, env...)
+	n.start()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	c := n.client()
+	sbs := make([]bench.Sandbox, count)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for i := range sbs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			sbs[i] = n.create(ctx, c)
+		}()
+	}
+	wg.Wait()
+	if len(loopDevices(n.dataDir)) == 0 {
+		b.Skip("the base template is not layered on this host: no sandbox runs on a block root")
+	}
+	var api, all []time.Duration
+	for b.Loop() {
+		n.observe()
+		n.kill9()
+		start := time.Now()
+		n.start()
+		api = append(api, time.Since(start))
+		answerAll(ctx, b, c, sbs)
+		all = append(all, time.Since(start))
+	}
+	b.ReportMetric(float64(median(api).Milliseconds()), "api-ms")
+	b.ReportMetric(float64(median(all).Milliseconds()), "all-ms")
+	b.ReportMetric(0, "ns/op")
+	killAll(ctx, b, c)
+	n.stop()
+}
+
+// answerAll runs a command in every sandbox, 16 at a time.
+func answerAll(ctx context.Context, b *testing.B, c *bench.Client, sbs []bench.Sandbox) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for _, sb := range sbs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if res, err := c.Run(ctx, sb, "true"); err != nil || res.ExitCode != 0 {
+				b.Errorf("sandbox %s after the restart: %+v %v", sb.ID, res, err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
