@@ -95,6 +95,9 @@ type Backend struct {
 	// empty: vmlinux and initrd.img in the directory "microvm" next to envd (`make guest`).
 	GuestKernel string `toml:"guest_kernel"`
 	GuestInitrd string `toml:"guest_initrd"`
+	// TBSizeMiB caps the TCG translation cache of each microVM (0: QEMU's default); see
+	// docs/operations.md for what a cap saves and costs.
+	TBSizeMiB int `toml:"tb_size_mib"`
 	// QEMUUser is the microvm backend's "uid:gid" for QEMU once its devices are open;
 	// empty: microvm.DefaultQEMUUser.
 	QEMUUser string `toml:"qemu_user"`
@@ -526,6 +529,9 @@ func (c *Config) Validate() error {
 	case "auto", "tcg", "kvm":
 	default:
 		bad("backend.accel", "%q is not auto, tcg or kvm", c.Backend.Accel)
+	}
+	if c.Backend.TBSizeMiB < 0 || c.Backend.TBSizeMiB > 4096 {
+		bad("backend.tb_size_mib", "%d is not 0 (QEMU's default) or 1..4096", c.Backend.TBSizeMiB)
 	}
 	switch c.Backend.Runtime {
 	case "auto", "runc", "crun", "runsc":

@@ -158,6 +158,7 @@ func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 		Kernel:        cfg.Backend.GuestKernel,
 		Initrd:        cfg.Backend.GuestInitrd,
 		Accel:         cfg.Backend.Accel,
+		TBSizeMiB:     cfg.Backend.TBSizeMiB,
 		QEMUUser:      cfg.Backend.QEMUUser,
 		LayerResolver: env.Layers,
 		DataPlane:     microvmDataPlane(env.DataPlane),

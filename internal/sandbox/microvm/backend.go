@@ -166,6 +166,9 @@ func (c *Config) defaults() error {
 		sum := sha256.Sum256([]byte(c.DataDir))
 		c.RAMDir = "/dev/shm/aenv-microvm-" + hex.EncodeToString(sum[:4])
 	}
+	if c.TBSizeMiB < 0 {
+		return fmt.Errorf("microvm: TBSizeMiB %d is negative", c.TBSizeMiB)
+	}
 	if c.MemoryMB == 0 {
 		c.MemoryMB = 256
 	}

@@ -221,6 +221,13 @@ func newTestBackend(t testing.TB, opts ...func(*Config)) *Backend {
 	return b
 }
 
+// newBenchBackend is newTestBackend with the network pool as a node has it (slots
+// prepared ahead), so benchmarks time what a node does.
+func newBenchBackend(b *testing.B) *Backend {
+	b.Helper()
+	return newTestBackend(b, func(c *Config) { c.Network.PoolSize = 0 })
+}
+
 // launch starts a fresh sandbox on the base template and waits for envd.
 func launch(t testing.TB, b *Backend, id string, res sandbox.Resources) *Instance {
 	t.Helper()
