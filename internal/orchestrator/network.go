@@ -77,6 +77,11 @@ func (o *Orchestrator) applyEgress(ctx context.Context, inst sandbox.Instance, r
 	if err != nil {
 		return fmt.Errorf("egress rules of %s: %w", rec.ID, err)
 	}
+	// Secrets are resolved at egress: the backend's proxy gets the values, the record
+	// keeps the placeholders.
+	if pol.Rules, err = o.expandRules(rec.Owner, pol.Rules); err != nil {
+		return err
+	}
 	upd, ok := inst.(sandbox.EgressUpdater)
 	if !ok {
 		if !rec.Egress.Empty() {

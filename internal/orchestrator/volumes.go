@@ -113,3 +113,33 @@ func (o *Orchestrator) sandboxEnv(rec *Sandbox) (map[string]string, error) {
 	}
 	return env, nil
 }
+
+// expandRules returns rules with secret placeholders in header values expanded in owner's
+// scope (a copy: the record's rules keep the placeholders).
+func (o *Orchestrator) expandRules(owner string, rules map[string][]sandbox.Transform) (map[string][]sandbox.Transform, error) {
+	if o.secrets == nil || len(rules) == 0 {
+		return rules, nil
+	}
+	out := make(map[string][]sandbox.Transform, len(rules))
+	for host, list := range rules {
+		ts := make([]sandbox.Transform, len(list))
+		for i, t := range list {
+			if t.Headers == nil {
+				continue
+			}
+			ts[i].Headers = make(map[string]string, len(t.Headers))
+			for k, v := range t.Headers {
+				if strings.Contains(v, "${e2b.secrets.") {
+					x, err := o.secrets.Expand(owner, v)
+					if err != nil {
+						return nil, fmt.Errorf("%w: network.rules[%s] header %s: %w", ErrInvalid, host, k, err)
+					}
+					v = x
+				}
+				ts[i].Headers[k] = v
+			}
+		}
+		out[host] = ts
+	}
+	return out, nil
+}

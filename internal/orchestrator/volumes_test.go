@@ -155,3 +155,19 @@ func TestSecretsExpandedOnlyForEnvd(t *testing.T) {
 		t.Fatalf("bob's create: %v", err)
 	}
 }
+
+func TestSecretsInRuleHeadersExpandedAtEgress(t *testing.T) {
+	h, _, ss := volumeHarness(t, true)
+	if _, err := ss.Create("alice", "tok", "hdr-value", nil); err != nil {
+		t.Fatal(err)
+	}
+	rules := map[string][]sandbox.Transform{"api.example.com": {{Headers: map[string]string{"Authorization": "Bearer ${e2b.secrets.tok}"}}}}
+	sb := h.create(CreateRequest{Owner: "alice", Egress: Egress{Rules: rules}})
+	pol, _ := h.b.Instance(sb.ID).Egress()
+	if got := pol.Rules["api.example.com"][0].Headers["Authorization"]; got != "Bearer hdr-value" {
+		t.Fatalf("proxy got %q", got)
+	}
+	if got := h.stored(sb.ID).Egress.Rules["api.example.com"][0].Headers["Authorization"]; got != "Bearer ${e2b.secrets.tok}" {
+		t.Fatalf("record holds %q", got)
+	}
+}

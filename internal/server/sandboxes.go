@@ -128,7 +128,14 @@ func (s *Server) createRequest(p createParams, defTimeout time.Duration) (orches
 		}
 		req.EnvVars = *p.envVars
 		if err := s.checkSecretRefs(p.owner, req.EnvVars); err != nil {
-			return req, err
+			return req, fmt.Errorf("envVars %w", err)
+		}
+	}
+	for host, list := range req.Egress.Rules {
+		for _, t := range list {
+			if err := s.checkSecretRefs(p.owner, t.Headers); err != nil {
+				return req, fmt.Errorf("network.rules[%s]: %w", host, err)
+			}
 		}
 	}
 	req.Owner = p.owner

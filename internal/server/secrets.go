@@ -144,18 +144,19 @@ func (h *handlers) DeleteSecret(w http.ResponseWriter, r *http.Request, id strin
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// checkSecretRefs makes sure every ${e2b.secrets.<name>} in a create's envVars names one
-// of owner's secrets, so a bad reference is a 400 before anything starts.
+// checkSecretRefs makes sure every ${e2b.secrets.<name>} in a create's envVars (or a
+// rule's headers) names one of owner's secrets, so a bad reference is a 400 before
+// anything starts.
 func (s *Server) checkSecretRefs(owner string, env map[string]string) error {
 	for k, v := range env {
 		if !secret.HasPlaceholder(v) {
 			continue
 		}
 		if s.secs == nil {
-			return fmt.Errorf("envVars %s refers to a secret, but secrets are not enabled on this node", k)
+			return fmt.Errorf("%s refers to a secret, but secrets are not enabled on this node", k)
 		}
 		if _, err := s.secs.Expand(owner, v); err != nil {
-			return fmt.Errorf("envVars %s: %w", k, err)
+			return fmt.Errorf("%s: %w", k, err)
 		}
 	}
 	return nil
