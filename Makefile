@@ -51,7 +51,7 @@ lint:
 # The repository tests run against a real S3 server process (versitygw, built once from the Go proxy).
 unit:
 	scripts/s3-test-server.sh install
-	$(GO) test -count=1 -timeout 20m ./...
+	$(GO) test -count=1 -timeout 40m ./...
 
 # A real etcd and kube-apiserver for the Kubernetes tests (built once per machine; ~10 CPU-minutes cold;
 # a no-op when they exist). `make test` builds them first, so CI runs the Kubernetes tests.

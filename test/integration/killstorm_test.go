@@ -19,7 +19,8 @@ import (
 // TestKillStorm runs 20 sandboxes on the layered base (files, background processes) and
 // kills the node with SIGKILL again and again while it works: once at every debug crash
 // point of a snapshot, a fork and a pause to disk, then at random moments of a burst of
-// creates, forks, snapshots and pauses (AENV_IT_KILLS kills in all, default 30). After
+// creates, forks, snapshots and pauses (AENV_IT_KILLS kills in all, default 30), then
+// upgrades it (another build, same data plane). After
 // every restart each of the 20 runs on with the same init and background process, its
 // files intact and its root writable, and no thread is left in state D. In the end
 // everything is killed through the API and nothing is left on the host.
@@ -123,6 +124,19 @@ func TestKillStorm(t *testing.T) {
 	if len(restarts) > 0 {
 		t.Logf("%d kills with %d sandboxes running; restart → API answering: median %v, max %v",
 			len(restarts), count, restarts[len(restarts)/2].Round(time.Millisecond), restarts[len(restarts)-1].Round(time.Millisecond))
+	}
+
+	// An upgrade with the 20 running: another build of aenv replaces the binary and
+	// the node restarts on it; the data plane of the old build serves on and the new
+	// node adopts every sandbox.
+	dpPid := n.dataPlanePid(t)
+	n.bins.aenv = buildVersioned(t, "it-storm-upgrade")
+	n.observe()
+	n.kill9()
+	n.restartWith()
+	check()
+	if pid := n.dataPlanePid(t); pid != dpPid {
+		t.Errorf("the data plane is pid %d after the upgrade, was %d", pid, dpPid)
 	}
 
 	// Every snapshot the storm registered is whole: it launches, and its publication
