@@ -45,6 +45,25 @@ type ServedDisk interface {
 // Opener opens a disk for a root.
 type Opener func(ctx context.Context, spec dataplane.Spec) (ServedDisk, error)
 
+// DiskServer serves disks in another process: the data plane's client.
+type DiskServer interface {
+	Open(ctx context.Context, spec dataplane.Spec) (*dataplane.RemoteDisk, error)
+}
+
+// RemoteOpener opens disks through s; with s nil it returns nil, the in-process default.
+func RemoteOpener(s DiskServer) Opener {
+	if s == nil {
+		return nil
+	}
+	return func(ctx context.Context, spec dataplane.Spec) (ServedDisk, error) {
+		d, err := s.Open(ctx, spec)
+		if err != nil {
+			return nil, err
+		}
+		return d, nil
+	}
+}
+
 // Spec describes one block root.
 type Spec struct {
 	// Dir is private to this root: it holds the writable upper and the FUSE mount point.

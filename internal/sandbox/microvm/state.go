@@ -78,17 +78,7 @@ type DataPlane interface {
 // diskOpener opens root disks through the data plane when there is one, else nil
 // (rootfs serves them in this process).
 func (b *Backend) diskOpener() rootfs.Opener {
-	dp := b.cfg.DataPlane
-	if dp == nil {
-		return nil
-	}
-	return func(ctx context.Context, s dataplane.Spec) (rootfs.ServedDisk, error) {
-		d, err := dp.Open(ctx, s)
-		if err != nil {
-			return nil, err
-		}
-		return d, nil
-	}
+	return rootfs.RemoteOpener(b.cfg.DataPlane) // a nil DataPlane converts to a nil DiskServer
 }
 
 // dataPlaneDisks lists the data plane's disks of this backend's sandboxes by directory;

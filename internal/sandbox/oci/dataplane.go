@@ -27,17 +27,7 @@ type DataPlane interface {
 // diskOpener is how mountBlock serves a root: through the data plane when configured,
 // else in this process (rootfs's default).
 func (b *Backend) diskOpener() rootfs.Opener {
-	dp := b.cfg.DataPlane
-	if dp == nil {
-		return nil
-	}
-	return func(ctx context.Context, s dataplane.Spec) (rootfs.ServedDisk, error) {
-		d, err := dp.Open(ctx, s)
-		if err != nil {
-			return nil, err
-		}
-		return d, nil
-	}
+	return rootfs.RemoteOpener(b.cfg.DataPlane) // a nil DataPlane converts to a nil DiskServer
 }
 
 // dataPlaneDisks lists the data plane's disks by directory; nil without a data plane.
