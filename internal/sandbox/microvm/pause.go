@@ -39,6 +39,7 @@ func (b *Backend) DiscardSnapshot(_ context.Context, c sandbox.Captured) error {
 	if !ok {
 		return fmt.Errorf("microvm: discard: %T is not a microvm capture", c)
 	}
+	b.vmpool.drain(mc.ID)
 	return removeImage(b, mc)
 }
 
