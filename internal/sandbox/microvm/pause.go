@@ -51,6 +51,7 @@ func (b *Backend) DiscardPaused(_ context.Context, _ string, ps sandbox.PausedSt
 	if !ok {
 		return fmt.Errorf("microvm: discard: %T is not a microvm paused state", ps)
 	}
+	b.vmpool.drain(mc.ID)
 	err := removeImage(b, mc)
 	if within(mc.Dir, b.cfg.capturesDir()) {
 		err = errors.Join(err, os.RemoveAll(mc.Dir))

@@ -41,6 +41,11 @@ const poolIDPrefix = "pool-"
 // for the CPU would slow exactly the latency the pool is for.
 const poolQuiet = time.Second
 
+// poolIdleTTL: a snapshot no sandbox was created from for this long loses its pooled VMs
+// (a capture restored once, such as a paused sandbox resumed on another node, would
+// otherwise hold them for ever).
+const poolIdleTTL = 10 * time.Minute
+
 // poolWarmTimeout bounds a pooled VM's warm-up (envd's first answer).
 const poolWarmTimeout = 60 * time.Second
 
@@ -57,7 +62,7 @@ type vmPool struct {
 	busy atomic.Int64 // launches in flight; the filler waits for none
 	// lastReq is when the last launch ended (UnixNano): the filler waits poolQuiet
 	// after it, while the launched guest takes its first requests.
-	lastReq atomic.Int64
+	lastReq  atomic.Int64
 	kick     chan struct{}
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -222,6 +227,22 @@ func (p *vmPool) close() {
 	}
 }
 
+// expire drains the pools of snapshots unused for poolIdleTTL.
+func (p *vmPool) expire() {
+	p.mu.Lock()
+	var old []string
+	for id, sp := range p.snaps {
+		if time.Since(sp.used) > poolIdleTTL {
+			old = append(old, id)
+		}
+	}
+	p.mu.Unlock()
+	for _, id := range old {
+		p.b.log.Debug("microvm: pool: snapshot unused; stopping its VMs", "capture", id)
+		p.drain(id)
+	}
+}
+
 // halt stops the filler and waits for it (a fill in progress ends first).
 func (p *vmPool) halt() {
 	p.stopOnce.Do(func() { close(p.stop) })
@@ -239,6 +260,7 @@ func (p *vmPool) fillLoop() {
 		case <-p.kick:
 		case <-time.After(time.Second):
 		}
+		p.expire()
 		for p.idle() {
 			sp := p.next()
 			if sp == nil {

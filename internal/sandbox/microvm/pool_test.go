@@ -229,14 +229,25 @@ func TestSnapshotPoolNodeKill(t *testing.T) {
 	}
 	b1.vmpool.mu.Unlock()
 
-	// The crash: the filler ends with the process, everything else stays as it is.
+	// The crash: the filler ends with the process and so do its monitor connections
+	// (QEMU takes one monitor client at a time); everything else stays as it is.
 	b1.vmpool.halt()
 	b1.vmpool.mu.Lock()
+	var all []*Instance
+	for _, sp := range b1.vmpool.snaps {
+		all = append(all, sp.ready...)
+	}
 	b1.vmpool.snaps = map[string]*snapPool{}
 	b1.vmpool.mu.Unlock()
 	b1.mu.Lock()
+	for _, inst := range b1.instances {
+		all = append(all, inst)
+	}
 	b1.instances = map[string]*Instance{}
 	b1.mu.Unlock()
+	for _, inst := range all {
+		inst.proc.m.QMP().Close()
+	}
 
 	b2, err := New(ctx, cfg)
 	if err != nil {
@@ -249,9 +260,7 @@ func TestSnapshotPoolNodeKill(t *testing.T) {
 			inst := b2.instances[id]
 			b2.mu.Unlock()
 			if inst != nil {
-				if err := inst.Stop(ctx); err != nil {
-					t.Errorf("stop %s: %v", id, err)
-				}
+				stopRetry(t, inst)
 			}
 		}
 		if err := b2.pool.Teardown(ctx); err != nil {

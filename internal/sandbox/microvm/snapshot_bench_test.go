@@ -153,7 +153,7 @@ func BenchmarkSnapshotAndPause(b *testing.B) {
 
 // stopRetry stops an instance, once more after an error: the FUSE server may not have
 // seen the killed QEMU's file release yet when the disk is unmounted.
-func stopRetry(b *testing.B, inst sandbox.Instance) {
+func stopRetry(b testing.TB, inst sandbox.Instance) {
 	ctx := context.Background()
 	if err := inst.Stop(ctx); err != nil {
 		b.Logf("stop %s: %v; retrying", inst.ID(), err)
