@@ -224,6 +224,7 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 		Registerer:       n.Metrics,
 		Logger:           n.Log,
 		TemplatePending:  n.baseBuild.pending,
+		TemplateFetch:    pub.Fetch,
 	}, n.Backend, n.Catalog, orchestrator.WithPublisher(pub, repo.cache),
 		orchestrator.WithVolumes(n.Volumes), orchestrator.WithSecrets(n.Secrets))
 	if err != nil {
