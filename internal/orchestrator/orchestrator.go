@@ -77,6 +77,9 @@ type Config struct {
 	// since the last sync (a create placed here by a cluster gateway) and reports
 	// whether the catalog has it now.
 	TemplateFetch func(ctx context.Context, id string) (bool, error)
+	// EgressCA is the node's egress CA certificate (PEM): sandboxes with network.rules are
+	// given it to trust (egressca.go). Empty: none is installed.
+	EgressCA []byte
 }
 
 func (c *Config) applyDefaults() {
