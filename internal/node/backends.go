@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/dataplane"
+	"github.com/aenv-dev/aenv/internal/egressproxy"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/sandbox/microvm"
@@ -49,6 +51,10 @@ type BackendEnv struct {
 	// DataPlane serves layered root disks from the data-plane process, which outlives the
 	// node (backend.data_plane); nil: the backend serves them itself.
 	DataPlane *dataplane.Client
+	// EgressCA is the node's egress CA (<data_dir>/egress), EgressUpstreamRoots what its
+	// proxy verifies servers against (network.egress_upstream_ca and the system roots).
+	EgressCA            *egressproxy.CA
+	EgressUpstreamRoots *x509.CertPool
 }
 
 // BackendFactory opens one kind of backend. It probes what it needs and fails with an
@@ -116,6 +122,7 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 			Prefix:      cfg.Network.Prefix,
 			PoolSize:    cfg.Network.PoolSize,
 			AllowRanges: allowRanges,
+			EgressCA:    env.EgressCA, EgressUpstreamRoots: env.EgressUpstreamRoots,
 		},
 		DNS: dns,
 	})
@@ -153,22 +160,25 @@ func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 	// snapshots made on other nodes.
 	fetcher, _ := env.Layers.(microvm.BlobFetcher)
 	b, err := microvm.New(ctx, microvm.Config{
-		DataDir:       env.DataDir,
-		EnvdPath:      env.EnvdPath,
-		Kernel:        cfg.Backend.GuestKernel,
-		Initrd:        cfg.Backend.GuestInitrd,
-		Accel:         cfg.Backend.Accel,
-		TBSizeMiB:     cfg.Backend.TBSizeMiB,
-		QEMUUser:      cfg.Backend.QEMUUser,
-		LayerResolver: env.Layers,
-		DataPlane:     microvmDataPlane(env.DataPlane),
-		BlobFetcher:   fetcher,
-		Logger:        env.Logger,
+		DataDir:         env.DataDir,
+		EnvdPath:        env.EnvdPath,
+		Kernel:          cfg.Backend.GuestKernel,
+		Initrd:          cfg.Backend.GuestInitrd,
+		Accel:           cfg.Backend.Accel,
+		TBSizeMiB:       cfg.Backend.TBSizeMiB,
+		SnapshotPool:    cfg.Backend.SnapshotPool,
+		SnapshotPoolMax: cfg.Backend.SnapshotPoolMax,
+		QEMUUser:        cfg.Backend.QEMUUser,
+		LayerResolver:   env.Layers,
+		DataPlane:       microvmDataPlane(env.DataPlane),
+		BlobFetcher:     fetcher,
+		Logger:          env.Logger,
 		Network: network.Config{
 			Bridge:   cfg.Network.Bridge,
 			Subnet:   cfg.Network.Subnet,
 			Prefix:   cfg.Network.Prefix,
 			PoolSize: cfg.Network.PoolSize,
+			EgressCA: env.EgressCA, EgressUpstreamRoots: env.EgressUpstreamRoots,
 		},
 	})
 	if err != nil {
