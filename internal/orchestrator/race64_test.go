@@ -51,7 +51,9 @@ func TestConcurrent64CreatesForksKills(t *testing.T) {
 	const workers, children = 64, 2
 	for _, mode := range snapModes {
 		t.Run(mode.name, func(t *testing.T) {
-			h := newHarness(t, mode.opts, nil)
+			// 64 fake envds answering at once under the race detector on a busy
+			// machine: the harness's 2 s readiness timeout is for one sandbox.
+			h := newHarness(t, mode.opts, func(c *Config) { c.EnvdReadyTimeout = time.Minute })
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			created := make(chan string, workers*(children+1))
