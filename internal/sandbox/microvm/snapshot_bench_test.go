@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
