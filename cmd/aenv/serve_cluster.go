@@ -15,6 +15,7 @@ import (
 	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/envd"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
 )
 
@@ -22,7 +23,7 @@ import (
 // function that sends the last (draining) heartbeat. Without a scheduler it does nothing:
 // a lone node behaves exactly as before.
 func joinCluster(ctx context.Context, cfg config.Config, addr net.Addr, backend string, orch *orchestrator.Orchestrator,
-	cat *catalog.Catalog, log *slog.Logger) (stop func(), err error) {
+	cat *catalog.Catalog, peers *node.P2P, log *slog.Logger) (stop func(), err error) {
 	cl := cfg.Cluster
 	if cl.Scheduler == "" {
 		return func() {}, nil
@@ -35,7 +36,11 @@ func joinCluster(ctx context.Context, cfg config.Config, addr net.Addr, backend 
 	if err != nil {
 		return nil, fmt.Errorf("cluster.scheduler %s: %w", cl.Scheduler, err)
 	}
-	agent, err := nodeagent.New(pb.NewSchedulerClient(conn), info, nodeReport{orch: orch, cat: cat}, log.With("component", "cluster"))
+	report := nodeReport{orch: orch, cat: cat}
+	if peers != nil {
+		info.P2PEndpoint, report.layers = peers.Endpoint, peers.Layers
+	}
+	agent, err := nodeagent.New(pb.NewSchedulerClient(conn), info, report, log.With("component", "cluster"))
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -83,6 +88,8 @@ func clusterNodeInfo(cfg config.Config, addr net.Addr, backend string) (*pb.Node
 type nodeReport struct {
 	orch *orchestrator.Orchestrator
 	cat  *catalog.Catalog
+	// layers lists the blobs the node serves to peers (nil: peer-to-peer is off).
+	layers func() []string
 }
 
 func (n nodeReport) Report(ctx context.Context) (nodeagent.Report, error) {
@@ -110,6 +117,9 @@ func (n nodeReport) Report(ctx context.Context) (nodeagent.Report, error) {
 		f.NextToken = next
 	}
 	r.Allocated = alloc
+	if n.layers != nil {
+		r.Layers = n.layers()
+	}
 	ts, err := n.cat.Templates().List("")
 	if err != nil {
 		return r, err
