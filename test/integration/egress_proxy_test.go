@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"os/exec"
 	"runtime"
 	"strings"
 	"sync"
@@ -26,24 +25,9 @@ import (
 // SOCKS5 server on 192.88.99.0/24 (not an infrastructure range, not the host's), and a web server on a private address (10.97.231.2) that a
 // name of the DNS server resolves to.
 func TestSandboxEgressProxy(t *testing.T) {
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
 	ns, veth := "aitegr-remote", "aitegrr0"
-	_ = exec.Command("ip", "link", "del", veth).Run()
-	_ = exec.Command("ip", "netns", "del", ns).Run()
-	t.Cleanup(func() {
-		_ = exec.Command("ip", "link", "del", veth).Run()
-		_ = exec.Command("ip", "netns", "del", ns).Run()
-	})
-	run("netns", "add", ns)
-	run("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-	run("link", "set", veth, "up")
-	run("-n", ns, "link", "set", "eth0", "up")
-	run("-n", ns, "link", "set", "lo", "up")
+	remoteNetns(t, ns, veth)
+	run := func(args ...string) { t.Helper(); ipCmd(t, args...) }
 	const web, dns, socksIP, private = "192.88.99.80", "192.88.99.53", "192.88.99.90", "10.97.231.2"
 	run("addr", "add", "192.88.99.1/24", "dev", veth)
 	run("addr", "add", "10.97.231.1/24", "dev", veth)
