@@ -26,13 +26,18 @@ import (
 // SOCKS5 server on 192.88.99.0/24 (not an infrastructure range, not the host's), and a web server on a private address (10.97.231.2) that a
 // name of the DNS server resolves to.
 func TestSandboxEgressProxy(t *testing.T) {
+	egressProxyFlow(t, "aitegr-remote", "aitegrr0", func(env ...string) *node { return newNode(t, env...) })
+}
+
+// egressProxyFlow is TestSandboxEgressProxy on the node mk makes (a backend's node), with
+// the test servers' namespace ns joined to the host by veth.
+func egressProxyFlow(t *testing.T, ns, veth string, mk func(env ...string) *node) {
 	run := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %v: %v: %s", args, err, out)
 		}
 	}
-	ns, veth := "aitegr-remote", "aitegrr0"
 	_ = exec.Command("ip", "link", "del", veth).Run()
 	_ = exec.Command("ip", "netns", "del", ns).Run()
 	t.Cleanup(func() {
@@ -106,7 +111,7 @@ func TestSandboxEgressProxy(t *testing.T) {
 	socks := &egresstest.SOCKS5{User: "su", Password: "sp"}
 	go socks.Serve(listenInNetns(t, ns, socksIP+":1080"))
 
-	n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION=stop", "AENV_NETWORK_DNS="+dns)
+	n := mk("AENV_SANDBOX_SHUTDOWN_ACTION=stop", "AENV_NETWORK_DNS="+dns)
 	n.start()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
