@@ -22,6 +22,7 @@ func TestConformanceDataPlane(t *testing.T) {
 		return &sandboxtest.Env{Backend: b, Root: fix.template, Guest: sandboxtest.EnvdGuest{},
 			Resources: sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB},
 			Crash:     func(t *testing.T) sandbox.Backend { return crash(t, b) },
+			Survives:  true,
 			Ready:     2 * time.Minute,
 		}
 	})
