@@ -122,6 +122,10 @@ type Network struct {
 	// DNS are the sandboxes' nameservers (IPv4); empty: the host's /etc/resolv.conf
 	// unless it names a loopback nameserver.
 	DNS []string `toml:"dns"`
+	// EgressUpstreamCA is a PEM file of CA certificates the egress proxy trusts, besides
+	// the system roots, for the servers of the HTTPS connections it terminates (those to
+	// domains with network.rules): a private CA, or a test's.
+	EgressUpstreamCA string `toml:"egress_upstream_ca"`
 }
 
 // Templates configures the built-in templates.

@@ -177,7 +177,7 @@ func TestEnvVarsCoverEveryKey(t *testing.T) {
 
 func fmtConfig(c Config) string {
 	return strings.Join([]string{c.Listen, c.DataDir, c.APIKey, c.MetricsToken, c.LogLevel, c.LogFormat, c.Envd.Path, c.Envd.Version,
-		c.Backend.Kind, c.Backend.Runtime, c.Backend.CgroupParent, c.Backend.GuestKernel, c.Backend.GuestInitrd, c.Backend.QEMUUser, c.Network.Bridge, c.Network.Subnet, c.Network.Prefix, c.Templates.BaseRootFS, c.Templates.BaseMirror, c.Templates.BaseSuite, c.Sandbox.ShutdownAction, strings.Join(c.Proxy.Domains, ",")}, " ")
+		c.Backend.Kind, c.Backend.Runtime, c.Backend.CgroupParent, c.Backend.GuestKernel, c.Backend.GuestInitrd, c.Backend.QEMUUser, c.Network.Bridge, c.Network.Subnet, c.Network.Prefix, c.Network.EgressUpstreamCA, c.Templates.BaseRootFS, c.Templates.BaseMirror, c.Templates.BaseSuite, c.Sandbox.ShutdownAction, strings.Join(c.Proxy.Domains, ",")}, " ")
 }
 
 // TestDocumented keeps docs/configuration.md in step with the settings.

@@ -38,6 +38,13 @@ func (p *Proxy) http(ctx context.Context, c net.Conn, br *bufio.Reader, pol *san
 	if named {
 		rules, _ = sandbox.LookupRules(pol.Rules, host)
 	}
+	p.forward(c, br, req, up, host, rules)
+}
+
+// forward writes req and the requests that follow it on c (read from br) to up, each with
+// the transforms of rules applied, and relays the responses back unparsed, until either
+// side ends, a request names another host than host, or the connection is upgraded.
+func (p *Proxy) forward(c net.Conn, br *bufio.Reader, req *http.Request, up net.Conn, host string, rules []sandbox.Transform) {
 	done := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(c, up)
@@ -53,7 +60,8 @@ func (p *Proxy) http(ctx context.Context, c net.Conn, br *bufio.Reader, pol *san
 		if _, ok := req.Header["User-Agent"]; !ok {
 			req.Header["User-Agent"] = []string{""} // Request.Write would add Go's
 		}
-		if err := req.Write(up); err != nil {
+		err := req.Write(up)
+		if err != nil {
 			break
 		}
 		if strings.EqualFold(req.Header.Get("Connection"), "upgrade") || req.Header.Get("Upgrade") != "" {
@@ -74,6 +82,11 @@ func (p *Proxy) http(ctx context.Context, c net.Conn, br *bufio.Reader, pol *san
 
 // refuse answers a refused HTTP request with 403 and the reason.
 func refuse(c net.Conn, cause error) {
+	answer(c, http.StatusForbidden, cause)
+}
+
+// answer writes a response of status with the reason as its body and no keep-alive.
+func answer(c net.Conn, status int, cause error) {
 	body := fmt.Sprintf("aenv egress proxy: %v\n", cause)
-	fmt.Fprintf(c, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", status, http.StatusText(status), len(body), body)
 }

@@ -4,13 +4,15 @@
 // connection, decides by E2B's rules (allowOut by address or name, denyOut, internet
 // access), checks the address it will dial against the infrastructure ranges after
 // resolving the name itself (so a name that resolves, or rebinds, to cloud metadata or a
-// private network reaches nothing), applies the transforms of network.rules to plain
-// HTTP requests and dials directly or through the sandbox's SOCKS5 proxy.
+// private network reaches nothing), applies the transforms of network.rules to HTTP
+// requests (over TLS too: connections to a name that has rules are terminated with a
+// leaf of the node's CA, see CA) and dials directly or through the sandbox's SOCKS5 proxy.
 package egressproxy
 
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -50,7 +52,12 @@ type Config struct {
 	// HostAddr reports whether an address is the node's own; nil checks the host's
 	// interfaces.
 	HostAddr func(netip.Addr) bool
-	Logger   *slog.Logger
+	// CA signs the certificates of intercepted TLS connections (those to names that have
+	// network.rules); nil leaves every TLS connection end to end, transforms unapplied.
+	CA *CA
+	// UpstreamRoots verify the servers of intercepted connections; nil is the system's.
+	UpstreamRoots *x509.CertPool
+	Logger        *slog.Logger
 }
 
 // Proxy serves redirected connections by the policy of their source address.
@@ -183,6 +190,10 @@ func (p *Proxy) handle(c net.Conn) {
 	case len(head) == 1 && head[0] == 0x16:
 		sni := peekSNI(br)
 		_ = c.SetReadDeadline(time.Time{})
+		if p.intercepts(pol, sni) {
+			p.intercept(ctx, c, br, pol, dst, sni)
+			return
+		}
 		p.raw(ctx, c, br, pol, dst, sni)
 	case len(head) == 1 && isMethodStart(head[0]):
 		p.http(ctx, c, br, pol, dst)

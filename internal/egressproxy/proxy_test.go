@@ -34,6 +34,7 @@ const (
 	webIP    = "127.77.1.2" // api.example.test, www.example.test, other.test: HTTP :80, TLS :443
 	rawIP    = "127.77.1.3" // :8080 answers "raw"
 	rebindIP = "127.77.9.2" // rebind.example.test, inside the denied range
+	httpsIP  = "127.77.1.4" // secure, wrong and plain.example.test: HTTPS :443 (tls_test.go)
 	dnsIP    = "127.77.0.53"
 )
 
@@ -50,7 +51,7 @@ func listen(t testing.TB, addr string) net.Listener {
 	return l
 }
 
-func newWorld(t testing.TB) *world {
+func newWorld(t testing.TB, opts ...func(*Config)) *world {
 	t.Helper()
 	echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "host=%s auth=%s x=%s", r.Host, r.Header.Get("Authorization"), r.Header.Get("X-Extra"))
@@ -81,9 +82,11 @@ func newWorld(t testing.TB) *world {
 	go egresstest.ServeDNS(pc, map[string]netip.Addr{
 		"api.example.test": netip.MustParseAddr(webIP), "www.example.test": netip.MustParseAddr(webIP),
 		"other.test": netip.MustParseAddr(webIP), "rebind.example.test": netip.MustParseAddr(rebindIP),
+		"secure.example.test": netip.MustParseAddr(httpsIP), "wrong.example.test": netip.MustParseAddr(httpsIP),
+		"plain.example.test": netip.MustParseAddr(httpsIP),
 	})
 	w := &world{t: t}
-	w.proxy = New(Config{
+	cfg := Config{
 		Deny:     []netip.Prefix{netip.MustParsePrefix("127.77.9.0/24")},
 		HostAddr: func(netip.Addr) bool { return false },
 		Resolver: &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
@@ -91,7 +94,11 @@ func newWorld(t testing.TB) *world {
 			return d.DialContext(ctx, network, dnsIP+":53")
 		}},
 		OriginalDst: w.originalDst,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	w.proxy = New(cfg)
 	pl := listen(t, "127.0.0.1:0")
 	w.addr = pl.Addr().String()
 	go w.proxy.Serve(pl)

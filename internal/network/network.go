@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -51,8 +52,13 @@ type Config struct {
 	AllowRanges []netip.Prefix
 	// DNS are the nameservers sandboxes are given: reachable on port 53 even inside the
 	// denied ranges.
-	DNS    []netip.Addr
-	Logger *slog.Logger
+	DNS []netip.Addr
+	// EgressCA lets the egress proxy terminate TLS to domains that have network.rules
+	// (egressproxy.Config.CA), EgressUpstreamRoots verify their servers (nil: the
+	// system roots).
+	EgressCA            *egressproxy.CA
+	EgressUpstreamRoots *x509.CertPool
+	Logger              *slog.Logger
 }
 
 func (c *Config) defaults() error {

@@ -50,6 +50,7 @@ func (p *Pool) startEgressProxy() error {
 	cfg := egressproxy.Config{
 		Deny: DefaultDenyRanges, Allow: p.cfg.AllowRanges, Subnet: p.subnet,
 		Resolver: resolverFor(p.cfg.DNS), Logger: p.cfg.Logger,
+		CA: p.cfg.EgressCA, UpstreamRoots: p.cfg.EgressUpstreamRoots,
 	}
 	p.proxy = egressproxy.New(cfg)
 	p.proxyLn = l

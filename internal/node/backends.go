@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/dataplane"
+	"github.com/aenv-dev/aenv/internal/egressproxy"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/sandbox/microvm"
@@ -49,6 +51,10 @@ type BackendEnv struct {
 	// DataPlane serves layered root disks from the data-plane process, which outlives the
 	// node (backend.data_plane); nil: the backend serves them itself.
 	DataPlane *dataplane.Client
+	// EgressCA is the node's egress CA (<data_dir>/egress), EgressUpstreamRoots what its
+	// proxy verifies servers against (network.egress_upstream_ca and the system roots).
+	EgressCA            *egressproxy.CA
+	EgressUpstreamRoots *x509.CertPool
 }
 
 // BackendFactory opens one kind of backend. It probes what it needs and fails with an
@@ -104,6 +110,7 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 			Prefix:      cfg.Network.Prefix,
 			PoolSize:    cfg.Network.PoolSize,
 			AllowRanges: allowRanges,
+			EgressCA:    env.EgressCA, EgressUpstreamRoots: env.EgressUpstreamRoots,
 		},
 		DNS: dns,
 	})
@@ -183,6 +190,7 @@ func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 			PoolSize:    cfg.Network.PoolSize,
 			AllowRanges: allowRanges,
 			DNS:         dns,
+			EgressCA:    env.EgressCA, EgressUpstreamRoots: env.EgressUpstreamRoots,
 		},
 	})
 	if err != nil {

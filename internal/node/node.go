@@ -25,6 +25,7 @@ package node
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -38,6 +39,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/apikey"
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/egressproxy"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/secret"
@@ -83,6 +85,8 @@ type Node struct {
 
 	// baseBuild is the node's own build of the base template, when one runs.
 	baseBuild *baseBuild
+	// egressCA is the egress proxy's CA, given to sandboxes with network.rules.
+	egressCA *egressproxy.CA
 	// closers undo Open, in reverse order.
 	closers []func(ctx context.Context)
 }
@@ -139,6 +143,10 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	if dp != nil {
 		env.DataPlane = dp.Client
 	}
+	if env.EgressCA, env.EgressUpstreamRoots, err = openEgressCA(cfg); err != nil {
+		return nil, err
+	}
+	n.egressCA = env.EgressCA
 	n.Backend, err = factory(ctx, env)
 	if err != nil {
 		return nil, err
@@ -224,6 +232,7 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 		Registerer:       n.Metrics,
 		Logger:           n.Log,
 		TemplatePending:  n.baseBuild.pending,
+		EgressCA:         n.egressCA.CertPEM(),
 	}, n.Backend, n.Catalog, orchestrator.WithPublisher(pub, repo.cache),
 		orchestrator.WithVolumes(n.Volumes), orchestrator.WithSecrets(n.Secrets))
 	if err != nil {
@@ -300,4 +309,29 @@ func (n *Node) Close(ctx context.Context) {
 		n.closers[i](ctx)
 	}
 	n.closers = nil
+}
+
+// openEgressCA loads (or makes, on first start) the node's egress CA under
+// <data_dir>/egress and the roots its proxy verifies servers against: the system's plus
+// network.egress_upstream_ca.
+func openEgressCA(cfg config.Config) (*egressproxy.CA, *x509.CertPool, error) {
+	ca, err := egressproxy.LoadOrCreateCA(filepath.Join(cfg.DataDir, "egress"))
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.Network.EgressUpstreamCA == "" {
+		return ca, nil, nil
+	}
+	pem, err := os.ReadFile(cfg.Network.EgressUpstreamCA)
+	if err != nil {
+		return nil, nil, fmt.Errorf("network.egress_upstream_ca: %w", err)
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil {
+		roots = x509.NewCertPool()
+	}
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, nil, fmt.Errorf("network.egress_upstream_ca: %s holds no PEM certificate", cfg.Network.EgressUpstreamCA)
+	}
+	return ca, roots, nil
 }

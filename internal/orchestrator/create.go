@@ -300,6 +300,14 @@ func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbo
 		o.stopQuietly(ctx, inst)
 		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
 	}
+	if o.wantsEgressCA(rec) {
+		// Without it HTTPS to the domains of the rules fails verification, but the rest
+		// of the sandbox works: reported, not fatal.
+		if err := o.installEgressCA(ctx, ep, rec); err != nil {
+			o.log.Warn("install the egress CA", "sandbox", rec.ID, "err", err)
+			o.logEvent(rec.ID, LevelWarn, "egress CA not installed: HTTPS to the domains of network.rules will fail verification", map[string]string{"err": err.Error()})
+		}
+	}
 	o.logEvent(rec.ID, LevelInfo, "sandbox started", map[string]string{"operation": operation})
 	if runsFreshProcesses(plan, o.backend.Capabilities()) {
 		// A start command that cannot be started is the template's fault, not the

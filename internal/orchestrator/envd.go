@@ -88,6 +88,7 @@ func (o *Orchestrator) initEnvd(ctx context.Context, ep sandbox.Endpoint, rec *S
 	if err != nil {
 		return "", err
 	}
+	o.egressCAEnv(rec, env)
 	env["E2B_SANDBOX"] = "true"
 	env["E2B_SANDBOX_ID"] = rec.ID
 	env["E2B_TEMPLATE_ID"] = rec.TemplateID

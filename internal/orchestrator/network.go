@@ -133,6 +133,13 @@ func (o *Orchestrator) UpdateNetwork(ctx context.Context, id string, u NetworkUp
 			o.finish(e, p, prev, err)
 			return err
 		}
+		// New rules need the CA for HTTPS; processes already running (and Node.js ones,
+		// whose NODE_EXTRA_CA_CERTS was not set at create) may not see it.
+		if prev == StateRunning && o.wantsEgressCA(&next) {
+			if err := o.installEgressCA(octx, inst.Endpoint(), &next); err != nil {
+				o.log.Warn("install the egress CA", "sandbox", id, "err", err)
+			}
+		}
 	}
 	o.mu.Lock()
 	e.rec.AllowInternet, e.rec.Egress = next.AllowInternet, next.Egress

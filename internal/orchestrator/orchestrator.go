@@ -71,6 +71,9 @@ type Config struct {
 	// a non-nil answer (why it is not there yet: a build in progress or failed) makes
 	// create fail with ErrTemplateNotReady instead of ErrTemplateNotFound.
 	TemplatePending func(id string) error
+	// EgressCA is the node's egress CA certificate (PEM): sandboxes with network.rules are
+	// given it to trust (egressca.go). Empty: none is installed.
+	EgressCA []byte
 }
 
 func (c *Config) applyDefaults() {

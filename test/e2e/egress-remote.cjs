@@ -1,6 +1,8 @@
 // The "internet" of test/e2e/egress.test.mjs, run inside the test's network namespace:
 //   <web>:80   HTTP, answers "host=<Host> auth=<Authorization>"
-//   <web>:443  TLS, records the SNI of each ClientHello (the handshake then fails: no cert)
+//   <web>:443  TLS, records the SNI of each ClientHello (the handshake then fails: no cert);
+//              with a 6th argument (a directory holding srv.key and srv.pem) HTTPS instead,
+//              answering "https host=<Host> auth=<Authorization>"
 //   <web>:81   GET /snis, /socks: what the TLS and SOCKS5 servers saw (JSON)
 //   <dns>:53   DNS (UDP), A records from argv: name=ip,...
 //   <socks>:1080 SOCKS5, username/password "su"/"sp", records CONNECT targets
@@ -9,9 +11,12 @@
 const net = require('net')
 const http = require('http')
 const tls = require('tls')
+const https = require('https')
+const fs = require('fs')
+const path = require('path')
 const dgram = require('dgram')
 
-const [web, dns, socks, priv, recordsArg] = process.argv.slice(2)
+const [web, dns, socks, priv, recordsArg, certDir] = process.argv.slice(2)
 const records = Object.fromEntries(recordsArg.split(',').map((kv) => kv.split('=')))
 const snis = []
 const targets = []
@@ -22,9 +27,17 @@ const echo = (req, res) => res.end(`host=${req.headers.host} auth=${req.headers.
 for (const addr of [web, priv]) { pending++; http.createServer(echo).listen(80, addr, listening) }
 
 pending++
-tls.createServer({
-  SNICallback: (name, cb) => { snis.push(name); cb(new Error('no certificate')) },
-}).on('tlsClientError', () => {}).listen(443, web, listening)
+if (certDir) {
+  https.createServer({
+    key: fs.readFileSync(path.join(certDir, 'srv.key')),
+    cert: fs.readFileSync(path.join(certDir, 'srv.pem')),
+  }, (req, res) => res.end(`https host=${req.headers.host} auth=${req.headers.authorization || ''}\n`))
+    .on('tlsClientError', () => {}).listen(443, web, listening)
+} else {
+  tls.createServer({
+    SNICallback: (name, cb) => { snis.push(name); cb(new Error('no certificate')) },
+  }).on('tlsClientError', () => {}).listen(443, web, listening)
+}
 
 pending++
 http.createServer((req, res) => res.end(JSON.stringify(req.url === '/snis' ? snis : targets))).listen(81, web, listening)
