@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"maps"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -66,6 +67,13 @@ func TestParseKV(t *testing.T) {
 // mockNode runs the real server, orchestrator and catalog over the mock backend.
 func mockNode(t *testing.T) (string, *catalog.Catalog) {
 	t.Helper()
+	return mockNodeWith(t, mock.New(mock.Options{}), nil)
+}
+
+// mockNodeWith runs the real server, orchestrator and catalog (with a "base" template and
+// the test's API key) over be, the server's handler wrapped by wrap when it is not nil.
+func mockNodeWith(t *testing.T, be *mock.Backend, wrap func(http.Handler) http.Handler) (string, *catalog.Catalog) {
+	t.Helper()
 	cat, err := catalog.Open(filepath.Join(t.TempDir(), "aenv.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +87,7 @@ func mockNode(t *testing.T) (string, *catalog.Catalog) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	orch, err := orchestrator.New(orchestrator.Config{Registerer: reg}, mock.New(mock.Options{}), cat)
+	orch, err := orchestrator.New(orchestrator.Config{Registerer: reg}, be, cat)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +103,11 @@ func mockNode(t *testing.T) (string, *catalog.Catalog) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(srv)
+	var h http.Handler = srv
+	if wrap != nil {
+		h = wrap(srv)
+	}
+	hs := httptest.NewServer(h)
 	t.Cleanup(hs.Close)
 	return hs.URL, cat
 }

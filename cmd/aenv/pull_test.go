@@ -1,11 +1,9 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -15,15 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
-
 	"github.com/aenv-dev/aenv/internal/apikey"
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/image"
+	"github.com/aenv-dev/aenv/internal/image/imagetest"
 	"github.com/aenv-dev/aenv/internal/image/install"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
@@ -34,42 +27,16 @@ import (
 )
 
 func pullTestLayout(t *testing.T) string {
-	return layoutOf(t, layoutFile{"hello", "hi", 0o644}, layoutFile{"bin/sh", "#!", 0o755},
-		layoutFile{"etc/passwd", "root:x:0:0::/root:/bin/sh\n", 0o644})
+	return layoutOf(t, layoutFile{Name: "hello", Body: "hi", Mode: 0o644}, layoutFile{Name: "bin/sh", Body: "#!", Mode: 0o755},
+		layoutFile{Name: "etc/passwd", Body: "root:x:0:0::/root:/bin/sh\n", Mode: 0o644})
 }
 
-type layoutFile struct {
-	name, body string
-	mode       int64
-}
+type layoutFile = imagetest.File
 
 // layoutOf writes a one-layer image of files to an OCI layout.
 func layoutOf(t *testing.T, files ...layoutFile) string {
 	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, f := range files {
-		tw.WriteHeader(&tar.Header{Name: f.name, Mode: f.mode, Size: int64(len(f.body)), Typeflag: tar.TypeReg})
-		tw.Write([]byte(f.body))
-	}
-	tw.Close()
-	b := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
-		tarball.WithMediaType(types.OCILayer))
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, _ := mutate.AppendLayers(empty.Image, l)
-	cf, _ := img.ConfigFile()
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", image.HostPlatform().Architecture
-	img, _ = mutate.ConfigFile(mutate.MediaType(img, types.OCIManifestSchema1), cf)
-	dir := t.TempDir()
-	lp, _ := layout.Write(dir, empty.Index)
-	if err := lp.AppendImage(img); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return imagetest.Layout(t, "", image.HostPlatform().Architecture, nil, files...)
 }
 
 func runPull(t *testing.T, args ...string) (string, string, error) {
@@ -251,7 +218,7 @@ func TestPullThroughNode(t *testing.T) {
 		{[]string{"pull", "127.0.0.1:1/nobody:v1", "--name", "x"}, "connection refused"},
 		{[]string{"pull", ref, "--docker-config", "/dev/null"}, "--docker-config"},
 		{[]string{"pull", ref, "--name", "x", "--user", "ghost"}, `unknown user: "ghost" has no account`},
-		{[]string{"pull", "oci:" + layoutOf(t, layoutFile{"etc/passwd", "root:x:0:0::/root:/bin/sh\n", 0o644}), "--name", "x"},
+		{[]string{"pull", "oci:" + layoutOf(t, layoutFile{Name: "etc/passwd", Body: "root:x:0:0::/root:/bin/sh\n", Mode: 0o644}), "--name", "x"},
 			"no /bin/sh"},
 	} {
 		if _, _, err := aenv(t, url, tc.args...); err == nil || !strings.Contains(err.Error(), tc.msg) {

@@ -2,26 +2,17 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/aenv-dev/aenv/internal/apikey"
 	"github.com/aenv-dev/aenv/internal/catalog"
-	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/sandbox/mock"
-	"github.com/aenv-dev/aenv/internal/server"
 )
 
 // pauseNode is node() over a mock that snapshots and keeps processes across a pause, so
@@ -37,51 +28,22 @@ type pauseNode struct {
 
 func newPauseNode(t *testing.T) *pauseNode {
 	t.Helper()
-	cat, err := catalog.Open(filepath.Join(t.TempDir(), "aenv.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cat.Close() })
-	if err := cat.Templates().Put(catalog.Template{ID: "base", Kind: catalog.KindTemplate, RootFSDir: t.TempDir(),
-		Resources: sandbox.Resources{CPUCount: 1, MemoryMB: 256}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cat.APIKeys().Add("test", testKey); err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
 	be := mock.New(mock.Options{Capabilities: sandbox.Capabilities{Snapshots: true, PauseKeepsProcesses: true}})
-	orch, err := orchestrator.New(orchestrator.Config{Registerer: reg}, be, cat)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := orch.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		orch.Shutdown(ctx)
-	})
-	srv, err := server.New(server.Options{Orchestrator: orch, Auth: apikey.NewVerifier(cat.APIKeys()), Keys: cat.APIKeys(), Registry: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := &pauseNode{cat: cat, be: be, bodies: map[string][]string{}}
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		for _, suffix := range []string{"pause", "connect"} {
-			if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/"+suffix) {
-				raw, _ := io.ReadAll(r.Body)
-				r.Body = io.NopCloser(bytes.NewReader(raw))
-				n.mu.Lock()
-				n.bodies[suffix] = append(n.bodies[suffix], string(raw))
-				n.mu.Unlock()
+	n := &pauseNode{be: be, bodies: map[string][]string{}}
+	n.url, n.cat = mockNodeWith(t, be, func(srv http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			for _, suffix := range []string{"pause", "connect"} {
+				if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/"+suffix) {
+					raw, _ := io.ReadAll(r.Body)
+					r.Body = io.NopCloser(bytes.NewReader(raw))
+					n.mu.Lock()
+					n.bodies[suffix] = append(n.bodies[suffix], string(raw))
+					n.mu.Unlock()
+				}
 			}
-		}
-		srv.ServeHTTP(w, r)
-	}))
-	t.Cleanup(hs.Close)
-	n.url = hs.URL
+			srv.ServeHTTP(w, r)
+		})
+	})
 	return n
 }
 

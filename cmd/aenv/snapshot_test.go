@@ -1,22 +1,13 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/aenv-dev/aenv/internal/apikey"
 	"github.com/aenv-dev/aenv/internal/catalog"
-	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/sandbox/mock"
-	"github.com/aenv-dev/aenv/internal/server"
 	"github.com/aenv-dev/aenv/internal/server/api"
 )
 
@@ -24,39 +15,7 @@ import (
 // orchestrator and catalog; the mock copies files between captures).
 func snapshotNode(t *testing.T) (string, *catalog.Catalog) {
 	t.Helper()
-	cat, err := catalog.Open(filepath.Join(t.TempDir(), "aenv.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cat.Close() })
-	if err := cat.Templates().Put(catalog.Template{ID: "base", Kind: catalog.KindTemplate, RootFSDir: t.TempDir(),
-		Resources: sandbox.Resources{CPUCount: 1, MemoryMB: 256}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cat.APIKeys().Add("test", testKey); err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	be := mock.New(mock.Options{Capabilities: sandbox.Capabilities{Snapshots: true}})
-	orch, err := orchestrator.New(orchestrator.Config{Registerer: reg}, be, cat)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := orch.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		orch.Shutdown(ctx)
-	})
-	srv, err := server.New(server.Options{Orchestrator: orch, Auth: apikey.NewVerifier(cat.APIKeys()), Keys: cat.APIKeys(), Registry: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv)
-	t.Cleanup(hs.Close)
-	return hs.URL, cat
+	return mockNodeWith(t, mock.New(mock.Options{Capabilities: sandbox.Capabilities{Snapshots: true}}), nil)
 }
 
 func mustAenv(t *testing.T, url string, args ...string) string {

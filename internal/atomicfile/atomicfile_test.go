@@ -1,6 +1,7 @@
 package atomicfile
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -41,5 +42,43 @@ func TestWriteFileFailureLeavesTargetAlone(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(p); string(got) != "kept" {
 		t.Fatalf("target changed to %q", got)
+	}
+}
+
+func TestFill(t *testing.T) {
+	boom := errors.New("boom")
+	tests := []struct {
+		name    string
+		fill    func(f *os.File) error
+		wantErr error
+		want    string // content at the path afterwards ("" = absent)
+	}{
+		{"writes", func(f *os.File) error { _, err := f.WriteString("layer bytes"); return err }, nil, "layer bytes"},
+		{"fill fails", func(f *os.File) error { f.WriteString("partial"); return boom }, boom, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := filepath.Join(dir, "blob")
+			err := Fill(p, ".fetch-", 0o444, tt.fill)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			got, rerr := os.ReadFile(p)
+			switch {
+			case tt.want == "" && !os.IsNotExist(rerr):
+				t.Fatalf("path exists after a failed fill: %q, %v", got, rerr)
+			case tt.want != "" && string(got) != tt.want:
+				t.Fatalf("read back %q, %v; want %q", got, rerr, tt.want)
+			}
+			if tt.want != "" {
+				if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o444 {
+					t.Fatalf("mode = %v, want 0444", fi.Mode())
+				}
+			}
+			if left, _ := filepath.Glob(filepath.Join(dir, ".fetch-*")); len(left) != 0 {
+				t.Fatalf("temporary files left behind: %v", left)
+			}
+		})
 	}
 }

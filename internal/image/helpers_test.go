@@ -5,19 +5,16 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"io/fs"
 	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/image/imagetest"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -201,40 +198,7 @@ func push(t testing.TB, ref string, img v1.Image) {
 // tree lists a directory as sorted "path mode uid:gid [content | -> target]" lines.
 func tree(t testing.TB, root string) []string {
 	t.Helper()
-	var out []string
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		if rel == "." {
-			return nil
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		st := fi.Sys().(*syscall.Stat_t)
-		line := rel + " " + fi.Mode().String() + " " + strconv.Itoa(int(st.Uid)) + ":" + strconv.Itoa(int(st.Gid))
-		switch {
-		case fi.Mode().IsRegular():
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			line += " " + string(b)
-		case fi.Mode()&fs.ModeSymlink != 0:
-			tgt, _ := os.Readlink(p)
-			line += " -> " + tgt
-		}
-		out = append(out, line)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(out)
-	return out
+	return imagetest.Tree(t, root, true)
 }
 
 func requireRoot(t testing.TB) {

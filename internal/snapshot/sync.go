@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/atomicfile"
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/repository"
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -228,26 +229,12 @@ func (p *Publisher) materialize(ctx context.Context, d repository.Digest) (strin
 		return "", fmt.Errorf("snapshot: fetch %s: %w", d, err)
 	}
 	defer rc.Close()
-	f, err := os.CreateTemp(p.path("layers"), ".fetch-*")
+	// Layers are read-only: a sandbox writes to its own upper.
+	err = atomicfile.Fill(path, ".fetch-", 0o444, func(f *os.File) error {
+		_, err := io.Copy(f, rc)
+		return err
+	})
 	if err != nil {
-		return "", fmt.Errorf("snapshot: %w", err)
-	}
-	_, err = io.Copy(f, rc)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		// Layers are read-only: a sandbox writes to its own upper.
-		err = os.Chmod(f.Name(), 0o444)
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
 		return "", fmt.Errorf("snapshot: fetch %s: %w", d, err)
 	}
 	return path, nil

@@ -66,7 +66,7 @@ const AppUID = 1001
 // Images makes the test images from root (see Plain, WithUser, BareUID). Layers are
 // uncompressed, so nothing is spent compressing the root.
 func Images(root string) (map[string]v1.Image, error) {
-	tr, err := dirTar(root)
+	tr, err := TarDir(root)
 	if err != nil {
 		return nil, err
 	}
@@ -158,9 +158,9 @@ func appLayer(passwd, group string) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// dirTar tars a directory tree with numeric ownership, hard links as links, and nothing
-// below /dev, /proc and /sys (runtimes mount over them).
-func dirTar(dir string) ([]byte, error) {
+// TarDir tars a directory tree as an image layer: numeric ownership, modes, hard links as
+// links, and nothing below /dev, /proc and /sys (runtimes mount over them).
+func TarDir(dir string) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	seen := map[uint64]string{}

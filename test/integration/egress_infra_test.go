@@ -4,13 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netns"
 )
 
 // TestSandboxInfraEgress: a real sandbox of a node with one allowed range reaches a
@@ -19,23 +15,9 @@ import (
 // targets live in a namespace behind a host veth made here; the node logs nothing about
 // the dropped probes.
 func TestSandboxInfraEgress(t *testing.T) {
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
 	ns, veth := "aitinf-remote", "aitinfr0"
-	_ = exec.Command("ip", "link", "del", veth).Run()
-	_ = exec.Command("ip", "netns", "del", ns).Run()
-	t.Cleanup(func() {
-		_ = exec.Command("ip", "link", "del", veth).Run()
-		_ = exec.Command("ip", "netns", "del", ns).Run()
-	})
-	run("netns", "add", ns)
-	run("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-	run("link", "set", veth, "up")
-	run("-n", ns, "link", "set", "eth0", "up")
+	remoteNetns(t, ns, veth)
+	run := func(args ...string) { t.Helper(); ipCmd(t, args...) }
 	targets := map[string]string{ // name → address in the namespace
 		"public": "203.0.113.7", "allowed": "10.97.222.2", "metadata": "169.254.79.254",
 		"private": "10.97.221.2", "cgnat": "100.64.221.2",
@@ -106,34 +88,4 @@ func TestSandboxInfraEgress(t *testing.T) {
 			t.Errorf("the node logged %s:\n%s", bad, out)
 		}
 	}
-}
-
-// listenInNetns listens on addr inside the named network namespace; the socket stays
-// there after this thread returns to the test's namespace.
-func listenInNetns(t *testing.T, name, addr string) net.Listener {
-	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	if err := netns.Set(h); err != nil {
-		t.Fatal(err)
-	}
-	l, lerr := net.Listen("tcp", addr)
-	if err := netns.Set(orig); err != nil {
-		panic(err) // this thread must not run anything else in the wrong namespace
-	}
-	if lerr != nil {
-		t.Fatal(lerr)
-	}
-	t.Cleanup(func() { l.Close() })
-	return l
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
@@ -33,23 +32,8 @@ func TestSandboxEgressProxy(t *testing.T) {
 // egressProxyFlow is TestSandboxEgressProxy on the node mk makes (a backend's node), with
 // the test servers' namespace ns joined to the host by veth.
 func egressProxyFlow(t *testing.T, ns, veth string, mk func(env ...string) *node) {
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	_ = exec.Command("ip", "link", "del", veth).Run()
-	_ = exec.Command("ip", "netns", "del", ns).Run()
-	t.Cleanup(func() {
-		_ = exec.Command("ip", "link", "del", veth).Run()
-		_ = exec.Command("ip", "netns", "del", ns).Run()
-	})
-	run("netns", "add", ns)
-	run("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-	run("link", "set", veth, "up")
-	run("-n", ns, "link", "set", "eth0", "up")
-	run("-n", ns, "link", "set", "lo", "up")
+	remoteNetns(t, ns, veth)
+	run := func(args ...string) { t.Helper(); ipCmd(t, args...) }
 	const web, dns, socksIP, private = "192.88.99.80", "192.88.99.53", "192.88.99.90", "10.97.231.2"
 	run("addr", "add", "192.88.99.1/24", "dev", veth)
 	run("addr", "add", "10.97.231.1/24", "dev", veth)

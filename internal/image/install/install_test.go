@@ -1,60 +1,29 @@
 package install
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"testing"
 
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
-
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/image"
+	"github.com/aenv-dev/aenv/internal/image/imagetest"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
 
 // ociLayout writes a one-layer image with an entrypoint and env to a layout.
 func ociLayout(t *testing.T) string {
 	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, f := range []struct{ name, body string }{{"bin/app", "#!/bin/sh\n"}, {"bin/sh", "#!"}, {"etc/passwd", "root:x:0:0::/root:/bin/sh\n"}} {
-		tw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o755, Size: int64(len(f.body)), Typeflag: tar.TypeReg})
-		tw.Write([]byte(f.body))
-	}
-	tw.Close()
-	b := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
-		tarball.WithMediaType(types.OCILayer))
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, _ := mutate.AppendLayers(empty.Image, l)
-	cf, _ := img.ConfigFile()
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", image.HostPlatform().Architecture
-	cf.Config.Env = []string{"A=1", "PATH=/bin"}
-	cf.Config.Entrypoint = []string{"/bin/app"}
-	cf.Config.Cmd = []string{"--name", "it's"}
-	img, _ = mutate.ConfigFile(mutate.MediaType(img, types.OCIManifestSchema1), cf)
-	dir := filepath.Join(t.TempDir(), "my-app")
-	lp, err := layout.Write(dir, empty.Index)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lp.AppendImage(img); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return imagetest.Layout(t, filepath.Join(t.TempDir(), "my-app"), image.HostPlatform().Architecture, func(c *v1.Config) {
+		c.Env = []string{"A=1", "PATH=/bin"}
+		c.Entrypoint = []string{"/bin/app"}
+		c.Cmd = []string{"--name", "it's"}
+	}, imagetest.File{Name: "bin/app", Body: "#!/bin/sh\n", Mode: 0o755}, imagetest.File{Name: "bin/sh", Body: "#!", Mode: 0o755},
+		imagetest.File{Name: "etc/passwd", Body: "root:x:0:0::/root:/bin/sh\n", Mode: 0o755})
 }
 
 func TestRun(t *testing.T) {

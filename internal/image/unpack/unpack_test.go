@@ -8,13 +8,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/image/imagetest"
 	"golang.org/x/sys/unix"
 )
 
@@ -77,46 +75,11 @@ func apply(t testing.TB, root string, layer []byte) (Stats, error) {
 	return Apply(context.Background(), root, bytes.NewReader(layer), Options{})
 }
 
-// listing describes a tree as sorted "path type mode uid:gid [content|target]" lines.
+// listing describes a tree as sorted "path mode [uid:gid] [content|target]" lines (owners
+// only as root, where unpacking can set them).
 func listing(t testing.TB, root string) []string {
 	t.Helper()
-	var out []string
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		if rel == "." {
-			return nil
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		st := fi.Sys().(*syscall.Stat_t)
-		line := rel + " " + fi.Mode().String()
-		if os.Geteuid() == 0 {
-			line += " " + strconv.Itoa(int(st.Uid)) + ":" + strconv.Itoa(int(st.Gid))
-		}
-		switch {
-		case fi.Mode().IsRegular():
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			line += " " + string(b)
-		case fi.Mode()&fs.ModeSymlink != 0:
-			tgt, _ := os.Readlink(p)
-			line += " -> " + tgt
-		}
-		out = append(out, line)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(out)
-	return out
+	return imagetest.Tree(t, root, os.Geteuid() == 0)
 }
 
 func TestApplyEntryKinds(t *testing.T) {

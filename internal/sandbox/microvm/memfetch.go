@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/aenv-dev/aenv/internal/atomicfile"
 	"github.com/aenv-dev/aenv/internal/repository"
 )
 
@@ -91,25 +92,10 @@ func (b *Backend) localBlob(ctx context.Context, id string, mb *memBlob) (string
 	if err := os.MkdirAll(b.cfg.fetchedDir(), 0o700); err != nil {
 		return "", fmt.Errorf("microvm: %w", err)
 	}
-	f, err := os.CreateTemp(b.cfg.fetchedDir(), ".fetch-*")
+	err := atomicfile.Fill(path, ".fetch-", 0o444, func(f *os.File) error {
+		return b.cfg.BlobFetcher.FetchBlob(ctx, mb.Digest, mb.Size, f)
+	})
 	if err != nil {
-		return "", fmt.Errorf("microvm: %w", err)
-	}
-	err = b.cfg.BlobFetcher.FetchBlob(ctx, mb.Digest, mb.Size, f)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(f.Name(), 0o444)
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
 		return "", fmt.Errorf("microvm: capture %s: fetch its %s blob from the repository: %w", id, mb.Role, err)
 	}
 	return path, nil

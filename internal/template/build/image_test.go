@@ -1,15 +1,12 @@
 package build
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -20,56 +17,17 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/aenv-dev/aenv/internal/image"
+	"github.com/aenv-dev/aenv/test/debian"
 )
 
 // dirLayer tars a directory tree (as an image layer) with its ownership and modes.
 func dirLayer(t testing.TB, dir string) []byte {
 	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == dir {
-			return err
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		h, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		h.Name = filepath.ToSlash(rel)
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			h.Uid, h.Gid = int(st.Uid), int(st.Gid)
-		}
-		h.Uname, h.Gname = "", ""
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			_, err = io.Copy(tw, f)
-			return err
-		}
-		return nil
-	})
+	b, err := debian.TarDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tw.Close()
-	return buf.Bytes()
+	return b
 }
 
 // baseImage writes an OCI layout holding one image made of n's base rootfs, with the

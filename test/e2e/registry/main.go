@@ -7,20 +7,17 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"log"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
-	"syscall"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -52,7 +49,7 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	layer, err := dirLayer(*rootfs)
+	layer, err := debian.TarDir(*rootfs)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -99,55 +96,4 @@ func main() {
 	}
 	fmt.Printf("READY %s %s\n", ln.Addr(), ref.String())
 	select {}
-}
-
-// dirLayer tars a directory tree with numeric ownership and modes, as a layer.
-func dirLayer(dir string) ([]byte, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == dir {
-			return err
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		h, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		h.Name = filepath.ToSlash(rel)
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			h.Uid, h.Gid = int(st.Uid), int(st.Gid)
-		}
-		h.Uname, h.Gname = "", ""
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if !fi.Mode().IsRegular() {
-			return nil
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.Copy(tw, f)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
 }

@@ -1,0 +1,68 @@
+package integration
+
+import (
+	"net"
+	"os/exec"
+	"runtime"
+	"testing"
+
+	"github.com/vishvananda/netns"
+)
+
+// ipCmd runs ip(8) with args and fails the test with its output when it fails.
+func ipCmd(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %v: %v: %s", args, err, out)
+	}
+}
+
+// remoteNetns makes a network namespace ns reached from the host through veth (the
+// namespace's end is its eth0), both up, and removes them when the test ends. It stands for
+// the world outside the host: the tests give it addresses and listeners of their own, so no
+// test ever depends on a real outside address. A leftover pair from a killed run is removed
+// first.
+func remoteNetns(t *testing.T, ns, veth string) {
+	t.Helper()
+	cleanup := func() {
+		_ = exec.Command("ip", "link", "del", veth).Run()
+		_ = exec.Command("ip", "netns", "del", ns).Run()
+	}
+	cleanup()
+	t.Cleanup(cleanup)
+	ipCmd(t, "netns", "add", ns)
+	ipCmd(t, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+	ipCmd(t, "link", "set", veth, "up")
+	ipCmd(t, "-n", ns, "link", "set", "eth0", "up")
+	ipCmd(t, "-n", ns, "link", "set", "lo", "up")
+}
+
+// listenInNetns listens on addr (TCP) inside the named namespace; the listener keeps
+// serving there from any goroutine, and is closed when the test ends.
+func listenInNetns(t *testing.T, name, addr string) net.Listener {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := netns.Set(h); err != nil {
+		t.Fatal(err)
+	}
+	l, lerr := net.Listen("tcp", addr)
+	if err := netns.Set(orig); err != nil {
+		panic(err) // this thread must not run anything else in the wrong namespace
+	}
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
