@@ -215,7 +215,7 @@ func TestMicroVMNode(t *testing.T) {
 		}
 		run(ctx, t, c, f, fmt.Sprintf("echo fork-%d > /home/user/own", i))
 	}
-	if got := run(ctx, t, c, forks[0], `cat /home/user/own; cat /home/user/note; echo "$TOK"`); got != "fork-0\nkept\n"+secret {
+	if got := run(ctx, t, c, forks[0], `cat /home/user/own; cat /home/user/note; echo; echo "$TOK"`); got != "fork-0\nkept\n"+secret {
 		t.Errorf("fork 0 reads %q", got)
 	}
 	// Pause with memory and resume: same process, same memory.
