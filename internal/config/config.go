@@ -98,6 +98,10 @@ type Backend struct {
 	// TBSizeMiB caps the TCG translation cache of each microVM (0: QEMU's default); see
 	// docs/operations.md for what a cap saves and costs.
 	TBSizeMiB int `toml:"tb_size_mib"`
+	// SnapshotPool is how many VMs the microvm backend keeps restored per snapshot (0:
+	// none); SnapshotPoolMax caps them across snapshots. See docs/operations.md.
+	SnapshotPool    int `toml:"snapshot_pool"`
+	SnapshotPoolMax int `toml:"snapshot_pool_max"`
 	// QEMUUser is the microvm backend's "uid:gid" for QEMU once its devices are open;
 	// empty: microvm.DefaultQEMUUser.
 	QEMUUser string `toml:"qemu_user"`
@@ -537,6 +541,12 @@ func (c *Config) Validate() error {
 	case "auto", "tcg", "kvm":
 	default:
 		bad("backend.accel", "%q is not auto, tcg or kvm", c.Backend.Accel)
+	}
+	if c.Backend.SnapshotPool < 0 || c.Backend.SnapshotPool > 64 {
+		bad("backend.snapshot_pool", "%d is not 0 (no pool) or 1..64", c.Backend.SnapshotPool)
+	}
+	if c.Backend.SnapshotPoolMax < 0 || c.Backend.SnapshotPoolMax > 1024 {
+		bad("backend.snapshot_pool_max", "%d is not 0 (4 × snapshot_pool) or 1..1024", c.Backend.SnapshotPoolMax)
 	}
 	if c.Backend.TBSizeMiB < 0 || c.Backend.TBSizeMiB > 4096 {
 		bad("backend.tb_size_mib", "%d is not 0 (QEMU's default) or 1..4096", c.Backend.TBSizeMiB)

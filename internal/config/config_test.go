@@ -118,6 +118,8 @@ func TestLoadErrorsNameTheKey(t *testing.T) {
 		{"bad accel", "", map[string]string{"AENV_BACKEND_ACCEL": "hvf"}, "backend.accel"},
 		{"negative tb size", "", map[string]string{"AENV_BACKEND_TB_SIZE_MIB": "-1"}, "backend.tb_size_mib"},
 		{"huge tb size", "[backend]\ntb_size_mib = 5000\n", nil, "backend.tb_size_mib"},
+		{"negative snapshot pool", "", map[string]string{"AENV_BACKEND_SNAPSHOT_POOL": "-1"}, "backend.snapshot_pool"},
+		{"huge snapshot pool max", "[backend]\nsnapshot_pool_max = 5000\n", nil, "backend.snapshot_pool_max"},
 		{"bad shutdown action", "[sandbox]\nshutdown_action = \"explode\"\n", nil, "sandbox.shutdown_action"},
 		{"bad envd version", "", map[string]string{"AENV_ENVD_VERSION": "latest"}, "envd.version"},
 		{"short api key", "", map[string]string{"AENV_API_KEY": "short"}, "api_key"},

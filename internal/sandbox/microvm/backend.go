@@ -91,6 +91,13 @@ type Config struct {
 	// makes TCG flush and retranslate: 8 MiB saved 6–8 MiB per fork and slowed boots and
 	// first answers after a restore several times over, so none is set by default.
 	TBSizeMiB int
+	// SnapshotPool is how many VMs restored from a snapshot's memory image the backend
+	// keeps ready (stopped) per snapshot once a sandbox was created from it, so the next
+	// create only continues one (pool.go). 0 keeps none. SnapshotPoolMax caps the pooled
+	// VMs of all snapshots together (default 4 × SnapshotPool); each holds a network slot
+	// and its QEMU's private memory (~30–40 MiB under TCG).
+	SnapshotPool    int
+	SnapshotPoolMax int
 	// RAMDir holds the guest RAM files (memory-backend-file); it must be a tmpfs. Default
 	// /dev/shm/aenv-microvm-<hash of DataDir>.
 	RAMDir string
@@ -169,6 +176,12 @@ func (c *Config) defaults() error {
 	if c.TBSizeMiB < 0 {
 		return fmt.Errorf("microvm: TBSizeMiB %d is negative", c.TBSizeMiB)
 	}
+	if c.SnapshotPool < 0 || c.SnapshotPoolMax < 0 {
+		return fmt.Errorf("microvm: snapshot pool %d (max %d) is negative", c.SnapshotPool, c.SnapshotPoolMax)
+	}
+	if c.SnapshotPoolMax == 0 {
+		c.SnapshotPoolMax = 4 * c.SnapshotPool
+	}
 	if c.MemoryMB == 0 {
 		c.MemoryMB = 256
 	}
@@ -206,6 +219,9 @@ type Backend struct {
 
 	// fetching serialises fetches of one memory blob (memfetch.go).
 	fetching keyedMutex
+
+	// vmpool keeps restored VMs of snapshots ready (pool.go).
+	vmpool *vmPool
 
 	mu        sync.Mutex
 	instances map[string]*Instance
@@ -263,6 +279,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		// Restored guests then reach their gateway only after their ARP entry expires.
 		b.log.Warn("microvm: bridge MAC not pinned", "err", err)
 	}
+	b.vmpool = newVMPool(b, cfg.SnapshotPool, cfg.SnapshotPoolMax)
 	b.log.Info("microvm backend ready", "qemu", cfg.QEMU, "accel", b.accel, "kernel", cfg.Kernel, "tsc_khz", cfg.TSCKHz)
 	return b, nil
 }
@@ -275,11 +292,12 @@ func (c *Config) chrootDir() string { return filepath.Join(c.DataDir, "qemu-root
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "microvm" }
 
-// Close releases the network pool's warm slots. Running sandboxes keep running; a
+// Close stops the snapshot pool's VMs and releases the network pool's warm slots. Running sandboxes keep running; a
 // restart's Reconcile adopts them (data plane) or removes them. The RAM directory goes
 // when nothing is left in it (a node whose sandboxes were stopped leaves no trace on
 // tmpfs).
 func (b *Backend) Close(ctx context.Context) error {
+	b.vmpool.close()
 	_ = os.Remove(b.cfg.imagesDir())
 	_ = os.Remove(b.cfg.RAMDir)
 	return b.pool.Close(ctx)

@@ -64,6 +64,11 @@ func (b *Backend) launchCaptured(ctx context.Context, plan sandbox.LaunchPlan) (
 		fresh.Snapshot, fresh.Paused = nil, nil
 		return b.Launch(ctx, fresh)
 	}
+	if b.poolable(plan, c) {
+		if inst := b.vmpool.take(ctx, plan, c); inst != nil {
+			return inst, nil
+		}
+	}
 	inst, err := b.reserve(plan.SandboxID, c.Resources)
 	if err != nil {
 		return nil, err

@@ -199,6 +199,7 @@ func newTestBackend(t testing.TB, opts ...func(*Config)) *Backend {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		b.vmpool.close()
 		b.mu.Lock()
 		var insts []*Instance
 		for _, i := range b.instances {

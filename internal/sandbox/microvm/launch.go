@@ -31,6 +31,7 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 	if !idRE.MatchString(plan.SandboxID) {
 		return nil, fmt.Errorf("microvm: invalid sandbox id %q", plan.SandboxID)
 	}
+	defer b.vmpool.request()()
 	r := plan.Resources
 	if r.CPUCount < 0 || r.MemoryMB < 0 || r.DiskSizeMB < 0 {
 		return nil, fmt.Errorf("microvm: negative resources %+v", r)

@@ -39,6 +39,7 @@ func (b *Backend) DiscardSnapshot(_ context.Context, c sandbox.Captured) error {
 	if !ok {
 		return fmt.Errorf("microvm: discard: %T is not a microvm capture", c)
 	}
+	b.vmpool.drain(mc.ID)
 	return removeImage(b, mc)
 }
 
@@ -50,6 +51,7 @@ func (b *Backend) DiscardPaused(_ context.Context, _ string, ps sandbox.PausedSt
 	if !ok {
 		return fmt.Errorf("microvm: discard: %T is not a microvm paused state", ps)
 	}
+	b.vmpool.drain(mc.ID)
 	err := removeImage(b, mc)
 	if within(mc.Dir, b.cfg.capturesDir()) {
 		err = errors.Join(err, os.RemoveAll(mc.Dir))

@@ -63,6 +63,10 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 		dir := filepath.Join(b.cfg.sandboxesDir(), e.Name())
 		seen[dir] = true
 		inst, st, err := b.adopt(ctx, e.Name(), want, disks)
+		if err == nil && adopted[inst.id] != nil {
+			err = fmt.Errorf("a second directory claims sandbox %s", inst.id)
+			inst.proc.m.QMP().Close()
+		}
 		if err == nil {
 			adopted[inst.id], states[inst.id] = inst, st
 			continue
@@ -178,8 +182,19 @@ const adoptTimeout = 10 * time.Second
 // adopt takes over the VM in the sandbox directory id if it is known and everything it
 // runs on survived; see Reconcile. On error nothing was changed that removeLeft does not
 // undo.
-func (b *Backend) adopt(ctx context.Context, id string, want map[string]bool, disks map[string]dataplane.Info) (*Instance, savedState, error) {
-	dir := filepath.Join(b.cfg.sandboxesDir(), id)
+//
+// The directory of a VM the snapshot pool handed out (pool.go) is named for the pool; its
+// state file names the sandbox.
+func (b *Backend) adopt(ctx context.Context, name string, want map[string]bool, disks map[string]dataplane.Info) (*Instance, savedState, error) {
+	dir := filepath.Join(b.cfg.sandboxesDir(), name)
+	id := name
+	if pooledDir(name) {
+		st, err := readState(filepath.Join(dir, stateFile))
+		if err != nil {
+			return nil, st, err
+		}
+		id = st.ID
+	}
 	if !want[id] {
 		return nil, savedState{}, errors.New("unknown to the orchestrator")
 	}

@@ -3,6 +3,7 @@ package microvm
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -61,6 +62,56 @@ func BenchmarkRestoreFromSnapshot(b *testing.B) {
 	b.ReportMetric(medianMS(cpuT), "qemu-cpu-ms")
 }
 
+// BenchmarkPooledRestore: create from a snapshot whose pool (Config.SnapshotPool) holds a
+// VM restored and warmed ahead: per iteration, once the pool has refilled (not timed), a
+// launch from it (take, cont) until envd answers /health.
+func BenchmarkPooledRestore(b *testing.B) {
+	be := newTestBackend(b, func(c *Config) { c.Network.PoolSize = 0; c.SnapshotPool = 1 })
+	ctx := context.Background()
+	src := launch(b, be, "sbx-bpsrc", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
+	c, err := src.Snapshot(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.DiscardSnapshot(ctx, c)
+	if err := src.Stop(ctx); err != nil {
+		b.Fatal(err)
+	}
+	cid := c.(*capture).ID
+	// The first launch starts the pool.
+	first, err := be.Launch(ctx, sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: "sbx-bp", Snapshot: c, AllowInternet: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	stopRetry(b, first)
+	var launchT, envdT []time.Duration
+	n := 0
+	for b.Loop() {
+		b.StopTimer()
+		poolReady(b, be, cid, 1)
+		b.StartTimer()
+		t0 := time.Now()
+		inst, err := be.Launch(ctx, sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: fmt.Sprintf("sbx-bp%d", n), Snapshot: c, AllowInternet: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		n++
+		launchT = append(launchT, time.Since(t0))
+		if err := envdReady(inst.(*Instance), 60*time.Second); err != nil {
+			b.Fatal(err)
+		}
+		envdT = append(envdT, time.Since(t0))
+		if !pooledDir(filepath.Base(inst.(*Instance).dir)) {
+			b.Fatalf("launch %d did not come from the pool", n)
+		}
+		b.StopTimer()
+		stopRetry(b, inst)
+		b.StartTimer()
+	}
+	b.ReportMetric(medianMS(launchT), "launch-ms")
+	b.ReportMetric(medianMS(envdT), "envd-ms")
+}
+
 // BenchmarkSnapshotAndPause: a live snapshot of a running sandbox (stop, device state,
 // disk seal, RAM file copy, cont) and, separately, a pause (no RAM copy, VM ended) with
 // the resume that follows it.
@@ -102,7 +153,7 @@ func BenchmarkSnapshotAndPause(b *testing.B) {
 
 // stopRetry stops an instance, once more after an error: the FUSE server may not have
 // seen the killed QEMU's file release yet when the disk is unmounted.
-func stopRetry(b *testing.B, inst sandbox.Instance) {
+func stopRetry(b testing.TB, inst sandbox.Instance) {
 	ctx := context.Background()
 	if err := inst.Stop(ctx); err != nil {
 		b.Logf("stop %s: %v; retrying", inst.ID(), err)
