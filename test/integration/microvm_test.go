@@ -64,7 +64,8 @@ func (n *node) ramDir() string {
 	return "/dev/shm/aenv-microvm-" + hex.EncodeToString(sum[:4])
 }
 
-// qemuPids maps each QEMU process of n's microvm backend to its sandbox id.
+// qemuPids maps each QEMU process of n's microvm backend to the sandbox its directory's
+// state names (a pooled VM keeps its pool directory when handed out), or to the directory.
 func (n *node) qemuPids() map[int]string {
 	dir := filepath.Join(n.dataDir, "microvm", "sandboxes") + "/"
 	out := map[int]string{}
@@ -79,6 +80,12 @@ func (n *node) qemuPids() map[int]string {
 			continue
 		}
 		id, _, _ := strings.Cut(string(raw[i+len(dir):]), "/")
+		var st struct {
+			ID string `json:"id"`
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, id, "state.json")); err == nil && json.Unmarshal(b, &st) == nil && st.ID != "" {
+			id = st.ID
+		}
 		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
 			out[pid] = id
 		}
