@@ -379,3 +379,31 @@ func TestUserTemplatesHidesImageImports(t *testing.T) {
 		t.Fatal("userTemplates changed its input")
 	}
 }
+
+// TestIsTerminal: /dev/null (a script's stdin) and pipes are not terminals, a pty is.
+func TestIsTerminal(t *testing.T) {
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	for name, f := range map[string]*os.File{"/dev/null": null, "pipe": r} {
+		if isTerminal(f) {
+			t.Errorf("%s is taken for a terminal", name)
+		}
+	}
+	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no pty to check the positive case: %v", err)
+	}
+	defer ptmx.Close()
+	if !isTerminal(ptmx) {
+		t.Error("a pty is not taken for a terminal")
+	}
+}

@@ -82,7 +82,7 @@ func aenvCommands(line string) [][]string {
 	var out [][]string
 	for i := 0; i < len(words); i++ {
 		w := words[i]
-		if w != "aenv" && !strings.HasSuffix(w, "/aenv") && w != "$(aenv" {
+		if w != "aenv" && !strings.HasSuffix(w, "/aenv") && !strings.HasSuffix(w, "$(aenv") {
 			continue
 		}
 		if i > 0 && !slicesContains([]string{"$", "sudo", "|", "&&", ";", "||", "exec", "env"}, words[i-1]) && !strings.Contains(words[i-1], "=") {

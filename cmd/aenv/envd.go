@@ -266,7 +266,7 @@ func newConnectCmd(g *globals) *cobra.Command {
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			go c.keepAlive(ctx, args[0], timeout)
-			return c.envd(args[0], token).shell(ctx)
+			return c.envd(args[0], token).shell(ctx, os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "expiry extension while attached")
@@ -288,16 +288,25 @@ func (c *client) keepAlive(ctx context.Context, id string, d time.Duration) {
 	}
 }
 
-// shell runs an interactive login shell on a PTY and bridges it to this terminal.
-func (e *envdClient) shell(ctx context.Context) error {
-	in := os.Stdin
-	fd := int(in.Fd())
-	tty := isTerminal(in)
-	cols, rows := uint32(80), uint32(24)
-	if tty {
-		if ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ); err == nil && ws.Col > 0 {
-			cols, rows = uint32(ws.Col), uint32(ws.Row)
+// shell runs an interactive login shell on a PTY and bridges it to this terminal. Without
+// a terminal on stdin (a script, a pipe, /dev/null) there is no one to type at a PTY: the
+// shell reads its commands from stdin instead (as `docker exec -i`), ends at its EOF and
+// its status is the command's.
+func (e *envdClient) shell(ctx context.Context, in *os.File, stdout, stderr io.Writer) error {
+	if !isTerminal(in) {
+		code, err := e.run(ctx, "exec /bin/bash -s", nil, "", "", in, stdout, stderr)
+		if err != nil {
+			return err
 		}
+		if code != 0 {
+			return exitCodeError{code: max(code, 1)}
+		}
+		return nil
+	}
+	fd := int(in.Fd())
+	cols, rows := uint32(80), uint32(24)
+	if ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ); err == nil && ws.Col > 0 {
+		cols, rows = uint32(ws.Col), uint32(ws.Row)
 	}
 	term := firstNonEmpty(os.Getenv("TERM"), "xterm-256color")
 	streamCtx, cancel := context.WithCancel(ctx)
@@ -316,31 +325,29 @@ func (e *envdClient) shell(ctx context.Context) error {
 	pid := p.Pid
 	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
 
-	if tty {
-		restore, err := makeRaw(fd)
-		if err != nil {
-			return fmt.Errorf("put the terminal in raw mode: %w", err)
-		}
-		defer restore()
-		winch := make(chan os.Signal, 1)
-		signal.Notify(winch, syscall.SIGWINCH)
-		defer signal.Stop(winch)
-		go func() {
-			for {
-				select {
-				case <-streamCtx.Done():
-					return
-				case <-winch:
-					ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ)
-					if err != nil {
-						continue
-					}
-					_, _ = e.proc.Update(streamCtx, connect.NewRequest(&process.UpdateRequest{Process: sel,
-						Pty: &process.PTY{Size: &process.PTY_Size{Cols: uint32(ws.Col), Rows: uint32(ws.Row)}}}))
-				}
-			}
-		}()
+	restore, err := makeRaw(fd)
+	if err != nil {
+		return fmt.Errorf("put the terminal in raw mode: %w", err)
 	}
+	defer restore()
+	winch := make(chan os.Signal, 1)
+	signal.Notify(winch, syscall.SIGWINCH)
+	defer signal.Stop(winch)
+	go func() {
+		for {
+			select {
+			case <-streamCtx.Done():
+				return
+			case <-winch:
+				ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ)
+				if err != nil {
+					continue
+				}
+				_, _ = e.proc.Update(streamCtx, connect.NewRequest(&process.UpdateRequest{Process: sel,
+					Pty: &process.PTY{Size: &process.PTY_Size{Cols: uint32(ws.Col), Rows: uint32(ws.Row)}}}))
+			}
+		}
+	}()
 	go func() {
 		buf := make([]byte, 32*1024)
 		for {
@@ -354,14 +361,14 @@ func (e *envdClient) shell(ctx context.Context) error {
 				}
 			}
 			if err != nil {
-				// EOF on a non-terminal stdin: end the shell's input the way a terminal would.
+				// The terminal went away: end the shell's input as ^D would.
 				_, _ = e.proc.SendInput(streamCtx, connect.NewRequest(&process.SendInputRequest{Process: sel,
 					Input: &process.ProcessInput{Input: &process.ProcessInput_Pty{Pty: []byte{4}}}}))
 				return
 			}
 		}
 	}()
-	end, err := p.Wait(os.Stdout, os.Stdout)
+	end, err := p.Wait(stdout, stdout) // a PTY has one output
 	if err == nil {
 		if code := end.GetExitCode(); code != 0 {
 			return exitCodeError{code: int(code)}

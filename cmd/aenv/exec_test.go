@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -73,3 +74,34 @@ func TestExecStdinAndSignalStatus(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// Without a terminal, `aenv connect` / `aenv start` run the shell on stdin's commands and
+// end at its EOF (before, a script's `aenv start </dev/null` waited out the sandbox).
+func TestShellWithoutTerminal(t *testing.T) {
+	e := realEnvd(t)
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	var stdout, stderr bytes.Buffer
+	if err := e.shell(context.Background(), null, &stdout, &stderr); err != nil || stdout.Len() != 0 {
+		t.Fatalf("shell on /dev/null: %v, stdout %q, stderr %q", err, stdout.String(), stderr.String())
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	go func() {
+		w.WriteString("echo hi; echo oops >&2\nexit 3\n")
+		w.Close()
+	}()
+	stdout.Reset()
+	stderr.Reset()
+	err = e.shell(context.Background(), r, &stdout, &stderr)
+	var code exitCodeError
+	if !errors.As(err, &code) || code.code != 3 || stdout.String() != "hi\n" || stderr.String() != "oops\n" {
+		t.Fatalf("shell on a pipe: %v, stdout %q, stderr %q", err, stdout.String(), stderr.String())
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/aenv-dev/aenv/internal/server/api"
 )
@@ -87,7 +88,7 @@ func newStartCmd(g *globals) *cobra.Command {
 			if sb.EnvdAccessToken != nil {
 				token = *sb.EnvdAccessToken
 			}
-			err = c.envd(sb.SandboxID, token).shell(cmd.Context())
+			err = c.envd(sb.SandboxID, token).shell(cmd.Context(), os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
 			fmt.Fprintf(cmd.ErrOrStderr(), "sandbox %s is still running: `aenv connect %[1]s` to return, `aenv kill %[1]s` to stop it\n", sb.SandboxID)
 			return err
 		},
@@ -121,10 +122,11 @@ func parseKV(flag string, in []string) (map[string]string, error) {
 	return out, nil
 }
 
-// isTerminal reports whether f is a character device (a TTY).
+// isTerminal reports whether f is a terminal.
 func isTerminal(f *os.File) bool {
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	// A character device is not enough: /dev/null is one (stdin of a script or a CI job).
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 // tableOrJSON resolves -o: table on a terminal, JSON when piped, unless asked.

@@ -232,6 +232,7 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 		Registerer:       n.Metrics,
 		Logger:           n.Log,
 		TemplatePending:  n.baseBuild.pending,
+		TemplateFetch:    pub.Fetch,
 		EgressCA:         n.egressCA.CertPEM(),
 	}, n.Backend, n.Catalog, orchestrator.WithPublisher(pub, repo.cache),
 		orchestrator.WithVolumes(n.Volumes), orchestrator.WithSecrets(n.Secrets))
