@@ -164,17 +164,23 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 		}
 	})
 
-	if err := n.startSandboxes(ctx, repo); err != nil {
+	// The built-in templates and the sandboxes of the previous run do not depend on each
+	// other: they are checked at once, so a restart waits for the longer of the two (the
+	// templates' check walks the base tree, ~0.5 s on a busy host), not for their sum.
+	baseDone := make(chan error, 1)
+	go func() { baseDone <- ensureBaseTemplates(ctx, n.Catalog, cfg, n.Log, n.baseBuild) }()
+	err = n.startSandboxes(ctx, repo)
+	if berr := <-baseDone; err == nil {
+		err = berr
+	}
+	// First to stop on Close: a base build still running is cancelled and cleaned up.
+	n.onClose(func(context.Context) { n.baseBuild.stop() })
+	if err != nil {
 		return nil, err
 	}
 	if dp != nil {
 		n.watchDataPlane(dp)
 	}
-	if err := ensureBaseTemplates(ctx, n.Catalog, cfg, n.Log, n.baseBuild); err != nil {
-		return nil, err
-	}
-	// First to stop on Close: a base build still running is cancelled and cleaned up.
-	n.onClose(func(context.Context) { n.baseBuild.stop() })
 	if err := n.openAPI(); err != nil {
 		return nil, err
 	}
@@ -210,7 +216,7 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 	if err != nil {
 		return err
 	}
-	if n.Volumes, err = volume.Open(filepath.Join(cfg.DataDir, "volumes"), volume.Options{}); err != nil {
+	if n.Volumes, err = volume.Open(filepath.Join(cfg.DataDir, "volumes"), volume.Options{SizeMB: cfg.Volumes.SizeMB}); err != nil {
 		return err
 	}
 	if n.Secrets, err = secret.Open(filepath.Join(cfg.DataDir, "secrets")); err != nil {
@@ -281,6 +287,7 @@ func (n *Node) openAPI() error {
 		Auth:             apikey.NewVerifier(cat.APIKeys()),
 		Keys:             cat.APIKeys(),
 		Volumes:          n.Volumes,
+		NodeName:         nodeName(cfg),
 		Secrets:          n.Secrets,
 		Domains:          cfg.Proxy.Domains,
 		Registry:         n.Metrics,
@@ -335,4 +342,13 @@ func openEgressCA(cfg config.Config) (*egressproxy.CA, *x509.CertPool, error) {
 		return nil, nil, fmt.Errorf("network.egress_upstream_ca: %s holds no PEM certificate", cfg.Network.EgressUpstreamCA)
 	}
 	return ca, roots, nil
+}
+
+// nodeName is how the node names itself to API clients: its cluster id, else the host name.
+func nodeName(cfg config.Config) string {
+	if cfg.Cluster.NodeID != "" {
+		return cfg.Cluster.NodeID
+	}
+	h, _ := os.Hostname()
+	return h
 }
