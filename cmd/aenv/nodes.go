@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"text/tabwriter"
 	"time"
 
@@ -61,7 +62,67 @@ func newNodesCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "table or json (default: table on a terminal, JSON when piped)")
+	cmd.AddCommand(newDrainCmd(g, true), newDrainCmd(g, false))
 	return cmd
+}
+
+// newDrainCmd is `aenv nodes drain NODE` (no new placements; the node's running
+// sandboxes are paused to disk and resume on other nodes) and `aenv nodes undrain NODE`.
+func newDrainCmd(g *globals, draining bool) *cobra.Command {
+	use, short := "drain NODE", "Drain a node: no new sandboxes; its running ones are paused to disk and resume on other nodes"
+	action := "drain"
+	if !draining {
+		use, short, action = "undrain NODE", "Let a drained node take new sandboxes again", "undrain"
+	}
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			req, err := http.NewRequestWithContext(cmd.Context(), http.MethodPost,
+				c.base+"/nodes/"+url.PathEscape(args[0])+"/"+action, nil)
+			if err != nil {
+				return err
+			}
+			req.Header.Set("X-API-Key", c.key)
+			resp, err := c.http.Do(req)
+			if err != nil {
+				return c.transportErr(err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil {
+				return c.transportErr(err)
+			}
+			if resp.StatusCode != http.StatusOK {
+				return c.apiErr(action+" node "+args[0], resp.StatusCode, body)
+			}
+			var res struct {
+				Paused []string          `json:"paused"`
+				Failed map[string]string `json:"failed"`
+			}
+			if err := json.Unmarshal(body, &res); err != nil {
+				return fmt.Errorf("%s: unexpected answer: %w", action, err)
+			}
+			out := cmd.OutOrStdout()
+			if !draining {
+				fmt.Fprintf(out, "node %s takes new sandboxes again\n", args[0])
+				return nil
+			}
+			fmt.Fprintf(out, "node %s is draining: %d sandboxes paused to disk (they resume on other nodes)\n", args[0], len(res.Paused))
+			for id, why := range res.Failed {
+				fmt.Fprintf(out, "  %s: not paused: %s\n", id, why)
+			}
+			if len(res.Failed) > 0 {
+				return fmt.Errorf("%d sandboxes of node %s could not be paused", len(res.Failed), args[0])
+			}
+			return nil
+		},
+	}
 }
 
 func printNodes(w io.Writer, nodes []gateway.NodeStatus, now time.Time) error {

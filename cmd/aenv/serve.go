@@ -129,7 +129,7 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- httpSrv.Serve(ln) }()
-	leave, err := joinCluster(ctx, cfg, ln.Addr(), n.Backend.Name(), n.Orchestrator, n.Catalog, log)
+	leave, err := joinCluster(ctx, cfg, ln.Addr(), n, log)
 	if err != nil {
 		httpSrv.Close()
 		return err

@@ -8,6 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/cluster/nodeagent"
@@ -15,19 +18,22 @@ import (
 	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/envd"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
+	"github.com/aenv-dev/aenv/internal/server"
 )
 
 // joinCluster starts the node's heartbeats to cfg.Cluster.Scheduler and returns a stop
 // function that sends the last (draining) heartbeat. Without a scheduler it does nothing:
-// a lone node behaves exactly as before.
-func joinCluster(ctx context.Context, cfg config.Config, addr net.Addr, backend string, orch *orchestrator.Orchestrator,
-	cat *catalog.Catalog, log *slog.Logger) (stop func(), err error) {
+// a lone node behaves exactly as before. With a repository, pauses to disk are published
+// so that other nodes can resume them (orchestrator/handoff.go), and the node can be
+// drained (POST /aenv/drain).
+func joinCluster(ctx context.Context, cfg config.Config, addr net.Addr, n *node.Node, log *slog.Logger) (stop func(), err error) {
 	cl := cfg.Cluster
 	if cl.Scheduler == "" {
 		return func() {}, nil
 	}
-	info, err := clusterNodeInfo(cfg, addr, backend)
+	info, err := clusterNodeInfo(cfg, addr, n.Backend.Name())
 	if err != nil {
 		return nil, err
 	}
@@ -35,16 +41,46 @@ func joinCluster(ctx context.Context, cfg config.Config, addr net.Addr, backend 
 	if err != nil {
 		return nil, fmt.Errorf("cluster.scheduler %s: %w", cl.Scheduler, err)
 	}
-	agent, err := nodeagent.New(pb.NewSchedulerClient(conn), info, nodeReport{orch: orch, cat: cat}, log.With("component", "cluster"))
+	report := &nodeReport{orch: n.Orchestrator, cat: n.Catalog}
+	log = log.With("component", "cluster")
+	agent, err := nodeagent.New(pb.NewSchedulerClient(conn), info, report, log)
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
 	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan struct{})
-	go func() { agent.Run(actx); close(done) }()
+	var wg sync.WaitGroup
+	if n.Publisher != nil {
+		n.Orchestrator.EnableHandoff(n.Publisher, info.Id)
+		wg.Add(1)
+		go func() { defer wg.Done(); reconcileHandoffs(actx, n.Orchestrator) }()
+	} else {
+		log.Warn("no repository: sandboxes paused on this node resume on this node only")
+	}
+	if srv, ok := n.Handler.(*server.Server); ok {
+		srv.HandleDrain(&drainer{report: report, orch: n.Orchestrator, agent: agent, log: log})
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); agent.Run(actx) }()
 	log.Info("joined the cluster", "scheduler", cl.Scheduler, "node", info.Id, "endpoint", info.Endpoint)
-	return func() { cancel(); <-done; conn.Close() }, nil
+	return func() { cancel(); wg.Wait(); conn.Close() }, nil
+}
+
+// handoffCheckInterval is how often a node looks for its paused sandboxes that another
+// node resumed meanwhile (and forgets them).
+const handoffCheckInterval = 5 * time.Second
+
+func reconcileHandoffs(ctx context.Context, orch *orchestrator.Orchestrator) {
+	t := time.NewTicker(handoffCheckInterval)
+	defer t.Stop()
+	for {
+		orch.ReconcileHandoffs(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func clusterNodeInfo(cfg config.Config, addr net.Addr, backend string) (*pb.NodeInfo, error) {
@@ -81,11 +117,12 @@ func clusterNodeInfo(cfg config.Config, addr net.Addr, backend string) (*pb.Node
 // nodeReport is the node's state as the scheduler sees it: every sandbox (running ones
 // hold CPU and memory; paused ones hold none) and the templates it can create from.
 type nodeReport struct {
-	orch *orchestrator.Orchestrator
-	cat  *catalog.Catalog
+	orch     *orchestrator.Orchestrator
+	cat      *catalog.Catalog
+	draining atomic.Bool
 }
 
-func (n nodeReport) Report(ctx context.Context) (nodeagent.Report, error) {
+func (n *nodeReport) Report(ctx context.Context) (nodeagent.Report, error) {
 	var r nodeagent.Report
 	alloc := &pb.Resources{}
 	f := orchestrator.ListFilter{Limit: orchestrator.MaxListLimit}
@@ -110,6 +147,7 @@ func (n nodeReport) Report(ctx context.Context) (nodeagent.Report, error) {
 		f.NextToken = next
 	}
 	r.Allocated = alloc
+	r.Draining = n.draining.Load()
 	ts, err := n.cat.Templates().List("")
 	if err != nil {
 		return r, err

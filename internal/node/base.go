@@ -151,7 +151,7 @@ func layeredBase(ctx context.Context, cfg config.Config, id, dir string, log *sl
 	out := filepath.Join(cfg.DataDir, "templates", id, "layered")
 	res, err := layered.Build(ctx, dir, out, cfg.Sandbox.DefaultDiskMB)
 	if err == nil {
-		err = layered.Verify(ctx, res.Manifest, filepath.Join(out, ".verify"))
+		err = layered.VerifyOnce(ctx, res.Manifest, filepath.Join(out, ".verify"))
 	}
 	if err != nil {
 		log.Warn("built-in template stays a directory template: snapshot, fork and pause to disk of its sandboxes are unavailable",

@@ -164,17 +164,23 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 		}
 	})
 
-	if err := n.startSandboxes(ctx, repo); err != nil {
+	// The built-in templates and the sandboxes of the previous run do not depend on each
+	// other: they are checked at once, so a restart waits for the longer of the two (the
+	// templates' check walks the base tree, ~0.5 s on a busy host), not for their sum.
+	baseDone := make(chan error, 1)
+	go func() { baseDone <- ensureBaseTemplates(ctx, n.Catalog, cfg, n.Log, n.baseBuild) }()
+	err = n.startSandboxes(ctx, repo)
+	if berr := <-baseDone; err == nil {
+		err = berr
+	}
+	// First to stop on Close: a base build still running is cancelled and cleaned up.
+	n.onClose(func(context.Context) { n.baseBuild.stop() })
+	if err != nil {
 		return nil, err
 	}
 	if dp != nil {
 		n.watchDataPlane(dp)
 	}
-	if err := ensureBaseTemplates(ctx, n.Catalog, cfg, n.Log, n.baseBuild); err != nil {
-		return nil, err
-	}
-	// First to stop on Close: a base build still running is cancelled and cleaned up.
-	n.onClose(func(context.Context) { n.baseBuild.stop() })
 	if err := n.openAPI(); err != nil {
 		return nil, err
 	}
@@ -232,6 +238,7 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 		Registerer:       n.Metrics,
 		Logger:           n.Log,
 		TemplatePending:  n.baseBuild.pending,
+		TemplateFetch:    pub.Fetch,
 		EgressCA:         n.egressCA.CertPEM(),
 	}, n.Backend, n.Catalog, orchestrator.WithPublisher(pub, repo.cache),
 		orchestrator.WithVolumes(n.Volumes), orchestrator.WithSecrets(n.Secrets))

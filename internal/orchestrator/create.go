@@ -78,6 +78,13 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 	var tpl catalog.Template
 	err = o.metricsFor(req.Metadata).timeStage(opCreate, stageResolve, func() (err error) {
 		tpl, err = o.cat.Templates().Resolve(req.TemplateID)
+		if errors.Is(err, catalog.ErrNotFound) && o.cfg.TemplateFetch != nil {
+			if ok, ferr := o.cfg.TemplateFetch(ctx, req.TemplateID); ferr != nil {
+				o.log.Warn("fetch an unknown template from the repository", "template", req.TemplateID, "err", ferr)
+			} else if ok {
+				tpl, err = o.cat.Templates().Resolve(req.TemplateID)
+			}
+		}
 		return err
 	})
 	if errors.Is(err, catalog.ErrNotFound) {

@@ -53,6 +53,8 @@ func (o *Orchestrator) doDiskPause(ctx context.Context, e *entry, p *op, inst sa
 	e.inst, e.paused, e.rec.Paused = nil, nil, nil
 	o.mu.Unlock()
 	o.finish(e, p, StatePaused, nil)
+	// In a cluster: resumable on another node once this returns.
+	o.publishHandoff(ctx, e)
 	return true, nil
 }
 

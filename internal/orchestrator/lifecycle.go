@@ -184,6 +184,14 @@ func (o *Orchestrator) resumeLocked(ctx context.Context, e *entry, timeout time.
 }
 
 func (o *Orchestrator) doResume(ctx context.Context, e *entry, p *op, timeout time.Duration, cold bool) (*Sandbox, error) {
+	if err := o.claimOwn(ctx, e); err != nil {
+		if errors.Is(err, ErrMoved) {
+			o.forget(ctx, e, p, err)
+			return nil, err
+		}
+		o.finish(e, p, StatePaused, err)
+		return nil, err
+	}
 	if cold {
 		if err := o.toDisk(ctx, e); err != nil {
 			o.finish(e, p, StatePaused, err)
@@ -196,9 +204,9 @@ func (o *Orchestrator) doResume(ctx context.Context, e *entry, p *op, timeout ti
 		return nil, err
 	}
 	o.mu.Lock()
-	disk, diskRaw := e.disk, e.rec.DiskSnapshot
+	disk, diskRaw, hid := e.disk, e.rec.DiskSnapshot, e.rec.Handoff
 	e.inst, e.paused, e.rec.Paused, e.rec.EnvdVersion = inst, nil, nil, version
-	e.disk, e.rec.DiskSnapshot = nil, nil
+	e.disk, e.rec.DiskSnapshot, e.rec.Handoff = nil, nil, ""
 	e.rec.EndAt = o.clock.Now().Add(timeout).UTC()
 	o.mu.Unlock()
 	if err := o.m.timeStage(opResume, stagePersist, func() error { return o.persist(e) }); err != nil {
@@ -206,7 +214,7 @@ func (o *Orchestrator) doResume(ctx context.Context, e *entry, p *op, timeout ti
 			// The disk snapshot is still what the catalog says: back to it.
 			o.stopQuietly(ctx, inst)
 			o.mu.Lock()
-			e.inst, e.disk, e.rec.DiskSnapshot = nil, disk, diskRaw
+			e.inst, e.disk, e.rec.DiskSnapshot, e.rec.Handoff = nil, disk, diskRaw, hid
 			o.mu.Unlock()
 			o.finish(e, p, StatePaused, err)
 			return nil, err
@@ -232,6 +240,8 @@ func (o *Orchestrator) doResume(ctx context.Context, e *entry, p *op, timeout ti
 		return nil, err
 	}
 	o.discardCapture(ctx, disk)
+	// Claimed by this node above: no other node resumes it, and it is stale now.
+	o.dropHandoff(ctx, hid)
 	o.logEvent(e.rec.ID, LevelInfo, "sandbox resumed", map[string]string{"coldBoot": fmt.Sprint(cold || disk != nil)})
 	o.reattachStartCommand(ctx, inst.Endpoint(), &e.rec) // paused in place by an earlier node
 	o.mu.Lock()
@@ -253,6 +263,10 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, opts ConnectOptio
 	resumed := false
 	for {
 		e, joined, err := o.acquire(ctx, id, waitOpts{join: StateResuming, conflict: []State{StateKilling}})
+		if errors.Is(err, ErrNotFound) && opts.Adopt {
+			sb, err := o.adopt(ctx, id, timeout)
+			return sb, err == nil, err
+		}
 		if err != nil {
 			return nil, false, err
 		}
@@ -339,10 +353,23 @@ func (o *Orchestrator) doKill(ctx context.Context, e *entry, p *op, prev State) 
 		}
 	}
 	if prev == StatePaused {
+		if err := o.claimOwn(ctx, e); errors.Is(err, ErrMoved) {
+			// Resumed elsewhere: the kill is that node's to do.
+			o.forget(ctx, e, p, err)
+			return err
+		}
 		o.discard(ctx, e)
 	}
+	o.mu.Lock()
+	handoffs := []string{e.rec.Handoff, e.rec.Launch.Adopted}
+	o.mu.Unlock()
 	start := time.Now()
 	o.remove(e, p, nil)
+	for _, h := range handoffs {
+		if h != "" && !o.UsesTemplate(h) { // fork children share the parent's
+			o.dropHandoff(ctx, h)
+		}
+	}
 	m.observe(opKill, stagePersist, start, nil)
 	return nil
 }

@@ -33,8 +33,10 @@ import (
 
 // Sentinel errors the API layer maps to HTTP statuses.
 var (
-	ErrNotFound         = errors.New("sandbox not found")               // 404
-	ErrConflict         = errors.New("sandbox state conflict")          // 409 (already paused, being killed)
+	ErrNotFound = errors.New("sandbox not found")      // 404
+	ErrConflict = errors.New("sandbox state conflict") // 409 (already paused, being killed)
+	// ErrMoved: a paused sandbox of this node was resumed by another node of the cluster.
+	ErrMoved            = fmt.Errorf("%w here: it was resumed on another node", ErrNotFound)
 	ErrInvalid          = errors.New("invalid request")                 // 400
 	ErrTemplateNotFound = errors.New("template not found")              // 404 on create
 	ErrNotRunning       = errors.New("sandbox is not running")          // 502 on the proxy path
@@ -111,6 +113,10 @@ type ConnectOptions struct {
 	// filesystem as it was, instead of having its memory restored. It has no effect on a
 	// running sandbox.
 	ColdBoot bool
+	// Adopt lets a sandbox unknown here be resumed from its publication by the node of
+	// the cluster that paused it to disk (the gateway sets it when that node is gone,
+	// full or draining).
+	Adopt bool
 }
 
 // ListFilter selects sandboxes for GET /sandboxes and /v2/sandboxes.
@@ -155,6 +161,9 @@ type Sandbox struct {
 	// DiskSnapshot is the backend's encoded Captured while the sandbox is paused to
 	// disk (no instance; resumed by launching from it under the same id).
 	DiskSnapshot json.RawMessage `json:"diskSnapshot,omitempty"`
+	// Handoff is the repository record that publishes this disk pause for the other
+	// nodes of the cluster (orchestrator/handoff.go); "" when not published.
+	Handoff string `json:"handoff,omitempty"`
 	// Launch is what a resume needs to relaunch and re-initialise the sandbox even if
 	// its template was deleted meanwhile. Internal: not part of any API response.
 	Launch LaunchInfo `json:"launch"`
@@ -178,6 +187,10 @@ type LaunchInfo struct {
 	ParentSnapshot string `json:"parentSnapshot,omitempty"`
 	// Mounts are the host directories of VolumeMounts, mounted on every launch.
 	Mounts []sandbox.Mount `json:"mounts,omitempty"`
+	// Adopted is the handoff this node resumed the sandbox from (paused on another
+	// node); its layers are read from the repository, so it is deleted only with the
+	// sandbox.
+	Adopted string `json:"adopted,omitempty"`
 }
 
 // SnapshotInfo is E2B's SnapshotInfo plus what aenv knows about the snapshot.

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +72,11 @@ type Config struct {
 	// a non-nil answer (why it is not there yet: a build in progress or failed) makes
 	// create fail with ErrTemplateNotReady instead of ErrTemplateNotFound.
 	TemplatePending func(id string) error
+	// TemplateFetch, when set, is asked about a template id the catalog does not know
+	// before a create fails: it brings a template or snapshot another node published
+	// since the last sync (a create placed here by a cluster gateway) and reports
+	// whether the catalog has it now.
+	TemplateFetch func(ctx context.Context, id string) (bool, error)
 	// EgressCA is the node's egress CA certificate (PEM): sandboxes with network.rules are
 	// given it to trust (egressca.go). Empty: none is installed.
 	EgressCA []byte
@@ -147,12 +153,13 @@ type Orchestrator struct {
 	// quiet takes the lifecycle metrics of the template builder's sandboxes (registered
 	// nowhere): the builder has metrics of its own, and they are not the node's sandboxes.
 	quiet   *metrics
-	pub     Publisher // nil: nothing is published or pinned
-	pins    PinLister // nil: Start keeps every pin
-	volumes Volumes   // nil: creates with volume mounts are refused
-	secrets Secrets   // nil: secret placeholders reach envd unexpanded
-	crashAt string    // CrashPointEnv, read once at New (debug only)
-	logs    *logStore // sandbox logs (logs.go)
+	pub     Publisher               // nil: nothing is published or pinned
+	pins    PinLister               // nil: Start keeps every pin
+	volumes Volumes                 // nil: creates with volume mounts are refused
+	secrets Secrets                 // nil: secret placeholders reach envd unexpanded
+	crashAt string                  // CrashPointEnv, read once at New (debug only)
+	logs    *logStore               // sandbox logs (logs.go)
+	handoff atomic.Pointer[handoff] // nil on a lone node (handoff.go)
 
 	// regMu orders a snapshot's registration and publication (read side) before a
 	// delete of the same entry (write side), so a delete that overtakes a snapshot

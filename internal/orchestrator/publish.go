@@ -144,7 +144,7 @@ func (o *Orchestrator) UsesTemplate(id string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, e := range o.entries {
-		if e.rec.TemplateID == id || e.rec.Launch.ParentSnapshot == id {
+		if e.rec.TemplateID == id || e.rec.Launch.ParentSnapshot == id || e.rec.Launch.Adopted == id {
 			return true
 		}
 	}

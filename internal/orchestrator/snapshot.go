@@ -12,6 +12,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/snapshot"
 )
 
 // Snapshot captures a running sandbox, which keeps running with the same id, tokens and
@@ -252,6 +253,9 @@ func (o *Orchestrator) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]S
 	var out []SnapshotInfo
 	next := ""
 	for _, t := range tpls {
+		if snapshot.IsHandoff(t.ID) {
+			continue // a paused sandbox resumed here, not a snapshot anyone took
+		}
 		if f.SandboxID != "" && t.SourceSandboxID != f.SandboxID {
 			continue
 		}

@@ -173,9 +173,10 @@ func allPaths(ls []stack.LayerRef) bool {
 
 // Adopt takes over a root a previous process opened and that still runs: disk is served
 // by the data plane, its file is attached to a loop device and the filesystem is mounted
-// at target. A filesystem left frozen (the previous process died in a snapshot) is thawed.
-func Adopt(disk ServedDisk, target string) (*Block, error) {
-	dev, err := blockdev.MountedDevice(target)
+// at target (in mounts, the mount table read once for every root adopted). A filesystem
+// left frozen (the previous process died in a snapshot) is thawed.
+func Adopt(disk ServedDisk, target string, mounts blockdev.Mounts) (*Block, error) {
+	dev, err := mounts.Device(target)
 	if err != nil {
 		return nil, fmt.Errorf("rootfs: adopt %s: %w", target, err)
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -238,6 +239,10 @@ func (h *handlers) ResumeSandbox(w http.ResponseWriter, r *http.Request, id api.
 	h.connect(w, r, id, body.Timeout, true, false)
 }
 
+// HeaderAdopt on a connect or resume lets the node resume a sandbox it does not hold from
+// the publication of the node of the cluster that paused it to disk.
+const HeaderAdopt = "X-Aenv-Adopt"
+
 // connect serves connect (v1, v2) and the deprecated resume: 200 when the sandbox was
 // running (TTL extended only), 201 when it was resumed. resumeOnly answers 409 for a
 // sandbox that was not paused, as E2B's resume does. cold is memory:false: a paused
@@ -248,18 +253,22 @@ func (h *handlers) connect(w http.ResponseWriter, r *http.Request, id string, ti
 		writeError(w, http.StatusBadRequest, "%s", err.Error())
 		return
 	}
+	// Set by a cluster gateway when the node that paused the sandbox is gone, full or
+	// draining: this node may resume it from the pause that node published.
+	adopt := r.Header.Get(HeaderAdopt) != ""
 	if resumeOnly {
 		sb, err := h.s.orch.Get(r.Context(), id)
-		if err != nil {
+		switch {
+		case errors.Is(err, orchestrator.ErrNotFound) && adopt:
+		case err != nil:
 			writeOrchError(w, r, err)
 			return
-		}
-		if sb.State.Public() != "paused" {
+		case sb.State.Public() != "paused":
 			writeError(w, http.StatusConflict, "sandbox %s is already running", id)
 			return
 		}
 	}
-	sb, resumed, err := h.s.orch.Connect(r.Context(), id, orchestrator.ConnectOptions{Timeout: d, ColdBoot: cold})
+	sb, resumed, err := h.s.orch.Connect(r.Context(), id, orchestrator.ConnectOptions{Timeout: d, ColdBoot: cold, Adopt: adopt})
 	if err != nil {
 		writeOrchError(w, r, err)
 		return

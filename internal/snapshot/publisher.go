@@ -87,6 +87,8 @@ type Defaults struct {
 	// EnvdAccessToken is a snapshot's catalog.Template.EnvdAccessToken.
 	EnvdAccessToken string          `json:"envd_access_token,omitempty"`
 	Artifact        json.RawMessage `json:"artifact,omitempty"`
+	// Sandbox is a handoff's sandbox record (see handoff.go); empty otherwise.
+	Sandbox json.RawMessage `json:"sandbox,omitempty"`
 }
 
 // Manifest describes what to publish.
@@ -111,6 +113,8 @@ type Manifest struct {
 // which alone may resume a pending record.
 type recordConfig struct {
 	Node string `json:"node"`
+	// ClaimedBy is the node that resumed a handoff (see handoff.go).
+	ClaimedBy string `json:"claimed_by,omitempty"`
 	Defaults
 }
 

@@ -51,6 +51,11 @@ func (p *Publisher) Sync(ctx context.Context) (SyncResult, error) {
 				return
 			}
 			t, ok := known[rec.ID]
+			if !ok && IsHandoff(rec.ID) {
+				// A paused sandbox of another node: registered only by the node
+				// that claims it (ClaimHandoff).
+				return
+			}
 			switch {
 			case ok && t.Revision >= rec.Revision:
 				return
@@ -314,4 +319,37 @@ func (p *Publisher) loop(ctx context.Context) {
 			p.log.Error("snapshot: compaction", "err", err)
 		}
 	}
+}
+
+// Fetch registers the complete record id (a template or snapshot another node published
+// since the last sync) in the catalog at once, for a create that names it on this node
+// before the background sync would have brought it. It reports whether id is in the
+// catalog now. Handoffs are never fetched (ClaimHandoff is their only way in).
+func (p *Publisher) Fetch(ctx context.Context, id string) (bool, error) {
+	if repository.ValidateID(id) != nil || IsHandoff(id) {
+		return false, nil
+	}
+	for _, kind := range repository.Kinds() {
+		rec, err := p.repo.GetRecord(ctx, kind, id)
+		if errors.Is(err, repository.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("snapshot: fetch %s: %w", id, err)
+		}
+		if rec.State != repository.StateComplete {
+			return false, nil
+		}
+		p.syncMu.Lock()
+		defer p.syncMu.Unlock()
+		if _, err := p.cat.Get(id); err == nil {
+			return true, nil // a sync won the race
+		}
+		if err := p.register(ctx, rec, false); err != nil {
+			return false, err
+		}
+		p.log.Info("snapshot: fetched on demand", "id", id, "kind", kind)
+		return true, nil
+	}
+	return false, nil
 }

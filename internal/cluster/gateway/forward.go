@@ -43,6 +43,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, t *target) {
 // toSandbox forwards r to the node holding sandbox id, or says clearly why it cannot:
 // unknown sandbox (404), its node silent (503: the sandbox is lost unless the node returns).
 func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
+	if isResume(r, id) {
+		g.resume(w, r, id)
+		return
+	}
 	now := time.Now()
 	if t := g.routes.get(id, now); t != nil {
 		g.forward(w, r, t)

@@ -180,6 +180,13 @@ func (g *Gateway) controlPlane(w http.ResponseWriter, r *http.Request) {
 		g.listSnapshots(w, r)
 	case r.Method == http.MethodGet && p == "/nodes":
 		g.nodes(w, r)
+	case r.Method == http.MethodPost && strings.HasPrefix(p, "/nodes/"):
+		id, draining, ok := nodeAction(p)
+		if !ok {
+			writeError(w, http.StatusNotFound, "no such node action %s (POST /nodes/{id}/drain or /nodes/{id}/undrain)", p)
+			return
+		}
+		g.drain(w, r, id, draining)
 	case p == "/sandboxes/metrics":
 		g.toAnyNode(w, r)
 	case nodeLocal(p):

@@ -23,6 +23,8 @@ type Report struct {
 	Sandboxes []*pb.SandboxReport
 	Templates []string
 	Layers    []string
+	// Draining asks for no new placements (the node is being drained).
+	Draining bool
 }
 
 // Source reports the node's current state; the node's assembly implements it.
@@ -64,7 +66,7 @@ func (a *Agent) Beat(ctx context.Context, draining bool) (time.Duration, error) 
 	}
 	resp, err := a.sched.Heartbeat(ctx, &pb.HeartbeatRequest{
 		Node: a.node, Allocated: r.Allocated, Sandboxes: r.Sandboxes, Templates: r.Templates, Layers: r.Layers,
-		Draining: draining,
+		Draining: draining || r.Draining,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("heartbeat to the scheduler: %w", err)

@@ -196,7 +196,7 @@ func (s *State) Heartbeat(req *pb.HeartbeatRequest) error {
 			continue
 		}
 		roster[sb.Id] = sb
-		if s.bindings[sb.Id] != info.Id {
+		if cur := s.bindings[sb.Id]; cur != info.Id && !s.movedLocked(sb, cur, now) {
 			s.bindings[sb.Id] = info.Id
 		}
 		if h := s.pending[sb.Id]; h != nil {
@@ -238,6 +238,17 @@ func (s *State) Heartbeat(req *pb.HeartbeatRequest) error {
 	s.mu.Unlock()
 	s.events.publish(now, evs...)
 	return nil
+}
+
+// movedLocked reports whether a sandbox a node reports paused now lives on node cur, a
+// fresh node that resumed it from that node's published pause: the old node lists it
+// until it notices (orchestrator.ReconcileHandoffs) and must not take the binding back.
+func (s *State) movedLocked(sb *pb.SandboxReport, cur string, now time.Time) bool {
+	if sb.GetState() != "paused" || cur == "" {
+		return false
+	}
+	n := s.nodes[cur]
+	return n != nil && now.Sub(n.lastSeen) <= s.cfg.StaleAfter
 }
 
 // Unregister removes a node and its bindings. An instance id that is not the node's
@@ -359,7 +370,8 @@ func (s *State) Lookup(sandboxID string) (*pb.LookupResponse, error) {
 		return nil, fmt.Errorf("%w: sandbox %q is on no known node", ErrNotFound, sandboxID)
 	}
 	n := s.nodes[nid]
-	return &pb.LookupResponse{Node: n.info, State: s.stateLocked(n, now), HeartbeatAgeMs: now.Sub(n.lastSeen).Milliseconds()}, nil
+	return &pb.LookupResponse{Node: n.info, State: s.stateLocked(n, now), HeartbeatAgeMs: now.Sub(n.lastSeen).Milliseconds(),
+		Sandbox: n.roster[sandboxID]}, nil
 }
 
 func (s *State) stateLocked(n *node, now time.Time) pb.NodeState {

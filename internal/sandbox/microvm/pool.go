@@ -15,8 +15,9 @@ import (
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
-// The snapshot pool keeps, per snapshot, a few VMs already restored from its memory
-// image: QEMU started, the stream loaded on a private mapping of the RAM file, the network
+// The snapshot pool keeps, per snapshot (from the moment it is taken, or the first
+// create from it on a node that did not take it), a few VMs already restored from its
+// memory image: QEMU started, the stream loaded on a private mapping of the RAM file, the network
 // slot and root disk attached, the guest run until envd answered once (which fills TCG's
 // translation cache for the path envd's first answers take) and then stopped. A create
 // from that snapshot takes one and continues it: what costs 150 ms to seconds under TCG
@@ -109,6 +110,20 @@ func (p *vmPool) poke() {
 	case p.kick <- struct{}{}:
 	default:
 	}
+}
+
+// prime starts the pool of a snapshot just taken, so that even the first create from it
+// finds a VM ready.
+func (p *vmPool) prime(c *capture) {
+	if !p.enabled() || c.Memory == nil || c.Memory.RAM == nil {
+		return
+	}
+	p.mu.Lock()
+	if p.snaps[c.ID] == nil && !p.closed {
+		p.snaps[c.ID] = &snapPool{c: c, used: time.Now()}
+	}
+	p.mu.Unlock()
+	p.poke()
 }
 
 // poolable reports whether launches from c can come from the pool: a snapshot's memory

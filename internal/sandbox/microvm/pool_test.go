@@ -95,8 +95,7 @@ func shToken(i *Instance, token, script string) (string, error) {
 	return stdout.String(), nil
 }
 
-// TestSnapshotPool: the first create from a snapshot restores as usual and starts the
-// snapshot's pool; the next ones are pooled VMs handed out under their own ids, each
+// TestSnapshotPool: a snapshot starts its pool; creates from it are pooled VMs handed out under their own ids, each
 // continuing the counter process from its snapshot value, taking its own token,
 // environment and clock at /init; the pool refills; discarding the snapshot stops every
 // pooled VM that was not handed out.
@@ -115,13 +114,12 @@ func TestSnapshotPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	cid := c.(*capture).ID
+	// The snapshot starts its pool; a launch meanwhile restores as usual.
 	first, err := b.Launch(ctx, sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: "sbx-p0", Snapshot: c, AllowInternet: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pooledDir(filepath.Base(first.(*Instance).dir)) {
-		t.Fatal("the first launch came from an empty pool")
-	}
+	waitEnvd(t, first.(*Instance))
 	poolReady(t, b, cid, 2)
 
 	tokens := map[string]string{}

@@ -49,6 +49,7 @@ func (i *Instance) Snapshot(ctx context.Context) (sandbox.Captured, error) {
 	if err != nil {
 		return nil, err
 	}
+	i.b.vmpool.prime(c)
 	return c, nil
 }
 

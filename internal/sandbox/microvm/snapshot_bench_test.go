@@ -3,8 +3,10 @@ package microvm
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -23,7 +25,8 @@ func medianMS(ds []time.Duration) float64 {
 // BenchmarkRestoreFromSnapshot: one capture of a booted sandbox, then per iteration a
 // launch from it (network slot, disk on the sealed layers, tap, QEMU restored on a
 // private mapping of the RAM file, cont) until envd answers /health on the slot address.
-// launch-ms is Launch returning (the VM runs), envd-ms envd answering, qemu-cpu-ms the CPU
+// launch-ms is Launch returning (the VM runs), envd-ms envd answering, cmd-ms a first
+// command done after envd /init (what a create from a snapshot then does), qemu-cpu-ms the CPU
 // time QEMU spent until then (user + system, 10 ms ticks): on a shared, loaded host the
 // wall-clock figures stretch with the load, the CPU time much less.
 func BenchmarkRestoreFromSnapshot(b *testing.B) {
@@ -38,7 +41,7 @@ func BenchmarkRestoreFromSnapshot(b *testing.B) {
 	if err := src.Stop(ctx); err != nil {
 		b.Fatal(err)
 	}
-	var launchT, envdT, cpuT []time.Duration
+	var launchT, envdT, cpuT, cmdT []time.Duration
 	n := 0
 	for b.Loop() {
 		t0 := time.Now()
@@ -55,11 +58,14 @@ func BenchmarkRestoreFromSnapshot(b *testing.B) {
 		if ticks, _, err := procUsage(inst.(*Instance).PID()); err == nil {
 			cpuT = append(cpuT, time.Duration(ticks)*time.Second/clockTicks)
 		}
+		firstCommand(b, inst.(*Instance))
+		cmdT = append(cmdT, time.Since(t0))
 		stopRetry(b, inst)
 	}
 	b.ReportMetric(medianMS(launchT), "launch-ms")
 	b.ReportMetric(medianMS(envdT), "envd-ms")
 	b.ReportMetric(medianMS(cpuT), "qemu-cpu-ms")
+	b.ReportMetric(medianMS(cmdT), "cmd-ms")
 }
 
 // BenchmarkPooledRestore: create from a snapshot whose pool (Config.SnapshotPool) holds a
@@ -84,7 +90,7 @@ func BenchmarkPooledRestore(b *testing.B) {
 		b.Fatal(err)
 	}
 	stopRetry(b, first)
-	var launchT, envdT []time.Duration
+	var launchT, envdT, cmdT []time.Duration
 	n := 0
 	for b.Loop() {
 		b.StopTimer()
@@ -101,6 +107,8 @@ func BenchmarkPooledRestore(b *testing.B) {
 			b.Fatal(err)
 		}
 		envdT = append(envdT, time.Since(t0))
+		firstCommand(b, inst.(*Instance))
+		cmdT = append(cmdT, time.Since(t0))
 		if !pooledDir(filepath.Base(inst.(*Instance).dir)) {
 			b.Fatalf("launch %d did not come from the pool", n)
 		}
@@ -110,6 +118,16 @@ func BenchmarkPooledRestore(b *testing.B) {
 	}
 	b.ReportMetric(medianMS(launchT), "launch-ms")
 	b.ReportMetric(medianMS(envdT), "envd-ms")
+	b.ReportMetric(medianMS(cmdT), "cmd-ms")
+}
+
+// firstCommand does what a create does after envd answers, then runs a first command:
+// envd /init (token, environment, clock), then `true` through envd's process service.
+func firstCommand(b *testing.B, i *Instance) {
+	initEnvd(b, i, "", "tok-"+i.id, map[string]string{"E2B_SANDBOX_ID": i.id}, time.Now())
+	if _, err := shToken(i, "tok-"+i.id, "true"); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // BenchmarkSnapshotAndPause: a live snapshot of a running sandbox (stop, device state,
@@ -167,11 +185,19 @@ func stopRetry(b testing.TB, inst sandbox.Instance) {
 // BenchmarkFork16: one capture and 16 children restored on its RAM file, until every
 // child's envd answers (qemu-cpu-ms: the CPU time the 16 QEMUs spent until then); then
 // the children's total PSS against 16 × guest RAM (the overcommit an idle fork fleet
-// allows).
+// allows), for guests of 256 and 512 MiB (AENV_BENCH_TB_SIZE_MIB sets
+// Config.TBSizeMiB).
 func BenchmarkFork16(b *testing.B) {
-	be := newBenchBackend(b)
+	tb, _ := strconv.Atoi(os.Getenv("AENV_BENCH_TB_SIZE_MIB"))
+	for _, mem := range []int{256, 512} {
+		b.Run(fmt.Sprintf("%dMiB", mem), func(b *testing.B) { benchFork16(b, mem, tb) })
+	}
+}
+
+func benchFork16(b *testing.B, memMB, tbMiB int) {
+	be := newTestBackend(b, func(c *Config) { c.Network.PoolSize = 0; c.TBSizeMiB = tbMiB })
 	ctx := context.Background()
-	src := launch(b, be, "sbx-f16", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
+	src := launch(b, be, "sbx-f16", sandbox.Resources{CPUCount: 1, MemoryMB: memMB, DiskSizeMB: templateMB})
 	const n = 16
 	var forkT, allT, cpuT []time.Duration
 	var pss int64
@@ -220,5 +246,5 @@ func BenchmarkFork16(b *testing.B) {
 	b.ReportMetric(medianMS(allT), "all-envd-ms")
 	b.ReportMetric(medianMS(cpuT), "qemu-cpu-ms")
 	b.ReportMetric(float64(pss>>20), "pss-MiB")
-	b.ReportMetric(float64(n*testMemMB)/float64(pss>>20), "overcommit-x")
+	b.ReportMetric(float64(n*memMB)/float64(pss>>20), "overcommit-x")
 }

@@ -50,6 +50,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 )
 
@@ -227,6 +228,8 @@ type Backend struct {
 	log      *slog.Logger
 	// usernsFDs are the user namespaces id-mapped mounts are made for.
 	usernsFDs *usernsCache
+	// blockedAtStart receives the threads blocked on FUSE when New ran (see Reconcile).
+	blockedAtStart chan []blockdev.Task
 
 	mu        sync.Mutex
 	instances map[string]*Instance
@@ -283,6 +286,11 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	cfg.UIDBase = base
 	b := &Backend{cfg: cfg, v2: unifiedOnly(), log: cfg.Logger, instances: map[string]*Instance{}, tearing: map[string]int{}, usernsFDs: newUsernsCache()}
 	b.memsw = hostAccountsSwap(b.v2)
+	// Reconcile reports the threads blocked on FUSE before its sweep. The scan reads every
+	// task of the host (~0.1-0.3 s on a busy one), so it runs while the runtime probe and
+	// the network are set up rather than on the restart's critical path.
+	b.blockedAtStart = make(chan []blockdev.Task, 1)
+	go func() { b.blockedAtStart <- blockdev.BlockedOnFUSE() }()
 	if mb, err := exec.LookPath("mount"); err == nil {
 		b.mountBin = mb
 	} else {

@@ -48,8 +48,8 @@ func (b *Backend) dataPlaneDisks(ctx context.Context) (map[string]dataplane.Info
 
 // adoptBlock takes over the block root of a running container from the data plane's
 // disk info.
-func (b *Backend) adoptBlock(inst *Instance, info dataplane.Info) error {
-	blk, err := rootfs.Adopt(b.cfg.DataPlane.Attach(info), inst.l.rootfs())
+func (b *Backend) adoptBlock(inst *Instance, info dataplane.Info, mounts blockdev.Mounts) error {
+	blk, err := rootfs.Adopt(b.cfg.DataPlane.Attach(info), inst.l.rootfs(), mounts)
 	if err != nil {
 		return err
 	}

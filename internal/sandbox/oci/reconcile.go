@@ -37,11 +37,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	for _, id := range known {
 		want[id] = true
 	}
-	// The scan of the host's threads reads every /proc task; it overlaps the runtime's
-	// and the data plane's answers and must end before the sweep changes what it sees.
-	scanned := make(chan []blockdev.Task, 1)
-	go func() { scanned <- blockdev.BlockedOnFUSE() }()
-	containers, err := b.rt.list(ctx)
+	containers, err := b.rt.liveContainers(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -50,6 +46,11 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 		// Without the list no root can be adopted, and none may be swept either: its
 		// disk may still be served. Fail the start rather than lose the sandboxes.
 		return nil, fmt.Errorf("oci: reconcile: list the data plane's disks: %w", err)
+	}
+	// One read of the mount table for every root adopted (see blockdev.Mounts).
+	mounts, err := blockdev.ReadMounts()
+	if err != nil {
+		return nil, fmt.Errorf("oci: reconcile: %w", err)
 	}
 	var keepDirs []string // bundle dirs of adopted block roots
 	var errs []error
@@ -73,7 +74,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 						stale = append(stale, c.ID)
 						continue
 					}
-					if err := b.adoptBlock(inst, info); err != nil {
+					if err := b.adoptBlock(inst, info, mounts); err != nil {
 						b.log.Warn("oci: reconcile: cannot adopt block root; removing the sandbox", "id", st.ID, "err", err)
 						stale = append(stale, c.ID)
 						continue
@@ -93,7 +94,18 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	// under them: SIGKILL is queued even to a process stuck on a block root whose FUSE
 	// server died, and takes effect once the sweep aborts the connection.
 	b.killCgroups(cids)
-	before := <-scanned
+	// The scan of the host's threads New started (a later Reconcile scans again) must end
+	// before the sweep changes what it sees.
+	b.mu.Lock()
+	scan := b.blockedAtStart
+	b.blockedAtStart = nil
+	b.mu.Unlock()
+	var before []blockdev.Task
+	if scan != nil {
+		before = <-scan
+	} else {
+		before = blockdev.BlockedOnFUSE()
+	}
 	// Block roots first (FUSE connections aborted, then ext4 mounts, loop devices, FUSE
 	// mounts), except the adopted ones; overlay roots are left alone.
 	errs = append(errs, rootfs.Sweep(ctx, filepath.Join(b.cfg.DataDir, "sandboxes"), keepDirs...))

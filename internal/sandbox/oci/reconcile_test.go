@@ -2,6 +2,7 @@ package oci
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -39,6 +40,10 @@ func TestCrashRecovery(t *testing.T) {
 	if err := unix.Mount("tmpfs", ghost.rootfs(), "tmpfs", 0, ""); err != nil {
 		t.Fatal(err)
 	}
+
+	// Reconcile reads runc's state files itself: it must see what `runc list` says
+	// (two running containers, one created warm one).
+	assertStatesMatchRunc(t, e.b.rt)
 
 	// No warm pool here either: it would refill freed slot indexes, and the checks below
 	// look for the old slots' names.
@@ -93,5 +98,35 @@ func TestCrashRecovery(t *testing.T) {
 	assertClean(t, b3)
 	if ents, _ := os.ReadDir(filepath.Join(cfg.DataDir, "sandboxes")); len(ents) != 0 {
 		t.Fatalf("bundles left: %v", ents)
+	}
+}
+
+// assertStatesMatchRunc checks that the state files read directly give the ids and
+// statuses `runc list` gives (a paused container counts as running).
+func assertStatesMatchRunc(t *testing.T, rt runtimeCLI) {
+	t.Helper()
+	if rt.name != "runc" {
+		return
+	}
+	listed, err := rt.list(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	read, ok := readRuncStates(rt.root, "/proc")
+	if !ok {
+		t.Fatal("runc's state files not understood")
+	}
+	norm := func(sts []containerState) map[string]string {
+		m := map[string]string{}
+		for _, c := range sts {
+			if c.Status == "paused" {
+				c.Status = "running"
+			}
+			m[c.ID] = c.Status
+		}
+		return m
+	}
+	if a, b := norm(read), norm(listed); !maps.Equal(a, b) || len(a) < 3 {
+		t.Fatalf("state files say %v, runc list says %v", a, b)
 	}
 }

@@ -146,12 +146,29 @@ func LoopBacking(dev string) (string, error) {
 
 // MountedDevice is the block device (/dev/NAME) of the filesystem mounted at dir.
 func MountedDevice(dir string) (string, error) {
-	mounts, err := readMountinfo()
+	m, err := ReadMounts()
 	if err != nil {
 		return "", err
 	}
-	for i := len(mounts) - 1; i >= 0; i-- {
-		m := mounts[i]
+	return m.Device(dir)
+}
+
+// Mounts is a snapshot of this process's mount table. A restart that adopts hundreds of
+// roots reads it once rather than once per root (mountinfo grows with every root, so
+// reading it per root costs the square of their number).
+type Mounts struct{ entries []mountEntry }
+
+// ReadMounts reads the mount table.
+func ReadMounts() (Mounts, error) {
+	e, err := readMountinfo()
+	return Mounts{entries: e}, err
+}
+
+// Device is the block device (/dev/NAME) of the filesystem mounted at dir (the topmost
+// mount there).
+func (ms Mounts) Device(dir string) (string, error) {
+	for i := len(ms.entries) - 1; i >= 0; i-- {
+		m := ms.entries[i]
 		if m.dir != dir {
 			continue
 		}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -223,5 +224,47 @@ func TestVerify(t *testing.T) {
 				t.Fatalf("left behind: %v", left)
 			}
 		})
+	}
+}
+
+// TestVerifyOnce: a passed Verify is remembered for the same manifest and layer files
+// (a second call does not mount: it passes even where mounting would fail), and a layer
+// that changed is verified again.
+func TestVerifyOnce(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	tmp := t.TempDir()
+	res, err := Build(ctx, smallTree(t), filepath.Join(tmp, "out"), 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := VerifyOnce(ctx, res.Manifest, filepath.Join(tmp, "work")); err != nil {
+		t.Fatal(err)
+	}
+	// A work dir that is a file: any real Verify fails from now on.
+	blocked := filepath.Join(tmp, "blocked")
+	if err := os.WriteFile(blocked, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := VerifyOnce(ctx, res.Manifest, blocked); err != nil {
+		t.Fatalf("VerifyOnce of an unchanged, verified stack checked again: %v", err)
+	}
+	m, err := stack.LoadManifest(res.Manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(m.Lowers[0].Path, later, later); err != nil {
+		t.Fatal(err)
+	}
+	if err := VerifyOnce(ctx, res.Manifest, blocked); err == nil {
+		t.Fatal("VerifyOnce after the layer changed did not verify again")
+	}
+	// The failed check forgot the stamp: the next call verifies too.
+	if err := VerifyOnce(ctx, res.Manifest, blocked); err == nil {
+		t.Fatal("VerifyOnce after a failed Verify passed without checking")
+	}
+	if err := VerifyOnce(ctx, res.Manifest, filepath.Join(tmp, "work")); err != nil {
+		t.Fatal(err)
 	}
 }

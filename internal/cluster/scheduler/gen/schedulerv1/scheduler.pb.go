@@ -944,8 +944,10 @@ type LookupResponse struct {
 	State NodeState              `protobuf:"varint,2,opt,name=state,proto3,enum=aenv.scheduler.v1.NodeState" json:"state,omitempty"`
 	// Milliseconds since the node's last heartbeat.
 	HeartbeatAgeMs int64 `protobuf:"varint,3,opt,name=heartbeat_age_ms,json=heartbeatAgeMs,proto3" json:"heartbeat_age_ms,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The sandbox as the node's last heartbeat reported it (absent when only bound).
+	Sandbox       *SandboxReport `protobuf:"bytes,4,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LookupResponse) Reset() {
@@ -997,6 +999,13 @@ func (x *LookupResponse) GetHeartbeatAgeMs() int64 {
 		return x.HeartbeatAgeMs
 	}
 	return 0
+}
+
+func (x *LookupResponse) GetSandbox() *SandboxReport {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
 }
 
 type ListNodesRequest struct {
@@ -1432,11 +1441,12 @@ const file_scheduler_v1_scheduler_proto_rawDesc = "" +
 	"\x0fReleaseResponse\".\n" +
 	"\rLookupRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x9f\x01\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\xdb\x01\n" +
 	"\x0eLookupResponse\x12/\n" +
 	"\x04node\x18\x01 \x01(\v2\x1b.aenv.scheduler.v1.NodeInfoR\x04node\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.aenv.scheduler.v1.NodeStateR\x05state\x12(\n" +
-	"\x10heartbeat_age_ms\x18\x03 \x01(\x03R\x0eheartbeatAgeMs\"\x12\n" +
+	"\x10heartbeat_age_ms\x18\x03 \x01(\x03R\x0eheartbeatAgeMs\x12:\n" +
+	"\asandbox\x18\x04 \x01(\v2 .aenv.scheduler.v1.SandboxReportR\asandbox\"\x12\n" +
 	"\x10ListNodesRequest\"\xd2\x02\n" +
 	"\n" +
 	"NodeStatus\x12/\n" +
@@ -1535,36 +1545,37 @@ var file_scheduler_v1_scheduler_proto_depIdxs = []int32{
 	3,  // 6: aenv.scheduler.v1.PlaceResponse.node:type_name -> aenv.scheduler.v1.NodeInfo
 	3,  // 7: aenv.scheduler.v1.LookupResponse.node:type_name -> aenv.scheduler.v1.NodeInfo
 	0,  // 8: aenv.scheduler.v1.LookupResponse.state:type_name -> aenv.scheduler.v1.NodeState
-	3,  // 9: aenv.scheduler.v1.NodeStatus.node:type_name -> aenv.scheduler.v1.NodeInfo
-	0,  // 10: aenv.scheduler.v1.NodeStatus.state:type_name -> aenv.scheduler.v1.NodeState
-	2,  // 11: aenv.scheduler.v1.NodeStatus.allocated:type_name -> aenv.scheduler.v1.Resources
-	2,  // 12: aenv.scheduler.v1.NodeStatus.reserved:type_name -> aenv.scheduler.v1.Resources
-	18, // 13: aenv.scheduler.v1.ListNodesResponse.nodes:type_name -> aenv.scheduler.v1.NodeStatus
-	3,  // 14: aenv.scheduler.v1.ListPeersResponse.peers:type_name -> aenv.scheduler.v1.NodeInfo
-	1,  // 15: aenv.scheduler.v1.Event.type:type_name -> aenv.scheduler.v1.Event.Type
-	5,  // 16: aenv.scheduler.v1.Scheduler.Heartbeat:input_type -> aenv.scheduler.v1.HeartbeatRequest
-	7,  // 17: aenv.scheduler.v1.Scheduler.Unregister:input_type -> aenv.scheduler.v1.UnregisterRequest
-	9,  // 18: aenv.scheduler.v1.Scheduler.Place:input_type -> aenv.scheduler.v1.PlaceRequest
-	11, // 19: aenv.scheduler.v1.Scheduler.Bind:input_type -> aenv.scheduler.v1.BindRequest
-	13, // 20: aenv.scheduler.v1.Scheduler.Release:input_type -> aenv.scheduler.v1.ReleaseRequest
-	15, // 21: aenv.scheduler.v1.Scheduler.Lookup:input_type -> aenv.scheduler.v1.LookupRequest
-	17, // 22: aenv.scheduler.v1.Scheduler.ListNodes:input_type -> aenv.scheduler.v1.ListNodesRequest
-	20, // 23: aenv.scheduler.v1.Scheduler.ListPeers:input_type -> aenv.scheduler.v1.ListPeersRequest
-	22, // 24: aenv.scheduler.v1.Scheduler.Watch:input_type -> aenv.scheduler.v1.WatchRequest
-	6,  // 25: aenv.scheduler.v1.Scheduler.Heartbeat:output_type -> aenv.scheduler.v1.HeartbeatResponse
-	8,  // 26: aenv.scheduler.v1.Scheduler.Unregister:output_type -> aenv.scheduler.v1.UnregisterResponse
-	10, // 27: aenv.scheduler.v1.Scheduler.Place:output_type -> aenv.scheduler.v1.PlaceResponse
-	12, // 28: aenv.scheduler.v1.Scheduler.Bind:output_type -> aenv.scheduler.v1.BindResponse
-	14, // 29: aenv.scheduler.v1.Scheduler.Release:output_type -> aenv.scheduler.v1.ReleaseResponse
-	16, // 30: aenv.scheduler.v1.Scheduler.Lookup:output_type -> aenv.scheduler.v1.LookupResponse
-	19, // 31: aenv.scheduler.v1.Scheduler.ListNodes:output_type -> aenv.scheduler.v1.ListNodesResponse
-	21, // 32: aenv.scheduler.v1.Scheduler.ListPeers:output_type -> aenv.scheduler.v1.ListPeersResponse
-	23, // 33: aenv.scheduler.v1.Scheduler.Watch:output_type -> aenv.scheduler.v1.Event
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	4,  // 9: aenv.scheduler.v1.LookupResponse.sandbox:type_name -> aenv.scheduler.v1.SandboxReport
+	3,  // 10: aenv.scheduler.v1.NodeStatus.node:type_name -> aenv.scheduler.v1.NodeInfo
+	0,  // 11: aenv.scheduler.v1.NodeStatus.state:type_name -> aenv.scheduler.v1.NodeState
+	2,  // 12: aenv.scheduler.v1.NodeStatus.allocated:type_name -> aenv.scheduler.v1.Resources
+	2,  // 13: aenv.scheduler.v1.NodeStatus.reserved:type_name -> aenv.scheduler.v1.Resources
+	18, // 14: aenv.scheduler.v1.ListNodesResponse.nodes:type_name -> aenv.scheduler.v1.NodeStatus
+	3,  // 15: aenv.scheduler.v1.ListPeersResponse.peers:type_name -> aenv.scheduler.v1.NodeInfo
+	1,  // 16: aenv.scheduler.v1.Event.type:type_name -> aenv.scheduler.v1.Event.Type
+	5,  // 17: aenv.scheduler.v1.Scheduler.Heartbeat:input_type -> aenv.scheduler.v1.HeartbeatRequest
+	7,  // 18: aenv.scheduler.v1.Scheduler.Unregister:input_type -> aenv.scheduler.v1.UnregisterRequest
+	9,  // 19: aenv.scheduler.v1.Scheduler.Place:input_type -> aenv.scheduler.v1.PlaceRequest
+	11, // 20: aenv.scheduler.v1.Scheduler.Bind:input_type -> aenv.scheduler.v1.BindRequest
+	13, // 21: aenv.scheduler.v1.Scheduler.Release:input_type -> aenv.scheduler.v1.ReleaseRequest
+	15, // 22: aenv.scheduler.v1.Scheduler.Lookup:input_type -> aenv.scheduler.v1.LookupRequest
+	17, // 23: aenv.scheduler.v1.Scheduler.ListNodes:input_type -> aenv.scheduler.v1.ListNodesRequest
+	20, // 24: aenv.scheduler.v1.Scheduler.ListPeers:input_type -> aenv.scheduler.v1.ListPeersRequest
+	22, // 25: aenv.scheduler.v1.Scheduler.Watch:input_type -> aenv.scheduler.v1.WatchRequest
+	6,  // 26: aenv.scheduler.v1.Scheduler.Heartbeat:output_type -> aenv.scheduler.v1.HeartbeatResponse
+	8,  // 27: aenv.scheduler.v1.Scheduler.Unregister:output_type -> aenv.scheduler.v1.UnregisterResponse
+	10, // 28: aenv.scheduler.v1.Scheduler.Place:output_type -> aenv.scheduler.v1.PlaceResponse
+	12, // 29: aenv.scheduler.v1.Scheduler.Bind:output_type -> aenv.scheduler.v1.BindResponse
+	14, // 30: aenv.scheduler.v1.Scheduler.Release:output_type -> aenv.scheduler.v1.ReleaseResponse
+	16, // 31: aenv.scheduler.v1.Scheduler.Lookup:output_type -> aenv.scheduler.v1.LookupResponse
+	19, // 32: aenv.scheduler.v1.Scheduler.ListNodes:output_type -> aenv.scheduler.v1.ListNodesResponse
+	21, // 33: aenv.scheduler.v1.Scheduler.ListPeers:output_type -> aenv.scheduler.v1.ListPeersResponse
+	23, // 34: aenv.scheduler.v1.Scheduler.Watch:output_type -> aenv.scheduler.v1.Event
+	26, // [26:35] is the sub-list for method output_type
+	17, // [17:26] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_scheduler_v1_scheduler_proto_init() }
