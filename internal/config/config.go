@@ -47,6 +47,7 @@ type Config struct {
 	Backend       Backend    `toml:"backend"`
 	Network       Network    `toml:"network"`
 	Templates     Templates  `toml:"templates"`
+	Volumes       Volumes    `toml:"volumes"`
 	Proxy         Proxy      `toml:"proxy"`
 	Snapshot      Snapshot   `toml:"snapshot"`
 	Repository    Repository `toml:"repository"`
@@ -130,6 +131,14 @@ type Network struct {
 	// the system roots, for the servers of the HTTPS connections it terminates (those to
 	// domains with network.rules): a private CA, or a test's.
 	EgressUpstreamCA string `toml:"egress_upstream_ca"`
+}
+
+// Volumes configures the node's persistent volumes (E2B's Volume API).
+type Volumes struct {
+	// SizeMB is the size quota of each volume made from now on: its own loop-mounted ext4
+	// filesystem of that size (at least 16). 0: no quota, a directory on the data dir's
+	// filesystem.
+	SizeMB int `toml:"size_mb"`
 }
 
 // Templates configures the built-in templates.
@@ -428,6 +437,9 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen", "%q is not host:port (e.g. 127.0.0.1:8000)", c.Listen)
+	}
+	if c.Volumes.SizeMB != 0 && c.Volumes.SizeMB < 16 {
+		bad("volumes.size_mb", "%d is below the minimum of 16 (0: no quota)", c.Volumes.SizeMB)
 	}
 	if c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {

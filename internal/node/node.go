@@ -216,7 +216,7 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 	if err != nil {
 		return err
 	}
-	if n.Volumes, err = volume.Open(filepath.Join(cfg.DataDir, "volumes"), volume.Options{}); err != nil {
+	if n.Volumes, err = volume.Open(filepath.Join(cfg.DataDir, "volumes"), volume.Options{SizeMB: cfg.Volumes.SizeMB}); err != nil {
 		return err
 	}
 	if n.Secrets, err = secret.Open(filepath.Join(cfg.DataDir, "secrets")); err != nil {
@@ -287,6 +287,7 @@ func (n *Node) openAPI() error {
 		Auth:             apikey.NewVerifier(cat.APIKeys()),
 		Keys:             cat.APIKeys(),
 		Volumes:          n.Volumes,
+		NodeName:         nodeName(cfg),
 		Secrets:          n.Secrets,
 		Domains:          cfg.Proxy.Domains,
 		Registry:         n.Metrics,
@@ -341,4 +342,13 @@ func openEgressCA(cfg config.Config) (*egressproxy.CA, *x509.CertPool, error) {
 		return nil, nil, fmt.Errorf("network.egress_upstream_ca: %s holds no PEM certificate", cfg.Network.EgressUpstreamCA)
 	}
 	return ca, roots, nil
+}
+
+// nodeName is how the node names itself to API clients: its cluster id, else the host name.
+func nodeName(cfg config.Config) string {
+	if cfg.Cluster.NodeID != "" {
+		return cfg.Cluster.NodeID
+	}
+	h, _ := os.Hostname()
+	return h
 }
