@@ -126,6 +126,8 @@ var notRun = []struct {
 		"needs a Kubernetes cluster with nodes; deploy/k8s TestApplyDryRun applies deploy/k8s/base"},
 	{"cluster.md", "kubectl -n aenv-system port-forward svc/aenv-gateway 8080:80 &", true,
 		"needs a deployed cluster; `aenv nodes --url` is run by TestNodeJoinsCluster against a scheduler's gateway"},
+	{"cluster.md", "aenv nodes drain NODE --url http://gateway:8080      # POST /nodes/NODE/drain at the gateway", true,
+		"needs a cluster (scheduler, gateway, two nodes); TestDrainNode runs `aenv nodes drain` and `undrain` through a gateway"},
 	{"configuration.md", "aenv serve --config /etc/aenv/config.toml", false,
 		"a daemon on 0.0.0.0:8000; this test loads the TOML block above it with config.Load"},
 	{"configuration.md", "AENV_SANDBOX_MAX_SANDBOXES=50 aenv serve --config /etc/aenv/config.toml   # env beats the file", false,
