@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/url"
 	"os"
 	"slices"
@@ -32,16 +31,9 @@ func newBenchCmd() *cobra.Command {
 		g.apiKey, _ = cmd.Flags().GetString("api-key")
 		return g.resolve()
 	}
-	// local reports whether host is this machine, where MemAvailable describes the node.
-	local := func(host string) bool {
-		if host == "localhost" {
-			return true
-		}
-		ip := net.ParseIP(host)
-		return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
-	}
 
 	var (
+		cpuf          cpuFlags
 		co            bench.CreateOptions
 		conc          []int
 		repeat        int
@@ -75,6 +67,10 @@ func newBenchCmd() *cobra.Command {
 			}
 			if len(conc) == 0 || slices.Min(conc) < 1 {
 				return fmt.Errorf("--concurrency %v: want positive values", conc)
+			}
+			co.CPU, err = cpuf.meter(cmd, base)
+			if err != nil {
+				return err
 			}
 			c := bench.NewClient(base, key, slices.Max(conc))
 			defer c.Close()
@@ -130,6 +126,7 @@ func newBenchCmd() *cobra.Command {
 	cf.StringVar(&sdkScript, "sdk-script", "", "also measure through the E2B JS SDK with this script (test/e2e/bench.mjs)")
 	cf.StringVar(&node, "node", "node", "node binary for --sdk-script")
 	cf.StringVarP(&createOut, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
+	cpuf.add(create)
 
 	dens := &cobra.Command{
 		Use:   "density",
@@ -147,7 +144,7 @@ func newBenchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if u, err := url.Parse(base); err == nil && !local(u.Hostname()) {
+			if u, err := url.Parse(base); err == nil && !localHost(u.Hostname()) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "aenv: %s is not on this machine: the memory figures are this machine's, not the node's\n", base)
 			}
 			c := bench.NewClient(base, key, density.Concurrency)
@@ -186,9 +183,10 @@ type benchResult interface {
 }
 
 // runBench resolves the node, runs one measurement with conns connections under a
-// progress display labelled label, and writes its result as --output asks.
-func runBench(cmd *cobra.Command, resolve func(*cobra.Command) (string, string, error), out, label string, conns int,
-	run func(ctx context.Context, c *bench.Client, progress func(done, total int)) (benchResult, error)) error {
+// progress display labelled label (and the CPU meter cpuf asks for), and writes its
+// result as --output asks.
+func runBench(cmd *cobra.Command, resolve func(*cobra.Command) (string, string, error), out, label string, conns int, cpuf *cpuFlags,
+	run func(ctx context.Context, c *bench.Client, cpu *bench.CPUMeter, progress func(done, total int)) (benchResult, error)) error {
 	f, err := tableOrJSON(out)
 	if err != nil {
 		return err
@@ -197,12 +195,16 @@ func runBench(cmd *cobra.Command, resolve func(*cobra.Command) (string, string, 
 	if err != nil {
 		return err
 	}
+	meter, err := cpuf.meter(cmd, base)
+	if err != nil {
+		return err
+	}
 	c := bench.NewClient(base, key, conns)
 	defer c.Close()
 	prog := bench.NewProgress(cmd.ErrOrStderr(), isTerminal(os.Stderr))
 	defer prog.Done()
 	prog.Label(label)
-	r, err := run(cmd.Context(), c, prog.Update)
+	r, err := run(cmd.Context(), c, meter, prog.Update)
 	prog.Done()
 	if err != nil {
 		return err
@@ -213,8 +215,9 @@ func runBench(cmd *cobra.Command, resolve func(*cobra.Command) (string, string, 
 // newBenchForkCmd is `aenv bench fork`: fork → every child answered a command.
 func newBenchForkCmd(resolve func(*cobra.Command) (string, string, error)) *cobra.Command {
 	var (
-		o   bench.ForkOptions
-		out string
+		o    bench.ForkOptions
+		out  string
+		cpuf cpuFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "fork",
@@ -225,9 +228,9 @@ func newBenchForkCmd(resolve func(*cobra.Command) (string, string, error)) *cobr
 			"each run (not timed).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runBench(cmd, resolve, out, fmt.Sprintf("fork -n %d", o.Count), o.Count+1,
-				func(ctx context.Context, c *bench.Client, progress func(done, total int)) (benchResult, error) {
-					o.Progress = progress
+			return runBench(cmd, resolve, out, fmt.Sprintf("fork -n %d", o.Count), o.Count+1, &cpuf,
+				func(ctx context.Context, c *bench.Client, cpu *bench.CPUMeter, progress func(done, total int)) (benchResult, error) {
+					o.Progress, o.CPU = progress, cpu
 					return bench.RunFork(ctx, c, o)
 				})
 		},
@@ -241,6 +244,7 @@ func newBenchForkCmd(resolve func(*cobra.Command) (string, string, error)) *cobr
 	fl.BoolVar(&o.PSS, "pss", false, "also report the idle children's PSS on this machine against their guest RAM (node on this machine)")
 	fl.DurationVar(&o.Settle, "settle", 3*time.Second, "with --pss: idle time before the reading")
 	fl.StringVarP(&out, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
+	cpuf.add(cmd)
 	return cmd
 }
 
@@ -248,8 +252,9 @@ func newBenchForkCmd(resolve func(*cobra.Command) (string, string, error)) *cobr
 // snapshot → first command.
 func newBenchSnapshotCmd(resolve func(*cobra.Command) (string, string, error)) *cobra.Command {
 	var (
-		o   bench.SnapshotOptions
-		out string
+		o    bench.SnapshotOptions
+		out  string
+		cpuf cpuFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "snapshot",
@@ -260,9 +265,9 @@ func newBenchSnapshotCmd(resolve func(*cobra.Command) (string, string, error)) *
 			"the new sandbox and the snapshot are removed after each cycle (not timed).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runBench(cmd, resolve, out, "snapshot → create", 2,
-				func(ctx context.Context, c *bench.Client, progress func(done, total int)) (benchResult, error) {
-					o.Progress = progress
+			return runBench(cmd, resolve, out, "snapshot → create", 2, &cpuf,
+				func(ctx context.Context, c *bench.Client, cpu *bench.CPUMeter, progress func(done, total int)) (benchResult, error) {
+					o.Progress, o.CPU = progress, cpu
 					return bench.RunSnapshot(ctx, c, o)
 				})
 		},
@@ -273,14 +278,16 @@ func newBenchSnapshotCmd(resolve func(*cobra.Command) (string, string, error)) *
 	fl.IntVar(&o.Warmup, "warmup", 1, "unmeasured cycles first")
 	fl.StringVar(&o.Command, "command", "true", "the first command in each sandbox created from a snapshot")
 	fl.StringVarP(&out, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
+	cpuf.add(cmd)
 	return cmd
 }
 
 // newBenchPauseCmd is `aenv bench pause`: pause to disk and resume latency.
 func newBenchPauseCmd(resolve func(*cobra.Command) (string, string, error)) *cobra.Command {
 	var (
-		o   bench.PauseOptions
-		out string
+		o    bench.PauseOptions
+		out  string
+		cpuf cpuFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "pause",
@@ -290,9 +297,9 @@ func newBenchPauseCmd(resolve func(*cobra.Command) (string, string, error)) *cob
 			"answers), then read the file back through envd (timed; a changed file is a failure).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runBench(cmd, resolve, out, "pause/resume", 2,
-				func(ctx context.Context, c *bench.Client, progress func(done, total int)) (benchResult, error) {
-					o.Progress = progress
+			return runBench(cmd, resolve, out, "pause/resume", 2, &cpuf,
+				func(ctx context.Context, c *bench.Client, cpu *bench.CPUMeter, progress func(done, total int)) (benchResult, error) {
+					o.Progress, o.CPU = progress, cpu
 					return bench.RunPause(ctx, c, o)
 				})
 		},
@@ -303,5 +310,6 @@ func newBenchPauseCmd(resolve func(*cobra.Command) (string, string, error)) *cob
 	fl.IntVar(&o.Warmup, "warmup", 2, "unmeasured cycles first")
 	fl.BoolVar(&o.KeepMemory, "memory", false, "pause with memory (microvm keeps processes) instead of to disk")
 	fl.StringVarP(&out, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
+	cpuf.add(cmd)
 	return cmd
 }

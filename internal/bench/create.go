@@ -26,6 +26,8 @@ type CreateOptions struct {
 	SandboxTimeout int
 	// Progress, when set, is called after each measured sandbox.
 	Progress func(done, total int)
+	// CPU, when set, measures the CPU the node's machine spends per sandbox.
+	CPU *CPUMeter
 }
 
 // maxErrors bounds how many distinct failure messages a Result keeps.
@@ -63,6 +65,12 @@ type Result struct {
 	Errors []string      `json:"errors,omitempty"`
 	// WarmupFailures counts unmeasured warm-up sandboxes that failed.
 	WarmupFailures int `json:"warmupFailures,omitempty"`
+	// CPU is the CPU per sandbox over the whole run: create, first command, kill and
+	// what the node did in the background meanwhile (refilling warm pools).
+	// CPUToAnswer, measured in sequential runs only, is request → first command
+	// answered. Both are nil when not measured.
+	CPU         *CPUCost `json:"cpu,omitempty"`
+	CPUToAnswer *CPUCost `json:"cpuToAnswer,omitempty"`
 }
 
 // sample is one sandbox's measurement.
@@ -92,7 +100,7 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 		if tries >= 3*o.Warmup {
 			return Result{}, fmt.Errorf("bench: warm-up: %d sandboxes failed, the last: %s", tries, warmErrs[len(warmErrs)-1])
 		}
-		if s := createAndRun(ctx, c, o); s.err != nil {
+		if s := createAndRun(ctx, c, o, nil); s.err != nil {
 			warmErrs = append(warmErrs, s.err.Error())
 		} else {
 			ok++
@@ -101,6 +109,11 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 	samples := make([]sample, o.N)
 	var next, done atomic.Int64
 	var wg sync.WaitGroup
+	cpu := beginCPU(ctx, o.CPU)
+	var phases *cpuPhases
+	if o.Concurrency == 1 {
+		phases = newCPUPhases(o.CPU)
+	}
 	start := time.Now()
 	for range min(o.Concurrency, o.N) {
 		wg.Add(1)
@@ -111,7 +124,7 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 				if i >= o.N || ctx.Err() != nil {
 					return
 				}
-				samples[i] = createAndRun(ctx, c, o)
+				samples[i] = createAndRun(ctx, c, o, phases)
 				if o.Progress != nil {
 					o.Progress(int(done.Add(1)), o.N)
 				}
@@ -124,6 +137,7 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 		return Result{}, fmt.Errorf("bench: %w", err)
 	}
 	r := summarizeRun("rest", o.Concurrency, samples, wall)
+	r.CPU, r.CPUToAnswer = cpu.end(ctx, o.N), phases.cost("answer", o.N)
 	r.WarmupFailures = len(warmErrs)
 	for _, e := range warmErrs {
 		if len(r.Errors) < maxErrors {
@@ -133,8 +147,10 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 	return r, nil
 }
 
-// createAndRun measures one sandbox and kills it.
-func createAndRun(ctx context.Context, c *Client, o CreateOptions) sample {
+// createAndRun measures one sandbox and kills it; phases (sequential runs) gets the CPU
+// of request → first command answered as "answer".
+func createAndRun(ctx context.Context, c *Client, o CreateOptions, phases *cpuPhases) sample {
+	phases.start()
 	t0 := time.Now()
 	sb, err := c.Create(ctx, CreateRequest{TemplateID: o.Template, Timeout: o.SandboxTimeout, Secure: true})
 	if err != nil {
@@ -143,6 +159,7 @@ func createAndRun(ctx context.Context, c *Client, o CreateOptions) sample {
 	t1 := time.Now()
 	res, err := c.Run(ctx, sb, o.Command)
 	t2 := time.Now()
+	phases.mark("answer")
 	if err == nil && res.ExitCode != 0 {
 		err = fmt.Errorf("%q in %s exited with %d: %s", o.Command, sb.ID, res.ExitCode, res.Stderr)
 	}

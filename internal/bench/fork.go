@@ -33,6 +33,8 @@ type ForkOptions struct {
 	ProcRoot string
 	// Progress, when set, is called after each measured fork.
 	Progress func(done, total int)
+	// CPU, when set, measures the CPU the node's machine spends per child.
+	CPU *CPUMeter
 }
 
 // IdleMemory is what a fork's idle children cost: the median over runs of their total
@@ -59,8 +61,13 @@ type ForkResult struct {
 	AllAnswered Summary `json:"allAnswered"`
 	Child       Summary `json:"child"`
 	// Idle is set when the run measured PSS.
-	Idle   *IdleMemory `json:"idle,omitempty"`
-	Errors []string    `json:"errors,omitempty"`
+	Idle *IdleMemory `json:"idle,omitempty"`
+	// CPU is the CPU per child over the measured forks, the children's kills included;
+	// CPUToAnswer per child from the fork request until every child answered. Nil when
+	// not measured.
+	CPU         *CPUCost `json:"cpu,omitempty"`
+	CPUToAnswer *CPUCost `json:"cpuToAnswer,omitempty"`
+	Errors      []string `json:"errors,omitempty"`
 }
 
 // RunFork creates a source sandbox from Template, checks that it runs Command, then forks
@@ -93,8 +100,17 @@ func RunFork(ctx context.Context, c *Client, o ForkOptions) (ForkResult, error) 
 	r := ForkResult{Count: o.Count, Runs: o.Runs}
 	var forks, all, children []time.Duration
 	var idle []IdleMemory
+	var cpu *cpuWindow
+	phases := newCPUPhases(o.CPU)
 	for i := range o.Warmup + o.Runs {
-		s := forkOnce(ctx, c, src.ID, o)
+		if i == o.Warmup {
+			cpu = beginCPU(ctx, o.CPU)
+		}
+		var ph *cpuPhases
+		if i >= o.Warmup {
+			ph = phases
+		}
+		s := forkOnce(ctx, c, src.ID, o, ph)
 		if ctx.Err() != nil {
 			return ForkResult{}, fmt.Errorf("bench: %w", ctx.Err())
 		}
@@ -116,6 +132,7 @@ func RunFork(ctx context.Context, c *Client, o ForkOptions) (ForkResult, error) 
 		}
 	}
 	r.Fork, r.AllAnswered, r.Child = Summarize(forks), Summarize(all), Summarize(children)
+	r.CPU, r.CPUToAnswer = cpu.end(ctx, o.Runs*o.Count), phases.cost("answer", o.Runs*o.Count)
 	if len(idle) > 0 {
 		slices.SortFunc(idle, func(a, b IdleMemory) int { return cmp.Compare(a.TotalPSS, b.TotalPSS) })
 		m := idle[(len(idle)-1)/2]
@@ -157,8 +174,9 @@ func idleMemory(ctx context.Context, c *Client, ids []string, o ForkOptions) (*I
 }
 
 // forkOnce forks src into o.Count children, runs o.Command in each as soon as the fork
-// answers, and kills them all.
-func forkOnce(ctx context.Context, c *Client, src string, o ForkOptions) forkSample {
+// answers, and kills them all; phases gets the CPU of fork → all answered as "answer".
+func forkOnce(ctx context.Context, c *Client, src string, o ForkOptions, phases *cpuPhases) forkSample {
+	phases.start()
 	t0 := time.Now()
 	res, err := c.Fork(ctx, src, o.Count, o.SandboxTimeout)
 	s := forkSample{fork: time.Since(t0), err: err}
@@ -192,6 +210,7 @@ func forkOnce(ctx context.Context, c *Client, src string, o ForkOptions) forkSam
 	}
 	wg.Wait()
 	s.all = time.Since(t0)
+	phases.mark("answer")
 	if o.PSS && len(errs) == 0 && err == nil {
 		var ids []string
 		for _, ch := range res {
@@ -233,6 +252,10 @@ func (r ForkResult) Write(w io.Writer, format string) error {
 		[]stage{{"all answered", r.AllAnswered}, {"fork answered", r.Fork}, {"each child", r.Child}},
 		r.Failures, r.Runs, "runs had failures", r.Errors); err != nil {
 		return err
+	}
+	if c := r.CPU; c != nil {
+		fmt.Fprintf(w, "\ncpu per child: %s (node %s, helpers %s, sandboxes %s), of which fork → all answered %s\n",
+			ms(c.Total), ms(c.Node), ms(c.Helpers), ms(c.Sandboxes), cpuMs(r.CPUToAnswer))
 	}
 	if m := r.Idle; m != nil {
 		_, err := fmt.Fprintf(w, "\nidle children (median run): PSS %s in total, %s each (%d processes); guest RAM %d × %d MiB: %.1fx overcommit\n",

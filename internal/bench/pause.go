@@ -26,6 +26,8 @@ type PauseOptions struct {
 	KeepMemory bool
 	// Progress, when set, is called after each measured cycle.
 	Progress func(done, total int)
+	// CPU, when set, measures the CPU the node's machine spends per pause and resume.
+	CPU *CPUMeter
 }
 
 // PauseResult is what a pause run measured: Pause is POST pause {memory:false} until the
@@ -40,6 +42,10 @@ type PauseResult struct {
 	Resume   Summary  `json:"resume"`
 	Command  Summary  `json:"command"`
 	Errors   []string `json:"errors,omitempty"`
+	// CPU per operation (nil when not measured): the pause until the node answered; the
+	// resume until the first command after it answered.
+	CPUPause  *CPUCost `json:"cpuPause,omitempty"`
+	CPUResume *CPUCost `json:"cpuResume,omitempty"`
 }
 
 // defaultPauseFile is where each cycle leaves its number, to be read back after the resume.
@@ -66,8 +72,13 @@ func RunPause(ctx context.Context, c *Client, o PauseOptions) (PauseResult, erro
 	defer func() { _ = killDetached(ctx, c, sb.ID) }()
 	r := PauseResult{N: o.N, Memory: o.KeepMemory}
 	var pauses, resumes, commands []time.Duration
+	phases := newCPUPhases(o.CPU)
 	for i := range o.Warmup + o.N {
-		s := pauseOnce(ctx, c, sb, i, o)
+		var ph *cpuPhases
+		if i >= o.Warmup {
+			ph = phases
+		}
+		s := pauseOnce(ctx, c, sb, i, o, ph)
 		if ctx.Err() != nil {
 			return PauseResult{}, fmt.Errorf("bench: %w", ctx.Err())
 		}
@@ -88,6 +99,7 @@ func RunPause(ctx context.Context, c *Client, o PauseOptions) (PauseResult, erro
 		}
 	}
 	r.Pause, r.Resume, r.Command = Summarize(pauses), Summarize(resumes), Summarize(commands)
+	r.CPUPause, r.CPUResume = phases.cost("pause", o.N), phases.cost("resume", o.N)
 	return r, nil
 }
 
@@ -98,11 +110,12 @@ type pauseSample struct {
 	fatal bool
 }
 
-func pauseOnce(ctx context.Context, c *Client, sb Sandbox, cycle int, o PauseOptions) pauseSample {
+func pauseOnce(ctx context.Context, c *Client, sb Sandbox, cycle int, o PauseOptions, phases *cpuPhases) pauseSample {
 	want := strconv.Itoa(cycle)
 	if _, err := c.Run(ctx, sb, "printf %s "+want+" > "+o.File); err != nil {
 		return pauseSample{err: err, fatal: true}
 	}
+	phases.start()
 	t0 := time.Now()
 	pause := c.PauseToDisk
 	if o.KeepMemory {
@@ -112,12 +125,14 @@ func pauseOnce(ctx context.Context, c *Client, sb Sandbox, cycle int, o PauseOpt
 		return pauseSample{err: err, fatal: true}
 	}
 	t1 := time.Now()
+	phases.mark("pause")
 	if _, err := c.Connect(ctx, sb.ID, o.SandboxTimeout); err != nil {
 		return pauseSample{err: err, fatal: true}
 	}
 	t2 := time.Now()
 	res, err := c.Run(ctx, sb, "cat "+o.File)
 	t3 := time.Now()
+	phases.mark("resume")
 	s := pauseSample{pause: t1.Sub(t0), resume: t2.Sub(t1), command: t3.Sub(t2), err: err}
 	if err == nil && strings.TrimSpace(res.Stdout) != want {
 		s.err = fmt.Errorf("after resume %s holds %q, want %q (exit %d: %s)", o.File, res.Stdout, want, res.ExitCode, res.Stderr)
@@ -134,7 +149,10 @@ func (r PauseResult) Write(w io.Writer, format string) error {
 	if r.Memory {
 		label = "pause (memory)"
 	}
-	return writeStages(w, "stage",
+	if err := writeStages(w, "stage",
 		[]stage{{label, r.Pause}, {"resume", r.Resume}, {"first command", r.Command}},
-		r.Failures, r.N, "cycles failed", r.Errors)
+		r.Failures, r.N, "cycles failed", r.Errors); err != nil {
+		return err
+	}
+	return writeCPU(w, []cpuRow{{label, r.CPUPause}, {"resume → first command", r.CPUResume}})
 }

@@ -38,6 +38,11 @@ func Combine(runs []Result) Result {
 	out.Create = median(func(r Result) Summary { return r.Create })
 	out.Command = median(func(r Result) Summary { return r.Command })
 	out.Wall = pick(func(r Result) time.Duration { return r.Wall })
+	cpu, toAnswer := make([]*CPUCost, len(runs)), make([]*CPUCost, len(runs))
+	for i, r := range runs {
+		cpu[i], toAnswer[i] = r.CPU, r.CPUToAnswer
+	}
+	out.CPU, out.CPUToAnswer = medianCost(cpu), medianCost(toAnswer)
 	rates := make([]float64, len(runs))
 	for i, r := range runs {
 		out.N += r.N
@@ -76,12 +81,14 @@ func (r CreateReport) Write(w io.Writer, format string) error {
 		return writeJSON(w, r)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "path\tconc\truns\tn\tfail\tp50\tp95\tp99\tmax\tcreate p50\tcmd p50\tsbx/s\t")
+	fmt.Fprintln(tw, "path\tconc\truns\tn\tfail\tp50\tp95\tp99\tmax\tcreate p50\tcmd p50\tsbx/s\tcpu/sbx\tcpu→cmd\t")
+	cpu := false
 	for i, m := range r.Medians {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t\n",
 			m.Mode, m.Concurrency, len(r.Runs[i]), m.N, m.Failures,
 			ms(m.Total.P50), ms(m.Total.P95), ms(m.Total.P99), ms(m.Total.Max),
-			ms(m.Create.P50), ms(m.Command.P50), m.Rate)
+			ms(m.Create.P50), ms(m.Command.P50), m.Rate, cpuMs(m.CPU), cpuMs(m.CPUToAnswer))
+		cpu = cpu || m.CPU != nil
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -93,6 +100,16 @@ func (r CreateReport) Write(w io.Writer, format string) error {
 	}
 	if len(r.Runs) > 0 && len(r.Runs[0]) > 1 {
 		fmt.Fprintln(w, "(percentiles are medians over the runs; create → first command completed)")
+	}
+	if cpu {
+		fmt.Fprintln(w, "(cpu/sbx: node, its helpers and the sandboxes' cgroup per sandbox over the run, kill included;")
+		fmt.Fprintln(w, " cpu→cmd: request → first command answered, sequential runs only)")
+		for _, m := range r.Medians {
+			if c := m.CPU; c != nil {
+				fmt.Fprintf(w, "%s c=%d cpu/sbx %s = node %s + helpers %s + sandboxes %s\n", m.Mode, m.Concurrency,
+					ms(c.Total), ms(c.Node), ms(c.Helpers), ms(c.Sandboxes))
+			}
+		}
 	}
 	return nil
 }

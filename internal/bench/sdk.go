@@ -52,10 +52,17 @@ func RunSDK(ctx context.Context, o SDKOptions) (Result, error) {
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+o.URL, "E2B_SANDBOX_URL="+o.URL, "E2B_API_KEY="+o.APIKey)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cpu := beginCPU(ctx, o.CPU)
 	if err := cmd.Run(); err != nil {
 		return Result{}, fmt.Errorf("bench: %s %s: %w: %s", o.Node, o.Script, err, lastLines(stderr.String(), 5))
 	}
-	return parseSDKOutput(stdout.Bytes())
+	r, err := parseSDKOutput(stdout.Bytes())
+	if err != nil {
+		return r, err
+	}
+	// The script's warm-up sandboxes run inside the window: they are counted as operations.
+	r.CPU = cpu.end(ctx, o.N+o.Warmup)
+	return r, nil
 }
 
 func parseSDKOutput(raw []byte) (Result, error) {

@@ -20,6 +20,9 @@ type SnapshotOptions struct {
 	SandboxTimeout int
 	// Progress, when set, is called after each measured cycle.
 	Progress func(done, total int)
+	// CPU, when set, measures the CPU the node's machine spends per snapshot and per
+	// create from a snapshot.
+	CPU *CPUMeter
 }
 
 // SnapshotResult is what a snapshot run measured. Snapshot is POST snapshots until the
@@ -34,6 +37,12 @@ type SnapshotResult struct {
 	Command  Summary  `json:"command"`
 	Total    Summary  `json:"total"`
 	Errors   []string `json:"errors,omitempty"`
+	// CPU per operation (nil when not measured): the snapshot until the node answered;
+	// the create from it until its first command answered; the whole cycle, removing
+	// the sandbox and the snapshot included.
+	CPUSnapshot *CPUCost `json:"cpuSnapshot,omitempty"`
+	CPUCreate   *CPUCost `json:"cpuCreate,omitempty"`
+	CPUCycle    *CPUCost `json:"cpuCycle,omitempty"`
 }
 
 // RunSnapshot creates a source sandbox from Template, then per cycle snapshots it,
@@ -60,8 +69,17 @@ func RunSnapshot(ctx context.Context, c *Client, o SnapshotOptions) (SnapshotRes
 	}
 	r := SnapshotResult{N: o.N}
 	var snaps, creates, commands, totals []time.Duration
+	var cpu *cpuWindow
+	phases := newCPUPhases(o.CPU)
 	for i := range o.Warmup + o.N {
-		s := snapshotOnce(ctx, c, src.ID, o)
+		var ph *cpuPhases
+		if i >= o.Warmup {
+			ph = phases
+		}
+		if i == o.Warmup {
+			cpu = beginCPU(ctx, o.CPU)
+		}
+		s := snapshotOnce(ctx, c, src.ID, o, ph)
 		if ctx.Err() != nil {
 			return SnapshotResult{}, fmt.Errorf("bench: %w", ctx.Err())
 		}
@@ -83,6 +101,8 @@ func RunSnapshot(ctx context.Context, c *Client, o SnapshotOptions) (SnapshotRes
 		}
 	}
 	r.Snapshot, r.Create, r.Command, r.Total = Summarize(snaps), Summarize(creates), Summarize(commands), Summarize(totals)
+	r.CPUCycle = cpu.end(ctx, o.N)
+	r.CPUSnapshot, r.CPUCreate = phases.cost("snapshot", o.N), phases.cost("create", o.N)
 	return r, nil
 }
 
@@ -92,13 +112,15 @@ type snapshotSample struct {
 	fatal                     bool // the source could not be snapshotted
 }
 
-func snapshotOnce(ctx context.Context, c *Client, src string, o SnapshotOptions) snapshotSample {
+func snapshotOnce(ctx context.Context, c *Client, src string, o SnapshotOptions, phases *cpuPhases) snapshotSample {
+	phases.start()
 	t0 := time.Now()
 	snap, err := c.Snapshot(ctx, src)
 	if err != nil {
 		return snapshotSample{err: err, fatal: true}
 	}
 	s := snapshotSample{snapshot: time.Since(t0)}
+	phases.mark("snapshot")
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
@@ -114,6 +136,7 @@ func snapshotOnce(ctx context.Context, c *Client, src string, o SnapshotOptions)
 	t2 := time.Now()
 	res, err := c.Run(ctx, sb, o.Command)
 	s.create, s.command = t2.Sub(t1), time.Since(t2)
+	phases.mark("create")
 	if err == nil && res.ExitCode != 0 {
 		err = fmt.Errorf("%q exited with %d: %s", o.Command, res.ExitCode, res.Stderr)
 	}
@@ -126,8 +149,12 @@ func (r SnapshotResult) Write(w io.Writer, format string) error {
 	if format == "json" {
 		return writeJSON(w, r)
 	}
-	return writeStages(w, "stage",
+	if err := writeStages(w, "stage",
 		[]stage{{"snapshot", r.Snapshot}, {"create from snapshot", r.Create}, {"first command", r.Command},
 			{"create → first command", r.Total}},
-		r.Failures, r.N, "cycles failed", r.Errors)
+		r.Failures, r.N, "cycles failed", r.Errors); err != nil {
+		return err
+	}
+	return writeCPU(w, []cpuRow{{"snapshot", r.CPUSnapshot}, {"create from snapshot → first command", r.CPUCreate},
+		{"whole cycle (removals included)", r.CPUCycle}})
 }

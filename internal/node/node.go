@@ -82,6 +82,8 @@ type Node struct {
 	MetricsHandler http.Handler
 	// APIKey says where the admin API key came from (for the operator's first start).
 	APIKey apikey.Bootstrapped
+	// P2P is the node's peer-to-peer layer distribution; nil when cluster.p2p is off.
+	P2P *P2P
 
 	// baseBuild is the node's own build of the base template, when one runs.
 	baseBuild *baseBuild
@@ -129,6 +131,12 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 		return nil, err
 	}
 	n.onClose(func(context.Context) { repo.Close() })
+	if n.P2P, err = startP2P(cfg, repo, n.Metrics, n.Log); err != nil {
+		return nil, err
+	}
+	if n.P2P != nil {
+		n.onClose(n.P2P.Close)
+	}
 
 	var dp *nodeDataPlane
 	// The oci and microvm backends open their root disks through the data plane.
@@ -216,7 +224,7 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 	if err != nil {
 		return err
 	}
-	if n.Volumes, err = volume.Open(filepath.Join(cfg.DataDir, "volumes"), volume.Options{}); err != nil {
+	if n.Volumes, err = volume.Open(filepath.Join(cfg.DataDir, "volumes"), volume.Options{SizeMB: cfg.Volumes.SizeMB}); err != nil {
 		return err
 	}
 	if n.Secrets, err = secret.Open(filepath.Join(cfg.DataDir, "secrets")); err != nil {
@@ -287,6 +295,7 @@ func (n *Node) openAPI() error {
 		Auth:             apikey.NewVerifier(cat.APIKeys()),
 		Keys:             cat.APIKeys(),
 		Volumes:          n.Volumes,
+		NodeName:         nodeName(cfg),
 		Secrets:          n.Secrets,
 		Domains:          cfg.Proxy.Domains,
 		Registry:         n.Metrics,
@@ -341,4 +350,13 @@ func openEgressCA(cfg config.Config) (*egressproxy.CA, *x509.CertPool, error) {
 		return nil, nil, fmt.Errorf("network.egress_upstream_ca: %s holds no PEM certificate", cfg.Network.EgressUpstreamCA)
 	}
 	return ca, roots, nil
+}
+
+// nodeName is how the node names itself to API clients: its cluster id, else the host name.
+func nodeName(cfg config.Config) string {
+	if cfg.Cluster.NodeID != "" {
+		return cfg.Cluster.NodeID
+	}
+	h, _ := os.Hostname()
+	return h
 }

@@ -70,6 +70,9 @@ type Options struct {
 	Pulls *Puller
 	// Volumes serves /volumes and /volumecontent; nil answers 501 there.
 	Volumes VolumeStore
+	// NodeName names this node in the refusal of a volume it does not hold (volumes are
+	// node-local).
+	NodeName string
 	// Secrets serves /secrets and expands secret placeholders at create; nil answers 501.
 	Secrets SecretStore
 	// Domains enable host routing of {port}-{id}.{domain}; the first one is reported to
@@ -105,6 +108,7 @@ type Server struct {
 	builds TemplateBuilder
 	puller *Puller
 	vols   *volumeGuard
+	node   string
 	secs   SecretStore
 	// uploadKey signs the upload URLs of template builds (valid for this process's life).
 	uploadKey []byte
@@ -140,6 +144,7 @@ func New(o Options) (*Server, error) {
 		builds:           o.Builds,
 		puller:           o.Pulls,
 		vols:             newVolumeGuard(o.Volumes),
+		node:             o.NodeName,
 		secs:             o.Secrets,
 		uploadKey:        randomKey(),
 		domains:          normalizeDomains(o.Domains),

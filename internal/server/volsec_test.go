@@ -29,7 +29,7 @@ func newVolSecEnv(t *testing.T) (*env, *volume.Store, *secret.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnv(t, func(o *Options) { o.Auth, o.Volumes, o.Secrets = twoKeys{}, vs, ss })
+	e := newEnv(t, func(o *Options) { o.Auth, o.Volumes, o.Secrets, o.NodeName = twoKeys{}, vs, ss, "node-a" })
 	return e, vs, ss
 }
 
@@ -79,7 +79,7 @@ func TestVolumeAPI(t *testing.T) {
 	}
 
 	// Mounting: unknown volumes and bad paths are refused before the orchestrator is asked.
-	wantError(t, e.do("POST", "/v2/sandboxes", `{"templateID":"base","volumeMounts":[{"name":"nope","path":"/mnt/x"}]}`), http.StatusBadRequest, "not found")
+	wantError(t, e.do("POST", "/v2/sandboxes", `{"templateID":"base","volumeMounts":[{"name":"nope","path":"/mnt/x"}]}`), http.StatusBadRequest, `volume "nope" not found on node "node-a": volumes are node-local`)
 	wantError(t, e.do("POST", "/v2/sandboxes", `{"templateID":"base","volumeMounts":[{"name":"data","path":"/proc/x"}]}`), http.StatusBadRequest, "/proc")
 	wantError(t, e.do("POST", "/v2/sandboxes", `{"templateID":"base","volumeMounts":[{"name":"data","path":"rel"}]}`), http.StatusBadRequest, "absolute")
 	if n := len(e.orch.sandboxes); n != 0 {

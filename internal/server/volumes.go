@@ -56,6 +56,8 @@ func writeVolumeError(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, "%s", err.Error())
 	case errors.Is(err, volume.ErrInvalid), errors.Is(err, volume.ErrQuota), errors.Is(err, volume.ErrIsDir):
 		writeError(w, http.StatusBadRequest, "%s", err.Error())
+	case errors.Is(err, volume.ErrNoSpace):
+		writeError(w, http.StatusInsufficientStorage, "%s", err.Error())
 	default:
 		writeOrchError(w, r, err)
 	}
@@ -177,7 +179,9 @@ func (s *Server) volumeMounts(owner string, in *[]api.SandboxVolumeMount) ([]orc
 		}
 		v, err := s.vols.store.Get(owner, m.Name)
 		if err != nil {
-			return nil, fmt.Errorf("volumeMounts: volume %q not found (create it with POST /volumes; volumes are node-local)", m.Name)
+			return nil, fmt.Errorf("volumeMounts: volume %q not found on node %q: volumes are node-local (not published to the "+
+				"repository, never mounted from another node): create the sandbox through the API of the node that made the volume, "+
+				"or create the volume here with POST /volumes", m.Name, s.node)
 		}
 		out = append(out, orchestrator.VolumeMount{Name: v.Name, Path: m.Path, VolumeID: v.ID})
 	}

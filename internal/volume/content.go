@@ -94,6 +94,8 @@ func mapErr(p string, err error) error {
 		return fmt.Errorf("%w: %s", ErrPathExists, p)
 	case errors.Is(err, syscall.EISDIR):
 		return fmt.Errorf("%w: %s", ErrIsDir, p)
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return fmt.Errorf("%w: writing %s: the volume's size quota is used up", ErrNoSpace, p)
 	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.ENOTEMPTY):
 		return fmt.Errorf("%w: %s: %v", ErrInvalid, p, err)
 	case strings.Contains(err.Error(), "path escapes"):
@@ -335,6 +337,7 @@ func (c *Content) WriteFile(p string, body io.Reader, o Owner) (Entry, error) {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
+	err = mapErr(p, err)
 	if err == nil {
 		err = c.apply(tmp, o, 0o644)
 	}

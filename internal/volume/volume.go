@@ -9,6 +9,7 @@
 package volume
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -52,12 +53,18 @@ type Volume struct {
 	Name      string    `json:"name"`
 	Owner     string    `json:"owner"`
 	CreatedAt time.Time `json:"createdAt"`
+	// SizeMB is the volume's size quota: its own ext4 filesystem of that size (quota.go).
+	// 0: a directory on the data dir's filesystem, bounded by nothing but it.
+	SizeMB int `json:"sizeMB,omitempty"`
 }
 
 // Options tune a Store.
 type Options struct {
 	// MaxPerOwner caps the volumes of one owner (DefaultMaxPerOwner when zero).
 	MaxPerOwner int
+	// SizeMB is the size quota of volumes made from now on (0: none, else at least
+	// MinSizeMB). Volumes keep the quota they were made with.
+	SizeMB int
 }
 
 // Store holds the volumes of one node.
@@ -65,6 +72,7 @@ type Store struct {
 	dir         string
 	tokenKey    []byte
 	maxPerOwner int
+	sizeMB      int
 
 	mu   sync.Mutex
 	vols map[string]Volume // by id
@@ -73,6 +81,9 @@ type Store struct {
 // Open loads the volumes under dir (created when missing). Records that cannot be read
 // are skipped with their error joined into the returned error only when nothing loads.
 func Open(dir string, o Options) (*Store, error) {
+	if o.SizeMB != 0 && o.SizeMB < MinSizeMB {
+		return nil, fmt.Errorf("volume: a size quota of %d MB is below the minimum of %d MB", o.SizeMB, MinSizeMB)
+	}
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("volume: %w", err)
 	}
@@ -80,7 +91,7 @@ func Open(dir string, o Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{dir: dir, tokenKey: key, maxPerOwner: o.MaxPerOwner, vols: map[string]Volume{}}
+	s := &Store{dir: dir, tokenKey: key, maxPerOwner: o.MaxPerOwner, sizeMB: o.SizeMB, vols: map[string]Volume{}}
 	if s.maxPerOwner <= 0 {
 		s.maxPerOwner = DefaultMaxPerOwner
 	}
@@ -97,6 +108,7 @@ func Open(dir string, o Options) (*Store, error) {
 			// A volume whose creation crashed before its record was written: it was never
 			// reported to anyone, so it goes.
 			if errors.Is(err, os.ErrNotExist) {
+				_ = s.unmountImage(e.Name())
 				_ = os.RemoveAll(filepath.Join(dir, e.Name()))
 				continue
 			}
@@ -105,6 +117,15 @@ func Open(dir string, o Options) (*Store, error) {
 		var v Volume
 		if err := json.Unmarshal(raw, &v); err != nil || v.ID != e.Name() {
 			return nil, fmt.Errorf("volume: record %s is damaged: %v", e.Name(), err)
+		}
+		if v.SizeMB > 0 {
+			// After a host reboot; a mount that outlived the node is kept (quota.go).
+			ctx, cancel := context.WithTimeout(context.Background(), mkfsTimeout)
+			err := s.mountImage(ctx, v.ID)
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("volume: %w", err)
+			}
 		}
 		s.vols[v.ID] = v
 	}
@@ -161,22 +182,25 @@ func (s *Store) Create(owner, name string) (Volume, error) {
 	}
 	b := make([]byte, 10)
 	rand.Read(b)
-	v := Volume{ID: "vol_" + hex.EncodeToString(b), Name: name, Owner: owner, CreatedAt: time.Now().UTC()}
+	v := Volume{ID: "vol_" + hex.EncodeToString(b), Name: name, Owner: owner, CreatedAt: time.Now().UTC(), SizeMB: s.sizeMB}
 	vdir := filepath.Join(s.dir, v.ID)
 	if err := os.Mkdir(vdir, 0o711); err != nil {
 		return Volume{}, fmt.Errorf("volume: %w", err)
 	}
 	// Every user of every sandbox may write at the volume's root, as on a fresh share
 	// (chmod because the umask trims Mkdir's mode).
-	err := os.Mkdir(s.dataDir(v.ID), 0o777)
-	if err == nil {
-		err = os.Chmod(s.dataDir(v.ID), 0o777)
+	var err error
+	if v.SizeMB > 0 {
+		err = s.makeImage(v.ID, v.SizeMB)
+	} else if err = os.Mkdir(s.dirOf(v), 0o777); err == nil {
+		err = os.Chmod(s.dirOf(v), 0o777)
 	}
 	if err == nil {
 		raw, _ := json.Marshal(v)
 		err = atomicfile.WriteFile(filepath.Join(vdir, "volume.json"), raw, 0o600)
 	}
 	if err != nil {
+		_ = s.unmountImage(v.ID)
 		_ = os.RemoveAll(vdir)
 		return Volume{}, fmt.Errorf("volume: %w", err)
 	}
@@ -235,6 +259,12 @@ func (s *Store) Delete(owner, id string) error {
 	}
 	delete(s.vols, id)
 	s.mu.Unlock()
+	if err := s.unmountImage(id); err != nil {
+		s.mu.Lock()
+		s.vols[id] = v
+		s.mu.Unlock()
+		return err
+	}
 	// Rename first: the volume is gone at once even if removing a large tree takes long or
 	// is interrupted (Open drops a directory without a record).
 	vdir := filepath.Join(s.dir, v.ID)
@@ -251,7 +281,23 @@ func (s *Store) Delete(owner, id string) error {
 // Dir is the host directory holding volume id's content.
 func (s *Store) Dir(id string) string { return s.dataDir(id) }
 
-func (s *Store) dataDir(id string) string { return filepath.Join(s.dir, id, "data") }
+func (s *Store) dataDir(id string) string {
+	s.mu.Lock()
+	v, ok := s.vols[id]
+	s.mu.Unlock()
+	if !ok {
+		v = Volume{ID: id}
+	}
+	return s.dirOf(v)
+}
+
+// dirOf is where v's content is: in its own filesystem when it has a quota.
+func (s *Store) dirOf(v Volume) string {
+	if v.SizeMB > 0 {
+		return filepath.Join(s.fsDir(v.ID), "data")
+	}
+	return filepath.Join(s.dir, v.ID, "data")
+}
 
 // Token is the bearer token of the volume content API for v: an HMAC of its id under the
 // node's key, so it needs no storage and survives restarts.
@@ -283,5 +329,5 @@ func (s *Store) MountDir(owner, id string) (string, error) {
 	if v.Owner != owner {
 		return "", fmt.Errorf("%w: %q belongs to another API key", ErrNotFound, id)
 	}
-	return s.dataDir(id), nil
+	return s.dirOf(v), nil
 }

@@ -6,6 +6,8 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 import { spawn } from 'node:child_process'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 
 import { Sandbox, NotFoundError } from 'e2b'
@@ -20,6 +22,8 @@ const nodes = []
 const daemons = []
 let gateway = ''
 let schedulerAddr = ''
+// The nodes share a repository (a directory): what lets a sandbox paused on one resume on the other.
+const repoDir = mkdtempSync(join(tmpdir(), 'aenv-e2e-cluster-repo-'))
 
 // startDaemon runs `aenv <args>` and waits until ready() resolves true.
 async function startDaemon(args, env, ready) {
@@ -55,8 +59,12 @@ before(async () => {
   for (const id of ['e2e-node-a', 'e2e-node-b']) {
     const n = await startNode({
       apiKey, tag: 'aenv-e2e-cluster-',
-      env: { AENV_CLUSTER_SCHEDULER: schedulerAddr, AENV_CLUSTER_NODE_ID: id },
+      env: {
+        AENV_CLUSTER_SCHEDULER: schedulerAddr, AENV_CLUSTER_NODE_ID: id,
+        AENV_REPOSITORY_POSIX_FS_PATH: repoDir, AENV_SNAPSHOT_LAZY_LAYERS: 'true', AENV_SNAPSHOT_SYNC_INTERVAL: '1s',
+      },
     })
+    n.id = id
     if (n.skip) {
       skipReason = n.skip
       return
@@ -76,7 +84,18 @@ before(async () => {
 after(async () => {
   for (const n of nodes) await stopNode(n)
   for (const d of daemons) d.proc.kill('SIGKILL')
+  rmSync(repoDir, { recursive: true, force: true })
 })
+
+// nodeOf is the node whose own API lists the sandbox.
+async function nodeOf(id) {
+  for (const n of nodes) {
+    if (n.proc.exitCode !== null || n.proc.signalCode !== null) continue
+    const r = await fetch(`${n.url}/sandboxes/${id}`, { headers: { 'x-api-key': apiKey } })
+    if (r.status === 200) return n
+  }
+  return null
+}
 
 test('SDK through the gateway: create on both nodes, commands, files, list, pause, connect, kill', { timeout: 300_000 }, async (t) => {
   if (skipReason) return t.skip(skipReason)
@@ -114,5 +133,42 @@ test('SDK through the gateway: create on both nodes, commands, files, list, paus
     await assert.rejects(Sandbox.connect(b.sandboxId), NotFoundError)
   } finally {
     for (const s of sbxs) await Sandbox.kill(s.sandboxId).catch(() => {})
+  }
+})
+
+// Last: it kills a node. A sandbox paused to disk on one node (E2B's pause with memory:false)
+// is resumed by Sandbox.connect through the gateway on the other node once its node is killed
+// with SIGKILL: same id, its files, commands work.
+test('SDK through the gateway: a sandbox paused on a node that dies resumes on the other node', { timeout: 300_000 }, async (t) => {
+  if (skipReason) return t.skip(skipReason)
+  const sbx = await Sandbox.create({ timeoutMs: 120_000 })
+  try {
+    await sbx.files.write('/home/user/moved.txt', 'kept across nodes')
+    const a = await nodeOf(sbx.sandboxId)
+    assert.ok(a, 'no node lists the new sandbox')
+    const p = await api(`/sandboxes/${sbx.sandboxId}/pause`, {
+      method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ memory: false }),
+    })
+    assert.equal(p.status, 204, JSON.stringify(p.body))
+
+    const gone = new Promise((res) => a.proc.once('exit', res))
+    a.proc.kill('SIGKILL')
+    await gone
+    // The scheduler calls a node stale after 5 heartbeat intervals (2.5 s here).
+    for (let i = 0; i < 100; i++) {
+      const r = await api('/nodes')
+      if (r.body.find((n) => n.nodeID === a.id)?.state === 'stale') break
+      await sleep(100)
+    }
+    const start = Date.now()
+    const moved = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 120_000 })
+    t.diagnostic(`resume on the other node: ${Date.now() - start} ms`)
+    assert.equal(moved.sandboxId, sbx.sandboxId)
+    const b = await nodeOf(sbx.sandboxId)
+    assert.ok(b && b !== a, 'the sandbox is not on the surviving node')
+    assert.equal(await moved.files.read('/home/user/moved.txt'), 'kept across nodes')
+    assert.equal((await moved.commands.run('echo moved')).stdout, 'moved\n')
+  } finally {
+    await Sandbox.kill(sbx.sandboxId).catch(() => {})
   }
 })

@@ -4,7 +4,8 @@
 // volume content API (Volume#readFile/writeFile/list) sees the same files; a paused and
 // resumed sandbox keeps its mount; bad input (a name clash, an unknown volume, deleting a
 // mounted volume) is refused; after a restart of the node on the same data dir the volume
-// and its content are still there. Skips, saying why, when not root or without an OCI runtime.
+// and its content are still there. The node gives volumes a 64 MB quota (volumes.size_mb:
+// each is a loop-mounted ext4 image), which sandboxes and the content API both hit. Skips, saying why, when not root or without an OCI runtime.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
@@ -18,6 +19,7 @@ const runId = randomBytes(4).toString('hex')
 
 let node
 let skipReason = ''
+const nodeEnv = { AENV_VOLUMES_SIZE_MB: '64' }
 const sandboxes = []
 
 function useNode(n) {
@@ -28,7 +30,7 @@ function useNode(n) {
 }
 
 before(async () => {
-  node = await startNode({ apiKey, bin: process.env.AENV_E2E_BIN || undefined, tag: 'aenv-e2e-vol-' })
+  node = await startNode({ apiKey, bin: process.env.AENV_E2E_BIN || undefined, tag: 'aenv-e2e-vol-', env: nodeEnv })
   skipReason = node.skip
   if (!skipReason) useNode(node)
 })
@@ -88,6 +90,15 @@ test('volumes: shared between sandboxes, content API, pause, bad input, node res
   await assert.rejects(create({ '/x': 'no-such-volume-' + runId }), /not found/)
   await assert.rejects(create({ '/proc/x': name }), /\/proc/)
   await assert.rejects(Volume.destroy(vol.volumeId), /mounted/)
+  for (const bad of ['', 'a/b', '-x', 'x'.repeat(64), 'sp ace']) {
+    await assert.rejects(Volume.create(bad), /400|must be|name/, `volume name ${JSON.stringify(bad)}`)
+  }
+
+  // The size quota: a writer in a sandbox and the content API stop at 64 MB.
+  assert.match(await out(a, 'dd if=/dev/zero of=/mnt/shared/fill bs=1M count=80 2>&1; rm -f /mnt/shared/fill; true'), /No space left/)
+  await assert.rejects(vol.writeFile('/fill', 'x'.repeat(80 << 20)), /quota|space|507/i)
+  assert.equal(await vol.exists('/fill'), false, 'a refused upload leaves nothing')
+  assert.equal(await out(b, 'cat /data/a.txt'), 'from-a\nfrom-b\n', 'the volume still works once full was hit')
 
   // Pause and resume keep the mount.
   await b.pause()
@@ -99,7 +110,7 @@ test('volumes: shared between sandboxes, content API, pause, bad input, node res
 
   // A restart of the node on the same data dir keeps the volume, its content and token.
   await stopNode(node, { keepDataDir: true })
-  node = await startNode({ apiKey, bin: process.env.AENV_E2E_BIN || undefined, dataDir: node.dataDir })
+  node = await startNode({ apiKey, bin: process.env.AENV_E2E_BIN || undefined, dataDir: node.dataDir, env: nodeEnv })
   assert.equal(node.skip, '')
   useNode(node)
   const again = await Volume.connect(vol.volumeId)

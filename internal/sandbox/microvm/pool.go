@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"slices"
@@ -12,14 +13,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/envdclient"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
 // The snapshot pool keeps, per snapshot (from the moment it is taken, or the first
 // create from it on a node that did not take it), a few VMs already restored from its
 // memory image: QEMU started, the stream loaded on a private mapping of the RAM file, the network
-// slot and root disk attached, the guest run until envd answered once (which fills TCG's
-// translation cache for the path envd's first answers take) and then stopped. A create
+// slot and root disk attached, the guest run until envd answered and ran a first command
+// (which fills TCG's translation cache for those paths) and then stopped. A create
 // from that snapshot takes one and continues it: what costs 150 ms to seconds under TCG
 // (QEMU's start, the stream's load, the translation of the guest's first answer) is paid
 // in the background before the request. The orchestrator then does what it does after
@@ -386,8 +388,31 @@ func (p *vmPool) restoreStopped(c *capture) (*Instance, error) {
 }
 
 // warm waits until the guest's envd answers /health (twice: the second answer takes the
-// path the first one translated).
+// path the first one translated), then runs `true` through envd's process service, which
+// translates the guest's path of a first command (process start: fork, exec). The command
+// is best effort: an envd that holds an access token (a secure sandbox's snapshot) refuses
+// it, and the guest's first command after hand-out pays that translation instead.
 func warm(ctx context.Context, inst *Instance) error {
+	if err := warmHealth(ctx, inst); err != nil {
+		return err
+	}
+	ep := inst.Endpoint()
+	cctx, cancel := context.WithTimeout(ctx, poolWarmTimeout/2)
+	defer cancel()
+	c := envdclient.New(http.DefaultClient, fmt.Sprintf("http://%s:%d", ep.Host, ep.EnvdPort))
+	p, err := c.Start(cctx, envdclient.Command{Cmd: "/bin/true"})
+	if err != nil {
+		inst.b.log.Debug("microvm: pool: warm-up command refused", "vm", inst.id, "err", err)
+		return nil
+	}
+	defer p.Close()
+	if _, err := p.Wait(io.Discard, io.Discard); err != nil {
+		inst.b.log.Debug("microvm: pool: warm-up command", "vm", inst.id, "err", err)
+	}
+	return nil
+}
+
+func warmHealth(ctx context.Context, inst *Instance) error {
 	ep := inst.Endpoint()
 	url := fmt.Sprintf("http://%s:%d/health", ep.Host, ep.EnvdPort)
 	c := http.Client{Timeout: time.Second}

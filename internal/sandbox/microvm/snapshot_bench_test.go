@@ -26,7 +26,8 @@ func medianMS(ds []time.Duration) float64 {
 // launch from it (network slot, disk on the sealed layers, tap, QEMU restored on a
 // private mapping of the RAM file, cont) until envd answers /health on the slot address.
 // launch-ms is Launch returning (the VM runs), envd-ms envd answering, cmd-ms a first
-// command done after envd /init (what a create from a snapshot then does), qemu-cpu-ms the CPU
+// command done after envd /init (what a create from a snapshot then does; init-ms is the
+// /init alone), qemu-cpu-ms the CPU
 // time QEMU spent until then (user + system, 10 ms ticks): on a shared, loaded host the
 // wall-clock figures stretch with the load, the CPU time much less.
 func BenchmarkRestoreFromSnapshot(b *testing.B) {
@@ -41,7 +42,7 @@ func BenchmarkRestoreFromSnapshot(b *testing.B) {
 	if err := src.Stop(ctx); err != nil {
 		b.Fatal(err)
 	}
-	var launchT, envdT, cpuT, cmdT []time.Duration
+	var launchT, envdT, cpuT, cmdT, initT []time.Duration
 	n := 0
 	for b.Loop() {
 		t0 := time.Now()
@@ -58,7 +59,7 @@ func BenchmarkRestoreFromSnapshot(b *testing.B) {
 		if ticks, _, err := procUsage(inst.(*Instance).PID()); err == nil {
 			cpuT = append(cpuT, time.Duration(ticks)*time.Second/clockTicks)
 		}
-		firstCommand(b, inst.(*Instance))
+		initT = append(initT, firstCommand(b, inst.(*Instance)))
 		cmdT = append(cmdT, time.Since(t0))
 		stopRetry(b, inst)
 	}
@@ -66,6 +67,7 @@ func BenchmarkRestoreFromSnapshot(b *testing.B) {
 	b.ReportMetric(medianMS(envdT), "envd-ms")
 	b.ReportMetric(medianMS(cpuT), "qemu-cpu-ms")
 	b.ReportMetric(medianMS(cmdT), "cmd-ms")
+	b.ReportMetric(medianMS(initT), "init-ms")
 }
 
 // BenchmarkPooledRestore: create from a snapshot whose pool (Config.SnapshotPool) holds a
@@ -90,7 +92,7 @@ func BenchmarkPooledRestore(b *testing.B) {
 		b.Fatal(err)
 	}
 	stopRetry(b, first)
-	var launchT, envdT, cmdT []time.Duration
+	var launchT, envdT, cmdT, initT []time.Duration
 	n := 0
 	for b.Loop() {
 		b.StopTimer()
@@ -107,7 +109,7 @@ func BenchmarkPooledRestore(b *testing.B) {
 			b.Fatal(err)
 		}
 		envdT = append(envdT, time.Since(t0))
-		firstCommand(b, inst.(*Instance))
+		initT = append(initT, firstCommand(b, inst.(*Instance)))
 		cmdT = append(cmdT, time.Since(t0))
 		if !pooledDir(filepath.Base(inst.(*Instance).dir)) {
 			b.Fatalf("launch %d did not come from the pool", n)
@@ -119,15 +121,20 @@ func BenchmarkPooledRestore(b *testing.B) {
 	b.ReportMetric(medianMS(launchT), "launch-ms")
 	b.ReportMetric(medianMS(envdT), "envd-ms")
 	b.ReportMetric(medianMS(cmdT), "cmd-ms")
+	b.ReportMetric(medianMS(initT), "init-ms")
 }
 
 // firstCommand does what a create does after envd answers, then runs a first command:
 // envd /init (token, environment, clock), then `true` through envd's process service.
-func firstCommand(b *testing.B, i *Instance) {
+// It returns how long /init took.
+func firstCommand(b *testing.B, i *Instance) time.Duration {
+	t0 := time.Now()
 	initEnvd(b, i, "", "tok-"+i.id, map[string]string{"E2B_SANDBOX_ID": i.id}, time.Now())
+	d := time.Since(t0)
 	if _, err := shToken(i, "tok-"+i.id, "true"); err != nil {
 		b.Fatal(err)
 	}
+	return d
 }
 
 // BenchmarkSnapshotAndPause: a live snapshot of a running sandbox (stop, device state,
