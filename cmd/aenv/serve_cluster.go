@@ -42,6 +42,9 @@ func joinCluster(ctx context.Context, cfg config.Config, addr net.Addr, n *node.
 		return nil, fmt.Errorf("cluster.scheduler %s: %w", cl.Scheduler, err)
 	}
 	report := &nodeReport{orch: n.Orchestrator, cat: n.Catalog}
+	if n.P2P != nil {
+		info.P2PEndpoint, report.layers = n.P2P.Endpoint, n.P2P.Layers
+	}
 	log = log.With("component", "cluster")
 	agent, err := nodeagent.New(pb.NewSchedulerClient(conn), info, report, log)
 	if err != nil {
@@ -120,6 +123,8 @@ type nodeReport struct {
 	orch     *orchestrator.Orchestrator
 	cat      *catalog.Catalog
 	draining atomic.Bool
+	// layers lists the blobs the node serves to peers (nil: peer-to-peer is off).
+	layers func() []string
 }
 
 func (n *nodeReport) Report(ctx context.Context) (nodeagent.Report, error) {
@@ -148,6 +153,9 @@ func (n *nodeReport) Report(ctx context.Context) (nodeagent.Report, error) {
 	}
 	r.Allocated = alloc
 	r.Draining = n.draining.Load()
+	if n.layers != nil {
+		r.Layers = n.layers()
+	}
 	ts, err := n.cat.Templates().List("")
 	if err != nil {
 		return r, err

@@ -34,20 +34,26 @@ type CPUSources struct {
 // CPUReading is one reading of the cumulative counters.
 type CPUReading struct {
 	Node      time.Duration // the node's threads
-	Helpers   time.Duration // the node's reaped children, and the data planes with theirs
+	Children  time.Duration // the node's reaped children (runc, mkfs...)
+	DataPlane time.Duration // the data planes with their reaped children
 	Sandboxes time.Duration // the sandboxes' parent cgroup
 }
 
+// Helpers is the node's children and the data planes together.
+func (r CPUReading) Helpers() time.Duration { return r.Children + r.DataPlane }
+
 // Total is everything the reading covers.
-func (r CPUReading) Total() time.Duration { return r.Node + r.Helpers + r.Sandboxes }
+func (r CPUReading) Total() time.Duration { return r.Node + r.Helpers() + r.Sandboxes }
 
 // Sub is the CPU used between reading o and r.
 func (r CPUReading) Sub(o CPUReading) CPUReading {
-	return CPUReading{Node: r.Node - o.Node, Helpers: r.Helpers - o.Helpers, Sandboxes: r.Sandboxes - o.Sandboxes}
+	return CPUReading{Node: r.Node - o.Node, Children: r.Children - o.Children, DataPlane: r.DataPlane - o.DataPlane,
+		Sandboxes: r.Sandboxes - o.Sandboxes}
 }
 
 func (r CPUReading) add(o CPUReading) CPUReading {
-	return CPUReading{Node: r.Node + o.Node, Helpers: r.Helpers + o.Helpers, Sandboxes: r.Sandboxes + o.Sandboxes}
+	return CPUReading{Node: r.Node + o.Node, Children: r.Children + o.Children, DataPlane: r.DataPlane + o.DataPlane,
+		Sandboxes: r.Sandboxes + o.Sandboxes}
 }
 
 // CPUMeter reads the counters of its sources.
@@ -106,13 +112,13 @@ func (m *CPUMeter) Read() (CPUReading, error) {
 	if err != nil {
 		return r, err
 	}
-	r.Node, r.Helpers = self, children
+	r.Node, r.Children = self, children
 	for _, pid := range m.src.DataPlanePIDs {
 		s, c, err := procCPU(m.src.ProcRoot, pid)
 		if err != nil {
 			return r, err
 		}
-		r.Helpers += s + c
+		r.DataPlane += s + c
 	}
 	if m.cgroupFile != "" {
 		d, err := cgroupCPU(m.cgroupFile, m.unified)
@@ -206,10 +212,13 @@ func cgroupCPU(path string, unified bool) (time.Duration, error) {
 // CPUCost is the CPU an operation used on the node's machine, per operation: the
 // counters' difference over a run divided by its operations.
 type CPUCost struct {
-	Ops       int           `json:"ops"`
-	Total     time.Duration `json:"total"`
-	Node      time.Duration `json:"node"`
+	Ops   int           `json:"ops"`
+	Total time.Duration `json:"total"`
+	Node  time.Duration `json:"node"`
+	// Helpers is Runtime (the node's reaped children: runc...) + DataPlane.
 	Helpers   time.Duration `json:"helpers"`
+	Runtime   time.Duration `json:"runtime"`
+	DataPlane time.Duration `json:"dataPlane"`
 	Sandboxes time.Duration `json:"sandboxes"`
 }
 
@@ -219,7 +228,8 @@ func costOf(d CPUReading, ops int) *CPUCost {
 		return nil
 	}
 	n := time.Duration(ops)
-	return &CPUCost{Ops: ops, Total: d.Total() / n, Node: d.Node / n, Helpers: d.Helpers / n, Sandboxes: d.Sandboxes / n}
+	return &CPUCost{Ops: ops, Total: d.Total() / n, Node: d.Node / n, Helpers: d.Helpers() / n,
+		Runtime: d.Children / n, DataPlane: d.DataPlane / n, Sandboxes: d.Sandboxes / n}
 }
 
 // medianCost is the cost with the median total among costs (nil ones skipped).
@@ -343,10 +353,10 @@ func writeCPU(w io.Writer, rows []cpuRow) error {
 		}
 		if !header {
 			fmt.Fprintln(w)
-			fmt.Fprintln(tw, "cpu per operation\tops\ttotal\tnode\thelpers\tsandboxes\t")
+			fmt.Fprintln(tw, "cpu per operation\tops\ttotal\tnode\truntime\tdata plane\tsandboxes\t")
 			header = true
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", r.name, r.c.Ops, ms(r.c.Total), ms(r.c.Node), ms(r.c.Helpers), ms(r.c.Sandboxes))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.name, r.c.Ops, ms(r.c.Total), ms(r.c.Node), ms(r.c.Runtime), ms(r.c.DataPlane), ms(r.c.Sandboxes))
 	}
 	return tw.Flush()
 }

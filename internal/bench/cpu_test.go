@@ -135,7 +135,7 @@ func TestDiscoverNodeAndMeter(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := CPUReading{Node: 2 * time.Second, Helpers: 200*time.Millisecond + 100*time.Millisecond, Sandboxes: 3 * time.Millisecond}
+			want := CPUReading{Node: 2 * time.Second, Children: 200 * time.Millisecond, DataPlane: 100 * time.Millisecond, Sandboxes: 3 * time.Millisecond}
 			if r != want {
 				t.Errorf("read %+v, want %+v", r, want)
 			}
@@ -206,9 +206,10 @@ func cpuOf(ru syscall.Rusage) time.Duration {
 }
 
 func TestCostAndMedian(t *testing.T) {
-	d := CPUReading{Node: 30 * time.Millisecond, Helpers: 20 * time.Millisecond, Sandboxes: 10 * time.Millisecond}
+	d := CPUReading{Node: 30 * time.Millisecond, Children: 12 * time.Millisecond, DataPlane: 8 * time.Millisecond, Sandboxes: 10 * time.Millisecond}
 	c := costOf(d, 2)
-	if c.Total != 30*time.Millisecond || c.Node != 15*time.Millisecond || c.Ops != 2 {
+	if c.Total != 30*time.Millisecond || c.Node != 15*time.Millisecond || c.Helpers != 10*time.Millisecond ||
+		c.Runtime != 6*time.Millisecond || c.DataPlane != 4*time.Millisecond || c.Ops != 2 {
 		t.Errorf("costOf = %+v", c)
 	}
 	if costOf(d, 0) != nil {

@@ -254,8 +254,8 @@ func (r ForkResult) Write(w io.Writer, format string) error {
 		return err
 	}
 	if c := r.CPU; c != nil {
-		fmt.Fprintf(w, "\ncpu per child: %s (node %s, helpers %s, sandboxes %s), of which fork → all answered %s\n",
-			ms(c.Total), ms(c.Node), ms(c.Helpers), ms(c.Sandboxes), cpuMs(r.CPUToAnswer))
+		fmt.Fprintf(w, "\ncpu per child: %s (node %s, runtime %s, data plane %s, sandboxes %s), of which fork → all answered %s\n",
+			ms(c.Total), ms(c.Node), ms(c.Runtime), ms(c.DataPlane), ms(c.Sandboxes), cpuMs(r.CPUToAnswer))
 	}
 	if m := r.Idle; m != nil {
 		_, err := fmt.Fprintf(w, "\nidle children (median run): PSS %s in total, %s each (%d processes); guest RAM %d × %d MiB: %.1fx overcommit\n",

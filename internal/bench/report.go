@@ -106,8 +106,8 @@ func (r CreateReport) Write(w io.Writer, format string) error {
 		fmt.Fprintln(w, " cpu→cmd: request → first command answered, sequential runs only)")
 		for _, m := range r.Medians {
 			if c := m.CPU; c != nil {
-				fmt.Fprintf(w, "%s c=%d cpu/sbx %s = node %s + helpers %s + sandboxes %s\n", m.Mode, m.Concurrency,
-					ms(c.Total), ms(c.Node), ms(c.Helpers), ms(c.Sandboxes))
+				fmt.Fprintf(w, "%s c=%d cpu/sbx %s = node %s + runtime %s + data plane %s + sandboxes %s\n", m.Mode, m.Concurrency,
+					ms(c.Total), ms(c.Node), ms(c.Runtime), ms(c.DataPlane), ms(c.Sandboxes))
 			}
 		}
 	}

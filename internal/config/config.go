@@ -167,6 +167,51 @@ type Cluster struct {
 	// sandbox slots are sandbox.max_sandboxes.
 	CPUCount int `toml:"cpu_count"`
 	MemoryMB int `toml:"memory_mb"`
+	// P2P distributes sealed layers between the cluster's nodes.
+	P2P P2P `toml:"p2p"`
+}
+
+// P2P serves the layers a node holds to its peers and reads lazily read layers from
+// them first (docs/cluster.md). Off: nothing is served, asked or reported.
+type P2P struct {
+	Enabled bool `toml:"enabled"`
+	// Listen is the peer listener (host:port), apart from the API; Advertise the URL
+	// peers reach it at (empty: http:// + the bound listen address).
+	Listen    string `toml:"listen"`
+	Advertise string `toml:"advertise"`
+	// Token is the cluster's peer secret (the same on every node, at least 16 bytes).
+	Token string `toml:"token"`
+	// UploadMiBps bounds what the node uploads to its peers (MiB/s, 0: no bound).
+	UploadMiBps int `toml:"upload_mib_per_s"`
+	// Parallel bounds the chunks one read fetches from peers at once.
+	Parallel int `toml:"parallel"`
+	// Timeout bounds one chunk's fetch from a peer before the repository is read.
+	Timeout Duration `toml:"timeout"`
+}
+
+func (p P2P) validate(scheduler string, bad func(key, format string, args ...any)) {
+	if p.Enabled && scheduler == "" {
+		bad("cluster.p2p.enabled", "needs cluster.scheduler: peers are found through the scheduler")
+	}
+	if p.Listen != "" || p.Enabled {
+		if h, port, err := net.SplitHostPort(p.Listen); err != nil || port == "" {
+			bad("cluster.p2p.listen", "%q is not host:port", p.Listen)
+		} else if ip := net.ParseIP(h); p.Advertise == "" && (h == "" || ip != nil && ip.IsUnspecified()) {
+			bad("cluster.p2p.advertise", "must be set when cluster.p2p.listen (%q) is not one address peers can dial", p.Listen)
+		}
+	}
+	if p.Advertise != "" {
+		u, err := url.Parse(p.Advertise)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			bad("cluster.p2p.advertise", "%q is not an http(s)://host:port URL", p.Advertise)
+		}
+	}
+	if (p.Token != "" || p.Enabled) && len(p.Token) < 16 {
+		bad("cluster.p2p.token", "must be at least 16 bytes, the same on every node")
+	}
+	if p.UploadMiBps < 0 || p.Parallel < 1 || p.Timeout.Duration <= 0 {
+		bad("cluster.p2p", "upload_mib_per_s must not be negative, parallel must be at least 1 and timeout positive")
+	}
 }
 
 func (cl Cluster) validate(bad func(key, format string, args ...any)) {
@@ -191,6 +236,7 @@ func (cl Cluster) validate(bad func(key, format string, args ...any)) {
 	if cl.CPUCount < 0 || cl.MemoryMB < 0 {
 		bad("cluster", "cpu_count and memory_mb must not be negative")
 	}
+	cl.P2P.validate(cl.Scheduler, bad)
 }
 
 var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)

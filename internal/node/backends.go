@@ -89,21 +89,9 @@ func (bs Backends) factory(kind string) (BackendFactory, error) {
 // openOCI is the "oci" kind: containers run by an OCI runtime (package oci).
 func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 	cfg := env.Config
-	var allowRanges []netip.Prefix
-	for _, r := range cfg.Network.AllowRanges {
-		p, err := netip.ParsePrefix(r)
-		if err != nil {
-			return nil, fmt.Errorf("network.allow_ranges: %w", err)
-		}
-		allowRanges = append(allowRanges, p)
-	}
-	var dns []netip.Addr
-	for _, a := range cfg.Network.DNS {
-		ip, err := netip.ParseAddr(a)
-		if err != nil {
-			return nil, fmt.Errorf("network.dns: %w", err)
-		}
-		dns = append(dns, ip)
+	allowRanges, dns, err := egressSettings(cfg.Network)
+	if err != nil {
+		return nil, err
 	}
 	b, err := oci.New(ctx, oci.Config{
 		DataDir:         env.DataDir,
@@ -137,6 +125,26 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 	return b, nil
 }
 
+// egressSettings parses network.allow_ranges and network.dns, which both backends' slots
+// enforce (the infrastructure deny's exceptions, the sandboxes' nameservers).
+func egressSettings(n config.Network) (allowRanges []netip.Prefix, dns []netip.Addr, err error) {
+	for _, r := range n.AllowRanges {
+		p, err := netip.ParsePrefix(r)
+		if err != nil {
+			return nil, nil, fmt.Errorf("network.allow_ranges: %w", err)
+		}
+		allowRanges = append(allowRanges, p)
+	}
+	for _, a := range n.DNS {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			return nil, nil, fmt.Errorf("network.dns: %w", err)
+		}
+		dns = append(dns, ip)
+	}
+	return allowRanges, dns, nil
+}
+
 // ociDataPlane keeps a nil client a nil interface.
 func ociDataPlane(c *dataplane.Client) oci.DataPlane {
 	if c == nil {
@@ -156,6 +164,10 @@ func microvmDataPlane(c *dataplane.Client) microvm.DataPlane {
 // openMicroVM is the "microvm" kind: a QEMU microVM per sandbox (package microvm).
 func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 	cfg := env.Config
+	allowRanges, dns, err := egressSettings(cfg.Network)
+	if err != nil {
+		return nil, err
+	}
 	// The node's layer resolver also fetches whole blobs, verified: the memory images of
 	// snapshots made on other nodes.
 	fetcher, _ := env.Layers.(microvm.BlobFetcher)
@@ -174,11 +186,13 @@ func openMicroVM(ctx context.Context, env BackendEnv) (Backend, error) {
 		BlobFetcher:     fetcher,
 		Logger:          env.Logger,
 		Network: network.Config{
-			Bridge:   cfg.Network.Bridge,
-			Subnet:   cfg.Network.Subnet,
-			Prefix:   cfg.Network.Prefix,
-			PoolSize: cfg.Network.PoolSize,
-			EgressCA: env.EgressCA, EgressUpstreamRoots: env.EgressUpstreamRoots,
+			Bridge:      cfg.Network.Bridge,
+			Subnet:      cfg.Network.Subnet,
+			Prefix:      cfg.Network.Prefix,
+			PoolSize:    cfg.Network.PoolSize,
+			AllowRanges: allowRanges,
+			DNS:         dns,
+			EgressCA:    env.EgressCA, EgressUpstreamRoots: env.EgressUpstreamRoots,
 		},
 	})
 	if err != nil {

@@ -82,6 +82,8 @@ type Node struct {
 	MetricsHandler http.Handler
 	// APIKey says where the admin API key came from (for the operator's first start).
 	APIKey apikey.Bootstrapped
+	// P2P is the node's peer-to-peer layer distribution; nil when cluster.p2p is off.
+	P2P *P2P
 
 	// baseBuild is the node's own build of the base template, when one runs.
 	baseBuild *baseBuild
@@ -129,6 +131,12 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 		return nil, err
 	}
 	n.onClose(func(context.Context) { repo.Close() })
+	if n.P2P, err = startP2P(cfg, repo, n.Metrics, n.Log); err != nil {
+		return nil, err
+	}
+	if n.P2P != nil {
+		n.onClose(n.P2P.Close)
+	}
 
 	var dp *nodeDataPlane
 	// The oci and microvm backends open their root disks through the data plane.

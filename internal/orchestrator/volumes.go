@@ -66,7 +66,9 @@ func (o *Orchestrator) resolveMounts(owner string, req []VolumeMount, tpl catalo
 		return nil, nil, fmt.Errorf("%w: %d volume mounts; the limit is %d", ErrInvalid, len(want), MaxVolumeMounts)
 	}
 	if m, ok := o.backend.(sandbox.VolumeMounter); !ok || !m.MountsVolumes() {
-		return nil, nil, fmt.Errorf("%w: backend %s cannot mount volumes (volumes need the oci backend)", ErrUnsupported, o.backend.Name())
+		// A 400, not a 501: the request cannot be served on this node as it is, and
+		// the client must drop its volumeMounts (or use an oci node), not retry.
+		return nil, nil, fmt.Errorf("%w: %w: backend %s cannot mount volumes (volumes need the oci backend)", ErrInvalid, ErrUnsupported, o.backend.Name())
 	}
 	if o.volumes == nil {
 		return nil, nil, fmt.Errorf("%w: this node has no volume store", ErrUnsupported)

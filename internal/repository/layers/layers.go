@@ -44,6 +44,9 @@ type Resolver struct {
 	// read (a mismatch is an error wrapping cache.ErrVerify). Layers it
 	// knows no list for are read unverified, with one warning per layer.
 	Hashes HashIndex
+	// Peers, when set, reads verified remote layers from other nodes first
+	// (peer-to-peer distribution in a cluster); nil reads them from Repo only.
+	Peers PeerSource
 
 	fetched    atomic.Int64 // bytes read from remote blobs
 	badDirect  atomic.Int64 // verification failures of uncached reads
@@ -58,6 +61,13 @@ var _ stack.Resolver = (*Resolver)(nil)
 
 // A repository blob is a block cache source as it is.
 var _ cache.Source = repository.BlobReader(nil)
+
+// PeerSource wraps a remote layer's reader so that its chunks come from peers,
+// each checked against sums, and from repo only what no peer serves correctly
+// (p2p.Fetcher). The wrapper's Close closes repo.
+type PeerSource interface {
+	Wrap(d repository.Digest, repo repository.BlobReader, sums *cache.Sums) repository.BlobReader
+}
 
 // listNamer is a HashIndex that knows the digest each layer's block hash
 // list is published under (HashStore): a reader keeps the list alive with its
@@ -117,15 +127,21 @@ func (r *Resolver) OpenLayer(ctx context.Context, ref stack.LayerRef) (stack.Sou
 		rb.Close()
 		return nil, err
 	}
+	// Only verified layers are read from peers: a peer's bytes are trusted no more
+	// than the repository's.
+	var src repository.BlobReader = rb
+	if sums != nil && r.Peers != nil {
+		src = r.Peers.Wrap(d, rb, sums)
+	}
 	switch {
 	case r.Cache == nil && sums == nil:
 		return &direct{rb}, nil
 	case r.Cache == nil:
-		return &verifiedDirect{blob: rb, d: d, sums: sums, failures: &r.badDirect}, nil
+		return &verifiedDirect{blob: src, d: d, sums: sums, failures: &r.badDirect}, nil
 	case sums == nil:
 		return &cached{File: r.Cache.File(string(d), rb), blob: rb}, nil
 	}
-	f, err := r.Cache.FileVerified(string(d), rb, sums)
+	f, err := r.Cache.FileVerified(string(d), src, sums)
 	if err != nil {
 		rb.Close()
 		return nil, fmt.Errorf("layers: %s: %w", d, err)

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/repository"
@@ -202,4 +204,26 @@ func (c *Cache) AbortStaleUploads(ctx context.Context) (int, error) {
 		return ur.AbortStaleUploads(ctx)
 	}
 	return 0, nil
+}
+
+// OpenLocal opens d only if this node holds it whole (ok false otherwise): what the node
+// serves to its peers, which must never make it fetch from the remote.
+func (c *Cache) OpenLocal(d repository.Digest) (repository.BlobReader, bool, error) {
+	if err := d.Validate(); err != nil {
+		return nil, false, err
+	}
+	f, size, ok, err := c.acquire(d)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	return &localReader{f: &localFile{File: f, release: func() { c.release(d) }}, size: size}, true, nil
+}
+
+// Local lists the blobs this node holds whole, sorted.
+func (c *Cache) Local() []repository.Digest {
+	c.mu.Lock()
+	out := slices.Collect(maps.Keys(c.entries))
+	c.mu.Unlock()
+	slices.Sort(out)
+	return out
 }

@@ -106,8 +106,8 @@ type Config struct {
 	CPUs     int
 	// Network configures the slot pool (bridge, subnet, warm pool size).
 	Network network.Config
-	// ResolvConf is the file whose (non-loopback) nameservers the guest uses. Default
-	// /etc/resolv.conf.
+	// ResolvConf is the file whose (non-loopback) nameservers the guest uses when
+	// Network.DNS names none. Default /etc/resolv.conf.
 	ResolvConf string
 	// LayerResolver opens sealed layers that have a digest but no local path.
 	LayerResolver stack.Resolver
@@ -197,6 +197,7 @@ func (c *Config) defaults() error {
 	if c.ResolvConf == "" {
 		c.ResolvConf = "/etc/resolv.conf"
 	}
+	c.defaultDNS()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -239,7 +240,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("microvm: %w", err)
 		}
 	}
-	b := &Backend{cfg: cfg, log: cfg.Logger, instances: map[string]*Instance{}, dns: nameservers(cfg.ResolvConf),
+	b := &Backend{cfg: cfg, log: cfg.Logger, instances: map[string]*Instance{}, dns: cfg.guestDNS(),
 		crashAt: os.Getenv(CrashPointEnv)}
 	if b.crashAt != "" {
 		if !slices.Contains([]string{crashCaptureState, crashCaptureSealed, crashCaptureRAM, crashForkLaunched}, b.crashAt) {

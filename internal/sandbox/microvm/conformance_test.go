@@ -24,12 +24,21 @@ func TestConformance(t *testing.T) {
 }
 
 // crash drops b as a SIGKILL of the node would: its instances are forgotten unstopped
-// (their QEMUs run on) and their disks' FUSE servers are as good as dead once the new
-// backend's Reconcile aborts their connections. The new backend over the same data
-// directory is cleaned up and checked at the end of t.
+// (their QEMUs run on), their monitor connections closed (QEMU takes one client at a
+// time: a dead node's is closed by the kernel), and their disks' FUSE servers are as good
+// as dead once the new backend's Reconcile aborts their connections — unless a data plane
+// serves them, which outlives the node. The new backend over the same data directory is
+// cleaned up and checked at the end of t.
 func crash(t *testing.T, b *Backend) sandbox.Backend {
 	t.Helper()
 	b.mu.Lock()
+	for _, i := range b.instances {
+		i.mu.Lock()
+		if i.proc != nil && i.proc.m.QMP() != nil {
+			i.proc.m.QMP().Close()
+		}
+		i.mu.Unlock()
+	}
 	b.instances = map[string]*Instance{}
 	b.mu.Unlock()
 	b2, err := New(context.Background(), b.cfg)

@@ -35,6 +35,9 @@ type Env struct {
 	// what dies with the node's process dies) and returns a new backend over the same
 	// host state, not yet reconciled. The old backend is not used again.
 	Crash func(t *testing.T) sandbox.Backend
+	// Survives says the sandboxes outlive a crash (their disks are served by a data plane):
+	// Reconcile must then adopt the known one, not merely may.
+	Survives bool
 	// Ready is how long a launched sandbox's envd may take to answer (default 30 s).
 	Ready time.Duration
 }
@@ -420,6 +423,8 @@ func testReconcile(t *testing.T, e *Env) {
 		}
 		wantFile(t, e, inst, "/root/ct-kept", "kept")
 		stop(t, inst)
+	} else if e.Survives {
+		t.Errorf("the known sandbox was not adopted, although it outlives a crash")
 	} else if err := probeEnvd(keep); err == nil {
 		t.Errorf("a known sandbox answers but reconcile did not report it alive")
 	}
