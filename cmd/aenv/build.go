@@ -74,7 +74,7 @@ func newBuildCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return runBuild(cmd.Context(), c, cmd.ErrOrStderr(), buildRequest{name: name, ctxDir: ctxDir, ignore: ignore,
+			return runBuild(cmd.Context(), c, cmd.OutOrStdout(), cmd.ErrOrStderr(), buildRequest{name: name, ctxDir: ctxDir, ignore: ignore,
 				spec: df.Spec(), cpu: cpu, memory: memory, detach: detach})
 		},
 	}
@@ -96,7 +96,9 @@ type buildRequest struct {
 	detach       bool
 }
 
-func runBuild(ctx context.Context, c *client, out io.Writer, r buildRequest) error {
+// runBuild registers and runs a build. Its progress and log go to out (stderr); the result,
+// the template's ID and name (as `aenv pull` prints them), to stdout.
+func runBuild(ctx context.Context, c *client, stdout, out io.Writer, r buildRequest) error {
 	// Every COPY source is read before the template is registered: a missing file fails
 	// here and leaves nothing behind on the node.
 	var uploads []*contextUpload
@@ -172,9 +174,11 @@ func runBuild(ctx context.Context, c *client, out io.Writer, r buildRequest) err
 	}
 	if r.detach {
 		fmt.Fprintf(out, "building; follow with `aenv template logs -f %s %s`\n", tid, bid)
-		return nil
+	} else if err := followBuild(ctx, c, out, tid, bid, true); err != nil {
+		return err
 	}
-	return followBuild(ctx, c, out, tid, bid, true)
+	fmt.Fprintf(stdout, "%s\t%s\n", tid, r.name)
+	return nil
 }
 
 // followBuild prints a build's log from the start and, with follow, until it ends; a

@@ -177,8 +177,8 @@ func TestCLIAgainstNode(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "aenv resume") {
 		t.Fatalf("exec on a paused sandbox: %v", err)
 	}
-	if _, stderr, err := aenv(t, url, "resume", id); err != nil || !strings.Contains(stderr, "resumed") {
-		t.Fatalf("resume: %q %v", stderr, err)
+	if stdout, _, err := aenv(t, url, "resume", id); err != nil || !strings.Contains(stdout, "resumed") {
+		t.Fatalf("resume: %q %v", stdout, err)
 	}
 	if _, _, err := aenv(t, url, "kill", id); err != nil {
 		t.Fatal(err)

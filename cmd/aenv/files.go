@@ -84,7 +84,7 @@ func (e *envdClient) upload(cmd *cobra.Command, local, remote, user string) erro
 	if err := e.applyFixups(cmd.Context(), fix, user); err != nil {
 		return err
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "uploaded %s to %s:%s\n", local, e.id, entries[0].Path)
+	fmt.Fprintf(cmd.OutOrStdout(), "uploaded %s to %s:%s\n", local, e.id, entries[0].Path)
 	return nil
 }
 
@@ -138,7 +138,7 @@ func (e *envdClient) download(cmd *cobra.Command, remote, local, user string, mo
 		return err
 	}
 	if report {
-		fmt.Fprintf(cmd.ErrOrStderr(), "downloaded %s:%s to %s\n", e.id, remote, local)
+		fmt.Fprintf(cmd.OutOrStdout(), "downloaded %s:%s to %s\n", e.id, remote, local)
 	}
 	return nil
 }

@@ -101,7 +101,7 @@ func (e *envdClient) uploadDir(cmd *cobra.Command, local, remote, user string) e
 	if skipped > 0 {
 		msg += fmt.Sprintf(" (skipped %d special files)", skipped)
 	}
-	fmt.Fprintln(cmd.ErrOrStderr(), msg)
+	fmt.Fprintln(cmd.OutOrStdout(), msg)
 	return nil
 }
 
@@ -191,7 +191,7 @@ func (e *envdClient) downloadDir(cmd *cobra.Command, remote, local, user string,
 			n++
 		}
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "downloaded %d files and %d symlinks from %s:%s to %s\n", n, links, e.id, remote, local)
+	fmt.Fprintf(cmd.OutOrStdout(), "downloaded %d files and %d symlinks from %s:%s to %s\n", n, links, e.id, remote, local)
 	return nil
 }
 

@@ -171,7 +171,7 @@ func newKeysCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(c.ErrOrStderr(), "revoked %s (%s)\n", rec.Name, rec.ID)
+				fmt.Fprintf(c.OutOrStdout(), "revoked %s (%s)\n", rec.Name, rec.ID)
 				return nil
 			}
 			resp, err := ks.c.api.RevokeAPIKeyWithResponse(c.Context(), args[0])
@@ -181,7 +181,7 @@ func newKeysCmd(g *globals) *cobra.Command {
 			if resp.StatusCode() != 204 {
 				return ks.c.apiErr("revoke "+args[0], resp.StatusCode(), resp.Body)
 			}
-			fmt.Fprintf(c.ErrOrStderr(), "revoked %s\n", args[0])
+			fmt.Fprintf(c.OutOrStdout(), "revoked %s\n", args[0])
 			return nil
 		},
 	}

@@ -72,7 +72,7 @@ func newLoginCmd(g *globals) *cobra.Command {
 			if err := os.Chmod(path, 0o600); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "logged in to %s; credentials saved in %s\n", c.base, path)
+			fmt.Fprintf(cmd.OutOrStdout(), "logged in to %s; credentials saved in %s\n", c.base, path)
 			return nil
 		},
 	}

@@ -403,6 +403,6 @@ func pullDetached(cmd *cobra.Command, g *globals, req install.Request) error {
 		return err
 	}
 	spec := build.Spec{FromImage: nodeRef(req.Ref), StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd}
-	return runBuild(cmd.Context(), c, cmd.ErrOrStderr(), buildRequest{name: name, spec: spec,
+	return runBuild(cmd.Context(), c, cmd.OutOrStdout(), cmd.ErrOrStderr(), buildRequest{name: name, spec: spec,
 		cpu: req.Resources.CPUCount, memory: req.Resources.MemoryMB, detach: true})
 }

@@ -290,9 +290,9 @@ func newPauseCmd(g *globals) *cobra.Command {
 				return c.apiErr("pause "+args[0], resp.StatusCode(), resp.Body)
 			}
 			if disk {
-				fmt.Fprintln(cmd.ErrOrStderr(), "paused to disk", args[0])
+				fmt.Fprintln(cmd.OutOrStdout(), "paused to disk", args[0])
 			} else {
-				fmt.Fprintln(cmd.ErrOrStderr(), "paused", args[0])
+				fmt.Fprintln(cmd.OutOrStdout(), "paused", args[0])
 			}
 			return nil
 		},
@@ -326,7 +326,7 @@ func newResumeCmd(g *globals) *cobra.Command {
 				keep := false
 				body.Memory = &keep
 			}
-			_, err = c.connect(cmd, args[0], timeout, body)
+			_, err = c.connect(cmd, cmd.OutOrStdout(), args[0], timeout, body)
 			return err
 		},
 	}
@@ -337,11 +337,13 @@ func newResumeCmd(g *globals) *cobra.Command {
 
 // connectSandbox is the v2 connect: resumes a paused sandbox, extends a running one.
 func (c *client) connectSandbox(cmd *cobra.Command, id string, timeout time.Duration) (*api.Sandbox, error) {
-	return c.connect(cmd, id, timeout, api.ConnectSandboxV2{})
+	// Attaching prints the shell's output: that the sandbox was resumed is a note beside it.
+	return c.connect(cmd, cmd.ErrOrStderr(), id, timeout, api.ConnectSandboxV2{})
 }
 
-// connect sends body (with timeout's seconds) to the v2 connect of id.
-func (c *client) connect(cmd *cobra.Command, id string, timeout time.Duration, body api.ConnectSandboxV2) (*api.Sandbox, error) {
+// connect sends body (with timeout's seconds) to the v2 connect of id and, when that
+// resumed it, says so on w.
+func (c *client) connect(cmd *cobra.Command, w io.Writer, id string, timeout time.Duration, body api.ConnectSandboxV2) (*api.Sandbox, error) {
 	secs, err := durationSeconds(timeout)
 	if err != nil {
 		return nil, err
@@ -353,7 +355,7 @@ func (c *client) connect(cmd *cobra.Command, id string, timeout time.Duration, b
 	}
 	switch {
 	case resp.JSON201 != nil:
-		fmt.Fprintln(cmd.ErrOrStderr(), "resumed", id)
+		fmt.Fprintln(w, "resumed", id)
 		return resp.JSON201, nil
 	case resp.JSON200 != nil:
 		return resp.JSON200, nil
@@ -417,7 +419,7 @@ func newKillCmd(g *globals) *cobra.Command {
 					failed = append(failed, c.apiErr("kill "+id, resp.StatusCode(), resp.Body))
 					continue
 				}
-				fmt.Fprintln(cmd.ErrOrStderr(), "killed", id)
+				fmt.Fprintln(cmd.OutOrStdout(), "killed", id)
 			}
 			if len(failed) > 0 {
 				msgs := make([]string, len(failed))

@@ -96,9 +96,9 @@ func TestPauseToDiskAndResumeCLI(t *testing.T) {
 	id := strings.TrimSpace(mustAenv(t, n.url, "start", "-d"))
 	launches := len(n.be.Launches())
 
-	_, stderr, err := aenv(t, n.url, "pause", id, "--disk")
-	if err != nil || !strings.Contains(stderr, "paused to disk") {
-		t.Fatalf("pause --disk: %v %q", err, stderr)
+	stdout, _, err := aenv(t, n.url, "pause", id, "--disk")
+	if err != nil || !strings.Contains(stdout, "paused to disk") {
+		t.Fatalf("pause --disk: %v %q", err, stdout)
 	}
 	if body := n.lastBody(t, "pause"); len(body) != 1 || body["memory"] != false {
 		t.Fatalf("pause --disk sent %v, want {\"memory\": false}", body)
@@ -113,8 +113,8 @@ func TestPauseToDiskAndResumeCLI(t *testing.T) {
 		t.Fatalf("info after pause --disk: state %q", got)
 	}
 
-	if _, stderr, err := aenv(t, n.url, "resume", id); err != nil || !strings.Contains(stderr, "resumed") {
-		t.Fatalf("resume: %v %q", err, stderr)
+	if stdout, _, err := aenv(t, n.url, "resume", id); err != nil || !strings.Contains(stdout, "resumed") {
+		t.Fatalf("resume: %v %q", err, stdout)
 	}
 	if body := n.lastBody(t, "connect"); body["memory"] != nil || body["timeout"] != float64(300) {
 		t.Fatalf("resume sent %v, want only the default timeout", body)
@@ -146,8 +146,8 @@ func TestPauseInMemoryAndColdResumeCLI(t *testing.T) {
 		t.Fatal("a memory pause stopped the instance")
 	}
 
-	if _, stderr, err := aenv(t, n.url, "resume", id, "--cold", "--timeout", "2m"); err != nil || !strings.Contains(stderr, "resumed") {
-		t.Fatalf("resume --cold: %v %q", err, stderr)
+	if stdout, _, err := aenv(t, n.url, "resume", id, "--cold", "--timeout", "2m"); err != nil || !strings.Contains(stdout, "resumed") {
+		t.Fatalf("resume --cold: %v %q", err, stdout)
 	}
 	if body := n.lastBody(t, "connect"); body["memory"] != false || body["timeout"] != float64(120) {
 		t.Fatalf("resume --cold sent %v, want memory false and timeout 120", body)

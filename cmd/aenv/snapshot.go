@@ -185,7 +185,7 @@ func newSnapshotRemoveCmd(g *globals) *cobra.Command {
 				if resp.StatusCode() != http.StatusNoContent && resp.StatusCode() != http.StatusOK {
 					return c.apiErr("delete snapshot "+ref, resp.StatusCode(), resp.Body)
 				}
-				fmt.Fprintln(cmd.ErrOrStderr(), "deleted snapshot", id)
+				fmt.Fprintln(cmd.OutOrStdout(), "deleted snapshot", id)
 			}
 			return nil
 		},

@@ -93,8 +93,8 @@ func TestSnapshotAndForkCLI(t *testing.T) {
 	}
 
 	// rm: by name; a second rm and an rm of a template are refused.
-	if _, stderr, err := aenv(t, url, "snapshot", "rm", "step-1"); err != nil || !strings.Contains(stderr, snap.SnapshotID) {
-		t.Fatalf("snapshot rm: %v %s", err, stderr)
+	if stdout, _, err := aenv(t, url, "snapshot", "rm", "step-1"); err != nil || !strings.Contains(stdout, snap.SnapshotID) {
+		t.Fatalf("snapshot rm: %v %s", err, stdout)
 	}
 	if _, err := cat.Templates().Get(snap.SnapshotID); err == nil {
 		t.Fatal("snapshot still in the catalog after rm")

@@ -45,7 +45,7 @@ func newTemplateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(cmd.ErrOrStderr(), "base rootfs ready in", out)
+			fmt.Fprintln(cmd.OutOrStdout(), "base rootfs ready in", out)
 			return nil
 		},
 	}

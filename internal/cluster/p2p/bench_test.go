@@ -9,9 +9,11 @@ import (
 	"io"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/repository"
 	"github.com/aenv-dev/aenv/internal/repository/nodecache"
@@ -25,7 +27,7 @@ import (
 // does, every chunk verified against the layer's block hash list; one op is the time
 // until all three have it. "repository": every node reads the real S3 server
 // (versitygw); "p2p": a fourth node that published the layer holds it in its node
-// cache and serves it to the three. Run with -benchtime=1x -count=N and take the median.
+// cache and serves it to the three. Run with -benchtime=Nx; median-s is the median of the N.
 func BenchmarkThreeNodesObtainLayer(b *testing.B) {
 	size := int64(1 << 30)
 	if v, err := strconv.Atoi(os.Getenv("AENV_P2P_BENCH_MB")); err == nil && v > 0 {
@@ -100,13 +102,19 @@ func BenchmarkThreeNodesObtainLayer(b *testing.B) {
 	}
 	b.Run("repository", func(b *testing.B) {
 		b.SetBytes(3 * size)
+		var took []time.Duration
 		for b.Loop() {
+			start := time.Now()
 			obtain(b, func(br repository.BlobReader) repository.BlobReader { return br })
+			took = append(took, time.Since(start))
 		}
+		reportMedian(b, took)
 	})
 	b.Run("p2p", func(b *testing.B) {
 		b.SetBytes(3 * size)
+		var took []time.Duration
 		for b.Loop() {
+			start := time.Now()
 			// Each node has its own fetcher, as each node process does.
 			fs := make([]*Fetcher, 0, 3)
 			obtain(b, func(br repository.BlobReader) repository.BlobReader {
@@ -119,8 +127,16 @@ func BenchmarkThreeNodesObtainLayer(b *testing.B) {
 					b.Fatalf("a node read %d bytes from the repository", st.RepositoryBytes)
 				}
 			}
+			took = append(took, time.Since(start))
 		}
+		reportMedian(b, took)
 	})
+}
+
+// reportMedian reports the median time for all three nodes to have the layer.
+func reportMedian(b *testing.B, took []time.Duration) {
+	slices.Sort(took)
+	b.ReportMetric(took[len(took)/2].Seconds(), "median-s")
 }
 
 // readVerified reads r whole in 1 MiB chunks, four at a time, checking each against sums.
