@@ -87,9 +87,10 @@ type Config struct {
 	TSCKHz int
 	// TBSizeMiB caps TCG's translation cache per VM (0: QEMU's default, 1 GiB reserved and
 	// touched as code is translated). The cache is private memory of every QEMU: an idle
-	// fork holds ~14–16 MiB of it, about half its PSS. A cap below that saves memory but
-	// makes TCG flush and retranslate: 8 MiB saved 6–8 MiB per fork and slowed boots and
-	// first answers after a restore several times over, so none is set by default.
+	// fork holds ~12.5 MiB of it (huge pages off: thp.go), a third of its PSS. A cap below
+	// that saves memory but makes TCG flush and retranslate: 8 MiB saved 6–8 MiB per fork
+	// and slowed boots and first answers after a restore several times over, so none is
+	// set by default.
 	TBSizeMiB int
 	// SnapshotPool is how many VMs restored from a snapshot's memory image the backend
 	// keeps ready (stopped) per snapshot once a sandbox was created from it, so the next
@@ -269,6 +270,11 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("microvm: %w", err)
 		}
 		b.accel = a
+	}
+	if b.accel == vmm.AccelTCG {
+		if err := noHugePages(); err != nil {
+			b.log.Warn("microvm: QEMU keeps transparent huge pages (more memory per VM)", "err", err)
+		}
 	}
 	pool, err := network.New(ctx, cfg.Network)
 	if err != nil {
