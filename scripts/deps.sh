@@ -6,7 +6,7 @@ set -euo pipefail
 need=()
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for pkg in runc e2fsprogs iproute2 nftables iptables busybox-static bash-static fuse3 protobuf-compiler libprotobuf-dev ca-certificates \
-    qemu-system-x86 lz4 debootstrap util-linux git; do
+    qemu-system-x86 lz4 debootstrap util-linux git openssl; do
   have "$pkg" || need+=("$pkg")
 done
 command -v node >/dev/null 2>&1 || need+=(nodejs npm)
