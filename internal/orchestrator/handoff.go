@@ -129,8 +129,15 @@ func (o *Orchestrator) claimOwn(ctx context.Context, e *entry) error {
 // forget removes a paused sandbox that another node resumed: its local state goes, its
 // handoffs stay for the node that runs it now. p is the transition the caller holds.
 func (o *Orchestrator) forget(ctx context.Context, e *entry, p *op, cause error) {
+	o.mu.Lock()
+	adopted := e.rec.Launch.Adopted
+	o.mu.Unlock()
 	o.discard(ctx, e)
 	o.remove(e, p, cause)
+	// The handoff it was resumed from here: the newer one names every blob it did.
+	if adopted != "" && !o.UsesTemplate(adopted) {
+		o.dropHandoff(ctx, adopted)
+	}
 	o.log.Info("paused sandbox resumed by another node; forgotten here", "sandbox", e.rec.ID, "err", cause)
 }
 

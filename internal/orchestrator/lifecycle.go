@@ -281,6 +281,11 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, opts ConnectOptio
 			octx, cancel := o.opContext(ctx)
 			sb, err := o.resumeLocked(octx, e, timeout, opts.ColdBoot)
 			cancel()
+			if errors.Is(err, ErrMoved) && opts.Adopt {
+				// Our record was stale: it moved on from here, and may be paused again
+				// elsewhere since.
+				sb, err = o.adopt(ctx, id, timeout)
+			}
 			return sb, err == nil, err
 		}
 		end := o.clock.Now().Add(timeout).UTC()

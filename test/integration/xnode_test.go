@@ -213,6 +213,38 @@ func TestDrainNode(t *testing.T) {
 	if st := nodeStates(t, aenv("nodes", "-o", "json"))[a]; st != "ready" {
 		t.Fatalf("after undrain aenv nodes shows %s as %q, want ready", a, st)
 	}
+
+	// Back and forth: drain the sandbox's node, resume it through the gateway on the other,
+	// undrain. Each move keeps the files (the figures are for the notes, not assertions).
+	var drains, resumes []time.Duration
+	for range 4 {
+		from := c.nodeOf(ctx, t, sb.ID)
+		start := time.Now()
+		aenv("nodes", "drain", from)
+		drains = append(drains, time.Since(start))
+		start = time.Now()
+		res, err = gw.Connect(ctx, sb.ID, 120)
+		if err != nil {
+			t.Fatalf("resume after draining %s: %v", from, err)
+		}
+		resumes = append(resumes, time.Since(start))
+		if to := c.nodeOf(ctx, t, sb.ID); to == from {
+			t.Fatalf("resumed on the drained node %s", from)
+		}
+		if res.Token == "" {
+			res.Token = sb.Token
+		}
+		checkMark(ctx, t, gw, res, mark)
+		aenv("nodes", "undrain", from)
+	}
+	t.Logf("move between nodes, medians of %d: drain (pause to disk + publish, via the CLI) %v, resume on the other node %v",
+		len(resumes), medianOf(drains), medianOf(resumes))
+}
+
+func medianOf(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2].Round(time.Millisecond)
 }
 
 func nodeStates(t *testing.T, out string) map[string]string {

@@ -44,7 +44,7 @@ func newRecorder(t testing.TB, id string) *recorder {
 		case req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/fork"):
 			fmt.Fprintf(w, `{"sandboxes":[{"sandboxID":"%s-fork%d"}]}`, id, n)
 		default:
-			fmt.Fprintf(w, `{"node":%q,"path":%q,"host":%q}`, id, req.URL.Path, req.Host)
+			fmt.Fprintf(w, `{"node":%q,"path":%q,"host":%q,"adopt":%q}`, id, req.URL.Path, req.Host, req.Header.Get("X-Aenv-Adopt"))
 		}
 	}))
 	t.Cleanup(r.srv.Close)
