@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 )
 
@@ -95,6 +96,8 @@ func (cn *conn) call(ctx context.Context, req request) (response, error) {
 			return resp, fmt.Errorf("%w: %s (data plane build %q)", ErrVersion, resp.Error, resp.Build)
 		case codeBroken:
 			return resp, fmt.Errorf("%w: %s", stack.ErrBroken, resp.Error)
+		case codeInUse:
+			return resp, fmt.Errorf("%w: %s", blockdev.ErrStillInUse, resp.Error)
 		case codeUnknown:
 			return resp, fmt.Errorf("%w: %s", ErrUnsupported, resp.Error)
 		}

@@ -147,13 +147,29 @@ func (d *Disk) Size() int64 { return d.st.Size() }
 func (d *Disk) Lowers() []stack.LayerRef { return d.st.Manifest().Lowers }
 
 // Close stops the flusher, unmounts FUSE (whatever attached the file must have let go of
-// it: a busy mount is detached lazily and an error returned) and closes the stack. The
+// it: a busy mount is detached lazily and blockdev.ErrStillInUse returned, the stack then
+// closing when its last user lets go) and closes the stack. The
 // upper's files stay in Dir. Idempotent.
 func (d *Disk) Close() error {
 	d.closeOnce.Do(func() {
 		close(d.stopSync)
 		<-d.synced
-		d.closeErr = errors.Join(d.mount.Close(), d.st.Close())
+		err := d.mount.Close()
+		if errors.Is(err, blockdev.ErrStillInUse) {
+			// The last user of the device (a filesystem whose mount namespace is still
+			// being torn down) keeps being served; the stack closes when it lets go.
+			d.log.Warn("dataplane: disk still held after its unmount; it closes when released", "dir", d.spec.Dir)
+			go func() {
+				<-d.mount.Done()
+				if err := d.st.Close(); err != nil {
+					d.log.Error("dataplane: close a released disk", "dir", d.spec.Dir, "err", err)
+				}
+				d.log.Info("dataplane: disk released", "dir", d.spec.Dir)
+			}()
+			d.closeErr = err
+			return
+		}
+		d.closeErr = errors.Join(err, d.st.Close())
 	})
 	return d.closeErr
 }

@@ -38,6 +38,7 @@ const (
 	codeBusy     = "busy"
 	codeUnknown  = "unknown_op"
 	codeBroken   = "broken" // stack.ErrBroken
+	codeInUse    = "in_use" // blockdev.ErrStillInUse
 )
 
 type request struct {

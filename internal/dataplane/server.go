@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 	"golang.org/x/sys/unix"
 )
@@ -182,7 +183,9 @@ func (s *Server) do(req request) response {
 		if d == nil {
 			return errResp(fmt.Errorf("dataplane: no disk %s", req.Dir), codeNotFound)
 		}
-		if err := d.Close(); err != nil {
+		if err := d.Close(); errors.Is(err, blockdev.ErrStillInUse) {
+			return errResp(err, codeInUse)
+		} else if err != nil {
 			return errResp(err, "")
 		}
 		s.Log.Debug("dataplane: disk closed", "dir", req.Dir)

@@ -268,7 +268,7 @@ func unmount(dir string) error {
 		if lerr := unix.Unmount(dir, unix.MNT_DETACH); lerr != nil && !errors.Is(lerr, unix.EINVAL) {
 			return fmt.Errorf("rootfs: unmount %s: %w", dir, lerr)
 		}
-		return fmt.Errorf("rootfs: %s was busy; detached lazily", dir)
+		return fmt.Errorf("rootfs: %s was busy: %w", dir, blockdev.ErrStillInUse)
 	default:
 		return fmt.Errorf("rootfs: unmount %s: %w", dir, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 )
 
 // Instance is one sandbox VM.
@@ -99,7 +100,13 @@ func (i *Instance) Stop(ctx context.Context) error {
 		}
 	}
 	if disk != nil {
-		if err := disk.Close(); err != nil {
+		// A dead QEMU's last reference to the disk file can go a moment after its exit;
+		// a disk still held then was detached and is released by itself.
+		err := disk.Close()
+		if errors.Is(err, blockdev.ErrStillInUse) {
+			i.b.log.Warn("microvm: disk still held after the stop; it is released when its last user goes", "id", i.id, "err", err)
+		}
+		if err := blockdev.WithoutStillInUse(err); err != nil {
 			errs = append(errs, err)
 		} else {
 			i.mu.Lock()

@@ -11,6 +11,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 )
 
 // Instance is one container sandbox.
@@ -159,8 +160,14 @@ func (i *Instance) Stop(ctx context.Context) error {
 	errs = append(errs, removeCgroups(i.b.cgroupsPath(i.cid), i.b.v2))
 	t1 := time.Now()
 	if blk != nil {
-		// ext4, then the loop device, then FUSE and the stack: each holds the next.
-		errs = append(errs, blk.Close())
+		// ext4, then the loop device, then FUSE and the stack: each holds the next. A
+		// filesystem still held (its mount namespace still being torn down, slow on a
+		// loaded host) was detached and frees its device by itself: the sandbox is gone.
+		err := blk.Close()
+		if errors.Is(err, blockdev.ErrStillInUse) {
+			i.b.log.Warn("oci: root disk still held after the stop; it is released when its last user goes", "id", i.id, "err", err)
+		}
+		errs = append(errs, blockdev.WithoutStillInUse(err))
 	}
 	errs = append(errs, unmountAll(i.l.dir))
 	t2 := time.Now()

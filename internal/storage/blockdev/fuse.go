@@ -55,6 +55,32 @@ type Mount struct {
 	dir    string
 	server *fuse.Server
 	root   *rootNode
+	done   chan struct{} // closed once the server has stopped (made by the first Close)
+}
+
+// ErrStillInUse is Close's answer when the mount was detached but something (a lingering
+// filesystem on a loop device, typically one whose last user is still exiting) keeps
+// the device file open: the server goes on serving it and stops by itself once that user
+// lets go (Done is closed then). Nothing is leaked; the device is just not free yet.
+var ErrStillInUse = errors.New("detached lazily but still in use")
+
+// WithoutStillInUse returns err without its ErrStillInUse parts (err may join several
+// errors): for callers discarding a device, for whom a device that frees itself later is
+// no failure.
+func WithoutStillInUse(err error) error {
+	if errors.Is(err, ErrStillInUse) {
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			var rest []error
+			for _, e := range j.Unwrap() {
+				if e = WithoutStillInUse(e); e != nil {
+					rest = append(rest, e)
+				}
+			}
+			return errors.Join(rest...)
+		}
+		return nil
+	}
+	return err
 }
 
 // MountOptions tune the FUSE mount.
@@ -148,8 +174,8 @@ func (m *Mount) Path() string { return filepath.Join(m.dir, FileName) }
 
 // Close unmounts the filesystem and waits for the server to stop. A busy
 // mount (e.g. a loop device still attached) is detached lazily so nothing
-// stays visible; if it is still held after a few seconds Close returns an
-// error and the server keeps serving the remaining users.
+// stays visible; if it is still held after a few seconds Close returns
+// ErrStillInUse and the server keeps serving the remaining users until they go.
 func (m *Mount) Close() error {
 	if m.server == nil {
 		return nil
@@ -168,16 +194,31 @@ func (m *Mount) Close() error {
 			return fmt.Errorf("blockdev: unmount %s: %w (lazy: %w)", m.dir, err, e)
 		}
 	}
-	done := make(chan struct{})
-	go func() { m.server.Wait(); close(done) }()
+	if m.done == nil {
+		m.done = make(chan struct{})
+		srv := m.server
+		go func() {
+			srv.Wait()
+			m.release()
+			close(m.done)
+		}()
+	}
 	select {
-	case <-done:
+	case <-m.done:
 		m.server = nil
-		m.release()
 		return nil
 	case <-time.After(5 * time.Second):
-		return fmt.Errorf("blockdev: %s detached lazily but still in use", m.dir)
+		return fmt.Errorf("blockdev: %s: %w", m.dir, ErrStillInUse)
 	}
+}
+
+// Done is closed once the server has stopped serving after Close (never before Close).
+// After Close answered ErrStillInUse, it says when the last user let go.
+func (m *Mount) Done() <-chan struct{} {
+	if m.done == nil {
+		return make(chan struct{})
+	}
+	return m.done
 }
 
 // release drops the nodes' references to the device once the server has stopped.
