@@ -78,17 +78,18 @@ func run() error {
 			*defaultUser = users.Names().User(uint32(uid))
 		}
 	}
-	runDir := ""
+	runDir, hostsFile := "", ""
 	if pid1 {
-		runDir = "/run/e2b"
+		runDir, hostsFile = "/run/e2b", "/etc/hosts"
 	}
 	srv := envd.New(envd.Config{
-		Users:    users,
-		Defaults: state.New(*defaultUser),
-		Waiter:   waiter,
-		Logger:   log,
-		RunDir:   runDir,
-		SetClock: *setClock,
+		Users:     users,
+		Defaults:  state.New(*defaultUser),
+		Waiter:    waiter,
+		Logger:    log,
+		RunDir:    runDir,
+		SetClock:  *setClock,
+		HostsFile: hostsFile,
 	})
 	var handler http.Handler = srv
 	if *verbose {

@@ -64,6 +64,14 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	if applied && s.cfg.HostsFile != "" {
+		// After a restore or a fork the host name is the new sandbox's.
+		if name, err := os.Hostname(); err == nil {
+			if err := ensureHostsEntry(s.cfg.HostsFile, name); err != nil {
+				s.cfg.Logger.Warn("envd: add the host name to the hosts file", "path", s.cfg.HostsFile, "err", err)
+			}
+		}
+	}
 	w.Header().Set("X-Envd-Version", Version)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)

@@ -35,6 +35,9 @@ type Config struct {
 	// clock is behind it: a VM's clock lags after a restore by the snapshot's age (and
 	// starts from the RTC's whole seconds at boot). Containers share the host's clock.
 	SetClock bool
+	// HostsFile, when set, is the hosts file /init adds the sandbox's host name to (the
+	// sandbox's /etc/hosts): its name is its id, which no DNS server resolves.
+	HostsFile string
 }
 
 // Server is envd's HTTP handler.

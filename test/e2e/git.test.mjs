@@ -48,6 +48,10 @@ test('base has python3, node, curl, passwordless sudo and tput for user', { time
     assert.equal(await run(`node -e 'console.log([1, 2, 3].map((x) => x * 2).join(","))'`), '2,4,6')
     // sudo without a password, as on E2B: root, and back to user.
     assert.equal(await run('sudo -n true && sudo -n id -u && id -u'), '0\n1000')
+    // The host name (the sandbox's id) resolves, so sudo neither warns nor waits for DNS.
+    const r = await sbx.commands.run('sudo -n true; getent hosts "$(hostname)"')
+    assert.equal(r.stderr, '')
+    assert.match(r.stdout, /^127\.0\.1\.1\s/)
     assert.equal(await run('sudo -n sh -c "echo from-root > /etc/aenv-e2e" && cat /etc/aenv-e2e'), 'from-root')
     // tput without a terminal (the profile sets TERM when there is none).
     assert.match(await run('tput cols'), /^\d+$/)

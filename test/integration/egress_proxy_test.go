@@ -4,18 +4,14 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netns"
 
 	"github.com/aenv-dev/aenv/internal/egressproxy/egresstest"
 )
@@ -173,33 +169,4 @@ func egressProxyFlow(t *testing.T, ns, veth string, mk func(env ...string) *node
 			t.Errorf("the node logged %s:\n%s", bad, out)
 		}
 	}
-}
-
-// listenPacketInNetns is listenInNetns for UDP.
-func listenPacketInNetns(t *testing.T, name, addr string) net.PacketConn {
-	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	if err := netns.Set(h); err != nil {
-		t.Fatal(err)
-	}
-	pc, lerr := net.ListenPacket("udp4", addr)
-	if err := netns.Set(orig); err != nil {
-		panic(err)
-	}
-	if lerr != nil {
-		t.Fatal(lerr)
-	}
-	t.Cleanup(func() { pc.Close() })
-	return pc
 }

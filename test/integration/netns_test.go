@@ -37,9 +37,9 @@ func remoteNetns(t *testing.T, ns, veth string) {
 	ipCmd(t, "-n", ns, "link", "set", "lo", "up")
 }
 
-// listenInNetns listens on addr (TCP) inside the named namespace; the listener keeps
-// serving there from any goroutine, and is closed when the test ends.
-func listenInNetns(t *testing.T, name, addr string) net.Listener {
+// inNetns runs fn on a thread inside the named namespace. Sockets fn opens stay in that
+// namespace, and serve from any goroutine.
+func inNetns(t *testing.T, name string, fn func() error) {
 	t.Helper()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -56,13 +56,29 @@ func listenInNetns(t *testing.T, name, addr string) net.Listener {
 	if err := netns.Set(h); err != nil {
 		t.Fatal(err)
 	}
-	l, lerr := net.Listen("tcp", addr)
+	ferr := fn()
 	if err := netns.Set(orig); err != nil {
 		panic(err) // this thread must not run anything else in the wrong namespace
 	}
-	if lerr != nil {
-		t.Fatal(lerr)
+	if ferr != nil {
+		t.Fatal(ferr)
 	}
+}
+
+// listenInNetns listens on addr (TCP) inside the named namespace, until the test ends.
+func listenInNetns(t *testing.T, name, addr string) net.Listener {
+	t.Helper()
+	var l net.Listener
+	inNetns(t, name, func() (err error) { l, err = net.Listen("tcp", addr); return err })
 	t.Cleanup(func() { l.Close() })
 	return l
+}
+
+// listenPacketInNetns is listenInNetns for UDP.
+func listenPacketInNetns(t *testing.T, name, addr string) net.PacketConn {
+	t.Helper()
+	var pc net.PacketConn
+	inNetns(t, name, func() (err error) { pc, err = net.ListenPacket("udp4", addr); return err })
+	t.Cleanup(func() { pc.Close() })
+	return pc
 }
