@@ -159,7 +159,7 @@ func TestMemoryImageOnAnotherNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.publish(t, "paused-x", paused.(*capture))
+	a.publish(t, "pause-x", paused.(*capture))
 
 	if _, err := b.pub.Sync(ctx); err != nil {
 		t.Fatal(err)
@@ -205,7 +205,7 @@ func TestMemoryImageOnAnotherNode(t *testing.T) {
 	}
 
 	// The pause on B: resumes with its processes and the disk as it was at the pause.
-	pc := b.synced(t, "paused-x")
+	pc := b.synced(t, "pause-x")
 	t0 := time.Now()
 	inst, err := b.b.Launch(ctx, sandbox.LaunchPlan{Kind: sandbox.LaunchResume, SandboxID: "sbx-xsrc", Paused: pc})
 	if err != nil {
