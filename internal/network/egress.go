@@ -53,6 +53,20 @@ func (p *Pool) SetEgress(ctx context.Context, s *Slot, allow, deny []netip.Prefi
 	return nil
 }
 
+// ApplyEgress installs a sandbox's whole egress policy on its slot: the allow and deny
+// destinations, the egress proxy (domains, request transforms, a SOCKS5 tunnel), then
+// outbound NAT for AllowInternet. Each step is atomic; between them (milliseconds) the
+// old internet setting applies with the new destinations.
+func (p *Pool) ApplyEgress(ctx context.Context, s *Slot, e sandbox.Egress) error {
+	if err := p.SetEgress(ctx, s, e.AllowOut, e.DenyOut); err != nil {
+		return err
+	}
+	if err := p.SetProxied(ctx, s, e); err != nil {
+		return err
+	}
+	return p.SetInternet(ctx, s, e.AllowInternet)
+}
+
 // Egress returns the IPv4 destinations installed for the slot (folded).
 func (s *Slot) Egress() (allow, deny []netip.Prefix) {
 	s.egress.mu.Lock()

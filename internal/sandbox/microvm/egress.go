@@ -25,13 +25,7 @@ func (i *Instance) UpdateEgress(ctx context.Context, e sandbox.Egress) error {
 	if stopped || slot == nil {
 		return fmt.Errorf("%w: %s has no network slot", sandbox.ErrGone, i.id)
 	}
-	if err := i.b.pool.SetEgress(ctx, slot, e.AllowOut, e.DenyOut); err != nil {
-		return fmt.Errorf("microvm: %s: %w", i.id, err)
-	}
-	if err := i.b.pool.SetProxied(ctx, slot, e); err != nil {
-		return fmt.Errorf("microvm: %s: %w", i.id, err)
-	}
-	if err := i.b.pool.SetInternet(ctx, slot, e.AllowInternet); err != nil {
+	if err := i.b.pool.ApplyEgress(ctx, slot, e); err != nil {
 		return fmt.Errorf("microvm: %s: %w", i.id, err)
 	}
 	// The saved state records the slot's internet setting for a restart's adoption.
