@@ -38,18 +38,25 @@ func main() {
 	debianRoot := flag.String("debian-root", "", "also publish the test/debian images made from this Debian root (scripts/debian-root.sh)")
 	flag.Parse()
 	log.SetFlags(0)
+	var tmp string
 	if *rootfs == "" {
 		dir, err := os.MkdirTemp("", "aenv-e2e-registry-")
 		if err != nil {
 			log.Fatal(err)
 		}
-		defer os.RemoveAll(dir)
+		tmp = dir
 		*rootfs = filepath.Join(dir, "rootfs")
 		if err := base.Build(context.Background(), base.Options{Out: *rootfs}); err != nil {
+			os.RemoveAll(tmp)
 			log.Fatal(err)
 		}
 	}
 	layer, err := debian.TarDir(*rootfs)
+	// The layer is in memory now; the tests stop this helper with SIGKILL, so a deferred
+	// removal would never run and every e2e run would leave its rootfs in /tmp.
+	if tmp != "" {
+		os.RemoveAll(tmp)
+	}
 	if err != nil {
 		log.Fatal(err)
 	}
