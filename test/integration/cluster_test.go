@@ -57,7 +57,12 @@ func startDaemon(t *testing.T, bins binaries, env []string, ready func() bool, a
 // interval, and returns it with a client.
 func startScheduler(t *testing.T, bins binaries) (*daemon, pb.SchedulerClient) {
 	t.Helper()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	return startSchedulerOn(t, bins, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+}
+
+// startSchedulerOn is startScheduler listening on addr.
+func startSchedulerOn(t *testing.T, bins binaries, addr string) (*daemon, pb.SchedulerClient) {
+	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
