@@ -25,9 +25,9 @@ import (
 type drainer struct {
 	dataDir string
 	report  *nodeReport
-	orch   *orchestrator.Orchestrator
-	agent  *nodeagent.Agent
-	log    *slog.Logger
+	orch    *orchestrator.Orchestrator
+	agent   *nodeagent.Agent
+	log     *slog.Logger
 }
 
 func (d *drainer) Drain(ctx context.Context, draining bool) (server.DrainResult, error) {
