@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,11 +18,14 @@ import (
 )
 
 // BenchmarkFork16: one capture and 16 children restored on its RAM file, until every
-// child's envd answers (qemu-cpu-ms: the CPU time the 16 QEMUs spent until then); then,
-// once the children have idled forkSettle, their total PSS against 16 × guest RAM (the
-// overcommit an idle fork fleet allows) and where an idle fork's PSS goes (MiB per fork,
-// see forkMemory), for guests of 128, 256 and 512 MiB. Every figure is the median of the
-// rounds (-benchtime=3x for three). AENV_BENCH_TB_SIZE_MIB sets Config.TBSizeMiB.
+// child's envd answers (all-envd-ms); once the children have idled forkSettle, their total
+// PSS against 16 × guest RAM (pss-MiB, overcommit-x: the overcommit an idle fork fleet
+// allows) and where an idle fork's PSS goes (MiB per fork, see forkMemory); then a first
+// command in every child at once (firstCommand; all-cmd-ms: fork → all 16 done, the idle
+// pause left out; qemu-cpu-ms: the CPU time the 16 QEMUs spent on it all, idling left
+// out) and their PSS 2 s after it (pss-cmd-MiB). Guests of 128, 256 and 512 MiB; every
+// figure is the median of the rounds (-benchtime=3x for three). AENV_BENCH_TB_SIZE_MIB
+// sets Config.TBSizeMiB.
 func BenchmarkFork16(b *testing.B) {
 	tb, _ := strconv.Atoi(os.Getenv("AENV_BENCH_TB_SIZE_MIB"))
 	for _, mem := range []int{128, 256, 512} {
@@ -37,8 +42,8 @@ func benchFork16(b *testing.B, memMB, tbMiB int) {
 	ctx := context.Background()
 	src := launch(b, be, "sbx-f16", sandbox.Resources{CPUCount: 1, MemoryMB: memMB, DiskSizeMB: templateMB})
 	const n = 16
-	var forkT, allT, cpuT []time.Duration
-	var pss []int64
+	var forkT, allT, cmdT, cpuT []time.Duration
+	var pss, pssCmd []int64
 	var parts []forkMemory
 	round := 0
 	for b.Loop() {
@@ -63,16 +68,12 @@ func benchFork16(b *testing.B, memMB, tbMiB int) {
 				b.Fatal(err)
 			}
 		}
-		allT = append(allT, time.Since(t0))
-		var cpu time.Duration
-		for _, r := range res {
-			if ticks, _, err := procUsage(r.Instance.(*Instance).PID()); err == nil {
-				cpu += time.Duration(ticks) * time.Second / clockTicks
-			}
-		}
-		cpuT = append(cpuT, cpu)
+		envdDone := time.Since(t0)
+		allT = append(allT, envdDone)
+		cpuEnvd := forksCPU(res)
 		b.StopTimer()
 		time.Sleep(forkSettle)
+		cpuIdle := forksCPU(res) - cpuEnvd
 		var sum forkMemory
 		var total int64
 		for _, r := range res {
@@ -85,6 +86,27 @@ func benchFork16(b *testing.B, memMB, tbMiB int) {
 		}
 		pss = append(pss, total)
 		parts = append(parts, sum)
+		b.StartTimer()
+		t1 := time.Now()
+		var wg sync.WaitGroup
+		errs := make([]error, len(res))
+		for k, r := range res {
+			wg.Go(func() { _, errs[k] = firstCommandErr(r.Instance.(*Instance)) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			b.Fatal(err)
+		}
+		cmdT = append(cmdT, envdDone+time.Since(t1))
+		cpuT = append(cpuT, forksCPU(res)-cpuIdle)
+		b.StopTimer()
+		time.Sleep(2 * time.Second)
+		total = 0
+		for _, r := range res {
+			p, _ := smapsRollup(b, r.Instance.(*Instance).PID())
+			total += p
+		}
+		pssCmd = append(pssCmd, total)
 		for _, r := range res {
 			stopRetry(b, r.Instance)
 		}
@@ -92,10 +114,12 @@ func benchFork16(b *testing.B, memMB, tbMiB int) {
 	}
 	b.ReportMetric(medianMS(forkT), "fork-ms")
 	b.ReportMetric(medianMS(allT), "all-envd-ms")
+	b.ReportMetric(medianMS(cmdT), "all-cmd-ms")
 	b.ReportMetric(medianMS(cpuT), "qemu-cpu-ms")
 	total := medianInt(pss)
 	b.ReportMetric(float64(total)/(1<<20), "pss-MiB")
 	b.ReportMetric(float64(n*memMB)/(float64(total)/(1<<20)), "overcommit-x")
+	b.ReportMetric(float64(medianInt(pssCmd))/(1<<20), "pss-cmd-MiB")
 	perFork := func(f func(forkMemory) int64) float64 {
 		v := make([]int64, len(parts))
 		for k, p := range parts {
@@ -108,6 +132,17 @@ func benchFork16(b *testing.B, memMB, tbMiB int) {
 	b.ReportMetric(perFork(func(m forkMemory) int64 { return m.files }), "qemu-files-MiB/fork")
 	b.ReportMetric(perFork(func(m forkMemory) int64 { return m.guestPrivate }), "guest-private-MiB/fork")
 	b.ReportMetric(perFork(func(m forkMemory) int64 { return m.guestShared }), "guest-shared-MiB/fork")
+}
+
+// forksCPU is the CPU time (user + system) the children's QEMUs have spent.
+func forksCPU(res []sandbox.ForkResult) time.Duration {
+	var cpu time.Duration
+	for _, r := range res {
+		if ticks, _, err := procUsage(r.Instance.(*Instance).PID()); err == nil {
+			cpu += time.Duration(ticks) * time.Second / clockTicks
+		}
+	}
+	return cpu
 }
 
 func medianInt(v []int64) int64 {

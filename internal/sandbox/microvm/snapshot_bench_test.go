@@ -122,17 +122,25 @@ func BenchmarkPooledRestore(b *testing.B) {
 	b.ReportMetric(medianMS(initT), "init-ms")
 }
 
-// firstCommand does what a create does after envd answers, then runs a first command:
-// envd /init (token, environment, clock), then `true` through envd's process service.
-// It returns how long /init took.
-func firstCommand(b *testing.B, i *Instance) time.Duration {
-	t0 := time.Now()
-	initEnvd(b, i, "", "tok-"+i.id, map[string]string{"E2B_SANDBOX_ID": i.id}, time.Now())
-	d := time.Since(t0)
-	if _, err := shToken(i, "tok-"+i.id, "true"); err != nil {
+// firstCommand does what a create does after envd answers, then runs a first command as
+// the E2B SDKs do: envd /init (token, environment, clock), then `/bin/bash -l -c true`
+// over Connect JSON. It returns how long /init took.
+func firstCommand(b testing.TB, i *Instance) time.Duration {
+	d, err := firstCommandErr(i)
+	if err != nil {
 		b.Fatal(err)
 	}
 	return d
+}
+
+func firstCommandErr(i *Instance) (time.Duration, error) {
+	t0 := time.Now()
+	if err := initEnvdErr(i, "", "tok-"+i.id, map[string]string{"E2B_SANDBOX_ID": i.id}, time.Now()); err != nil {
+		return 0, err
+	}
+	d := time.Since(t0)
+	_, err := sdkCommand(i, "tok-"+i.id, "true")
+	return d, err
 }
 
 // BenchmarkSnapshotAndPause: a live snapshot of a running sandbox (stop, device state,
