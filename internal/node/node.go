@@ -45,6 +45,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/secret"
 	"github.com/aenv-dev/aenv/internal/server"
 	"github.com/aenv-dev/aenv/internal/snapshot"
+	"github.com/aenv-dev/aenv/internal/steptime"
 	"github.com/aenv-dev/aenv/internal/template/build"
 	"github.com/aenv-dev/aenv/internal/volume"
 )
@@ -120,13 +121,8 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	}()
 	n.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// How long each step of the start took, logged once the node is open.
-	var took []any
-	last := time.Now()
-	lap := func(step string) {
-		now := time.Now()
-		took = append(took, slog.Duration(step, now.Sub(last)))
-		last = now
-	}
+	laps := steptime.Start()
+	lap := laps.Lap
 	// Sandbox roots (in user namespaces) must traverse the data dir to their rootfs.
 	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
 		return nil, fmt.Errorf("create the data directory: %w", err)
@@ -207,7 +203,7 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 		return nil, err
 	}
 	lap("api")
-	n.Log.Info("node open", took...)
+	n.Log.Info("node open", laps.Attrs()...)
 	return n, nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/steptime"
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 )
 
@@ -39,13 +39,8 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 		want[id] = true
 	}
 	// How long each step took, logged at the end: a restart's time is mostly here.
-	var took []any
-	last := time.Now()
-	lap := func(step string) {
-		now := time.Now()
-		took = append(took, slog.Duration(step, now.Sub(last)))
-		last = now
-	}
+	laps := steptime.Start()
+	lap := laps.Lap
 	containers, err := b.rt.liveContainers(ctx)
 	if err != nil {
 		return nil, err
@@ -176,7 +171,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	errs = append(errs, b.gcLayers())
 	b.warm.start()
 	lap("layers")
-	b.log.Info("oci: reconciled", append([]any{"adopted", len(alive), "removed", len(stale)}, took...)...)
+	b.log.Info("oci: reconciled", append([]any{"adopted", len(alive), "removed", len(stale)}, laps.Attrs()...)...)
 	return alive, errors.Join(errs...)
 }
 
