@@ -87,11 +87,10 @@ async function checkMoved(sbx, src, { pid, want, token, files }) {
   return dst
 }
 
-// stageMeans is the mean duration in ms of each stage of operation op on the live nodes
-// (aenv_sandbox_stage_duration_seconds), e.g. {capture: 812, handoff: 6120, total: 7001}.
-async function stageMeans(op) {
-  const sum = {}
-  const count = {}
+// stageStats sums aenv_sandbox_stage_duration_seconds of operation op over the live nodes:
+// {sum: {stage: seconds}, count: {stage: n}}.
+async function stageStats(op) {
+  const st = { sum: {}, count: {} }
   for (const n of cluster.nodes) {
     if (n.proc.exitCode !== null || n.proc.signalCode !== null) continue
     const text = await (await fetch(n.url + '/metrics')).text()
@@ -99,12 +98,22 @@ async function stageMeans(op) {
       const m = line.match(/^aenv_sandbox_stage_duration_seconds_(sum|count)\{(.*)\} (\S+)$/)
       if (!m || !m[2].includes(`operation="${op}"`)) continue
       const stage = m[2].match(/stage="([^"]+)"/)?.[1]
-      const into = m[1] === 'sum' ? sum : count
-      into[stage] = (into[stage] || 0) + Number(m[3])
+      st[m[1]][stage] = (st[m[1]][stage] || 0) + Number(m[3])
     }
   }
-  return Object.fromEntries(Object.keys(sum).filter((k) => count[k] > 0)
-    .map((k) => [k, Math.round((sum[k] / count[k]) * 1000)]))
+  return st
+}
+
+// stageMeans is the mean duration in ms of each stage of operation op on the live nodes
+// since the stats since (from stageStats), e.g. {pause: 812, handoff: 2900, total: 3800}.
+async function stageMeans(op, since = { sum: {}, count: {} }) {
+  const now = await stageStats(op)
+  const out = {}
+  for (const k of Object.keys(now.sum)) {
+    const n = now.count[k] - (since.count[k] || 0)
+    if (n > 0) out[k] = Math.round(((now.sum[k] - (since.sum[k] || 0)) / n) * 1000)
+  }
+  return out
 }
 
 test('create → first command from a snapshot through the gateway', { timeout: 600_000 }, async (t) => {
@@ -115,6 +124,8 @@ test('create → first command from a snapshot through the gateway', { timeout: 
     await src.commands.run(startCounter)
     const snap = await src.createSnapshot({ name: 'mvc-' + runId })
     const ms = []
+    const where = []
+    const since = await stageStats('create')
     for (let i = 0; i < 3; i++) {
       // The snapshot reaches the other node's catalog by its 1 s sync once published: a
       // create placed there before is a 404, retried (only the attempt that made it counts).
@@ -133,8 +144,11 @@ test('create → first command from a snapshot through the gateway', { timeout: 
       started.push(s)
       assert.equal((await s.commands.run('cat /tmp/count')).stdout.trim(), '0')
       ms.push(Date.now() - t0)
+      where.push((await cluster.nodeOf(s.sandboxId))?.id)
     }
-    t.diagnostic(`create from a snapshot → first command: median ${median(ms)} ms (${ms.join(', ')})`)
+    t.diagnostic(`create from a snapshot → first command: median ${median(ms)} ms (${ms.join(', ')}; on ${where.join(', ')}; ` +
+      `snapshot taken on ${(await cluster.nodeOf(src.sandboxId))?.id})`)
+    t.diagnostic(`mean ms per stage on the nodes: create ${JSON.stringify(await stageMeans('create', since))}`)
   } finally {
     for (const s of [src, ...started]) await Sandbox.kill(s.sandboxId).catch(() => {})
   }
@@ -152,6 +166,7 @@ test('a sandbox paused on a drained node resumes with its processes and memory o
   try {
     const pid = (await sbx.commands.run(startCounter)).stdout.trim()
     assert.deepEqual(await poke(sbx, 2), { pid, value: 2 })
+    const since = { pause: await stageStats('pause'), resume: await stageStats('resume') }
     const files = { '/home/user/first.txt': 'written on the first node' }
     await sbx.files.write('/home/user/first.txt', files['/home/user/first.txt'])
     for (let i = 0; i < 3; i++) {
@@ -178,8 +193,8 @@ test('a sandbox paused on a drained node resumes with its processes and memory o
     }
     t.diagnostic(`SDK pause (memory image published): median ${median(pauses)} ms (${pauses.join(', ')})`)
     t.diagnostic(`Sandbox.connect → resumed on the other node: median ${median(resumes)} ms (${resumes.join(', ')})`)
-    t.diagnostic(`mean ms per stage on the nodes: pause ${JSON.stringify(await stageMeans('pause'))}, ` +
-      `resume ${JSON.stringify(await stageMeans('resume'))}`)
+    t.diagnostic(`mean ms per stage on the nodes: pause ${JSON.stringify(await stageMeans('pause', since.pause))}, ` +
+      `resume ${JSON.stringify(await stageMeans('resume', since.resume))}`)
   } finally {
     if (drained) await drain(drained, false).catch(() => {})
     await Sandbox.kill(id).catch(() => {})
