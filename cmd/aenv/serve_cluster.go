@@ -42,6 +42,16 @@ func joinCluster(ctx context.Context, cfg config.Config, addr net.Addr, n *node.
 		return nil, fmt.Errorf("cluster.scheduler %s: %w", cl.Scheduler, err)
 	}
 	report := &nodeReport{orch: n.Orchestrator, cat: n.Catalog}
+	drained, err := loadDrained(cfg.DataDir)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if drained {
+		// Before the first heartbeat: a drained node that restarts takes no placements.
+		report.draining.Store(true)
+		log.Warn("this node was drained and stays drained until undrained (aenv nodes undrain)", "node", info.Id)
+	}
 	if n.P2P != nil {
 		info.P2PEndpoint, report.layers = n.P2P.Endpoint, n.P2P.Layers
 	}
@@ -61,7 +71,7 @@ func joinCluster(ctx context.Context, cfg config.Config, addr net.Addr, n *node.
 		log.Warn("no repository: sandboxes paused on this node resume on this node only")
 	}
 	if srv, ok := n.Handler.(*server.Server); ok {
-		srv.HandleDrain(&drainer{report: report, orch: n.Orchestrator, agent: agent, log: log})
+		srv.HandleDrain(&drainer{dataDir: cfg.DataDir, report: report, orch: n.Orchestrator, agent: agent, log: log})
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); agent.Run(actx) }()

@@ -41,6 +41,7 @@ type Client struct {
 	token       string
 	sandboxID   string
 	sandboxPort string
+	json        bool
 }
 
 // Option configures a Client.
@@ -56,14 +57,28 @@ func WithSandbox(id, port string) Option {
 	return func(c *Client) { c.sandboxID, c.sandboxPort = id, port }
 }
 
+// WithJSON speaks Connect's JSON encoding instead of binary protobuf, as the E2B SDKs do
+// (envd decodes and encodes the two with different code).
+func WithJSON() Option { return func(c *Client) { c.json = true } }
+
 // New returns a client of the envd (or node proxy) at baseURL.
 func New(hc connect.HTTPClient, baseURL string, opts ...Option) *Client {
 	c := &Client{}
 	for _, o := range opts {
 		o(c)
 	}
-	c.Proc = processconnect.NewProcessClient(hc, baseURL, connect.WithInterceptors(c.Interceptor()))
+	c.Proc = processconnect.NewProcessClient(hc, baseURL, c.ClientOptions()...)
 	return c
+}
+
+// ClientOptions are the Connect options of the client's calls (headers, encoding), for
+// other Connect clients of the same envd (the filesystem service).
+func (c *Client) ClientOptions() []connect.ClientOption {
+	opts := []connect.ClientOption{connect.WithInterceptors(c.Interceptor())}
+	if c.json {
+		opts = append(opts, connect.WithProtoJSON())
+	}
+	return opts
 }
 
 // Interceptor adds the client's headers to every call, for other Connect clients of the

@@ -281,6 +281,7 @@ func (o *Orchestrator) start(ctx context.Context, operation string, rec Sandbox,
 func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbox.LaunchPlan, rec *Sandbox, held string) (sandbox.Instance, string, error) {
 	var inst sandbox.Instance
 	m := o.metricsFor(rec.Metadata)
+	plan.EnvdAccessToken, plan.HeldEnvdToken = rec.EnvdAccessToken, held
 	err := m.timeStage(operation, stageLaunch, func() (err error) {
 		inst, err = o.backend.Launch(ctx, plan)
 		return err

@@ -97,6 +97,13 @@ type LaunchPlan struct {
 	// Mounts are host directories (volumes) bind-mounted read-write into the sandbox, on
 	// every launch kind; only backends that are a VolumeMounter get any.
 	Mounts []Mount
+	// EnvdAccessToken is the access token the orchestrator gives the sandbox's envd ("":
+	// none), and HeldEnvdToken the one the launched memory's envd already holds (a launch
+	// from a capture with memory: the captured sandbox's). A backend that warms VMs
+	// restored from captures ahead of a request needs them to pass envd's token check;
+	// nothing else may depend on them.
+	EnvdAccessToken string
+	HeldEnvdToken   string
 }
 
 // Mount is a host directory shared into a sandbox at Destination. Writes go straight to

@@ -57,7 +57,12 @@ func startDaemon(t *testing.T, bins binaries, env []string, ready func() bool, a
 // interval, and returns it with a client.
 func startScheduler(t *testing.T, bins binaries) (*daemon, pb.SchedulerClient) {
 	t.Helper()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	return startSchedulerOn(t, bins, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+}
+
+// startSchedulerOn is startScheduler listening on addr.
+func startSchedulerOn(t *testing.T, bins binaries, addr string) (*daemon, pb.SchedulerClient) {
+	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -157,4 +162,77 @@ func TestNodeJoinsCluster(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Fatalf("stop the node: %v", err)
 	}
+}
+
+// A drained node that restarts stays drained (the drain is kept in its data dir) from its
+// first heartbeat on, until it is undrained; an undrained node that restarts takes
+// placements again.
+func TestDrainSurvivesRestart(t *testing.T) {
+	bins := needNode(t)
+	sd, sc := startScheduler(t, bins)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const id = "it-drain-restart"
+	n := clusterNode(t, sd.addr, id, "e2b_"+randHex(20))
+	waitNodeState(ctx, t, sc, id, pb.NodeState_NODE_STATE_READY)
+
+	// restart stops the node and starts it again, and returns its first heartbeat's state.
+	restart := func() pb.NodeState {
+		t.Helper()
+		before := nodeInstance(ctx, t, sc, id)
+		n.stop()
+		n.start()
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			l, err := sc.ListNodes(ctx, &pb.ListNodesRequest{})
+			if err == nil {
+				for _, s := range l.Nodes {
+					if s.Node.Id == id && s.Node.InstanceId != before {
+						return s.State
+					}
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("the restarted node %s did not heartbeat", id)
+		return 0
+	}
+
+	if code, out := n.post(ctx, t, "/aenv/drain", `{"draining":true}`, false); code != 200 {
+		t.Fatalf("drain: %d %s", code, out)
+	}
+	waitNodeState(ctx, t, sc, id, pb.NodeState_NODE_STATE_DRAINING)
+	if st := restart(); st != pb.NodeState_NODE_STATE_DRAINING {
+		t.Fatalf("a drained node restarted as %v, want DRAINING", st)
+	}
+	if _, err := sc.Place(ctx, &pb.PlaceRequest{}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("Place with the only node drained and restarted: %v, want ResourceExhausted", err)
+	}
+
+	if code, out := n.post(ctx, t, "/aenv/drain", `{"draining":false}`, false); code != 200 {
+		t.Fatalf("undrain: %d %s", code, out)
+	}
+	waitNodeState(ctx, t, sc, id, pb.NodeState_NODE_STATE_READY)
+	if st := restart(); st != pb.NodeState_NODE_STATE_READY {
+		t.Fatalf("an undrained node restarted as %v, want READY", st)
+	}
+	if p, err := sc.Place(ctx, &pb.PlaceRequest{}); err != nil || p.Node.Id != id {
+		t.Fatalf("Place after undrain and restart = %v, %v", p, err)
+	}
+}
+
+// nodeInstance is the instance id of node id's last heartbeat.
+func nodeInstance(ctx context.Context, t *testing.T, c pb.SchedulerClient, id string) string {
+	t.Helper()
+	l, err := c.ListNodes(ctx, &pb.ListNodesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range l.Nodes {
+		if s.Node.Id == id {
+			return s.Node.InstanceId
+		}
+	}
+	t.Fatalf("node %s is not registered", id)
+	return ""
 }

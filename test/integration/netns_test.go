@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"net"
 	"os/exec"
 	"runtime"
@@ -39,30 +40,36 @@ func remoteNetns(t *testing.T, ns, veth string) {
 
 // inNetns runs fn on a thread inside the named namespace. Sockets fn opens stay in that
 // namespace, and serve from any goroutine.
-func inNetns(t *testing.T, name string, fn func() error) {
+func inNetns(t testing.TB, name string, fn func() error) {
 	t.Helper()
+	if err := runInNetns(name, fn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runInNetns is inNetns returning the error instead of failing the test. Processes fn
+// starts are forked from the switched thread, so they run in the namespace too.
+func runInNetns(name string, fn func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer orig.Close()
 	h, err := netns.GetFromName(name)
 	if err != nil {
-		t.Fatal(err)
+		return fmt.Errorf("netns %s: %w", name, err)
 	}
 	defer h.Close()
 	if err := netns.Set(h); err != nil {
-		t.Fatal(err)
+		return fmt.Errorf("enter netns %s: %w", name, err)
 	}
 	ferr := fn()
 	if err := netns.Set(orig); err != nil {
 		panic(err) // this thread must not run anything else in the wrong namespace
 	}
-	if ferr != nil {
-		t.Fatal(ferr)
-	}
+	return ferr
 }
 
 // listenInNetns listens on addr (TCP) inside the named namespace, until the test ends.

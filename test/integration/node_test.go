@@ -38,6 +38,9 @@ type node struct {
 	seen *ownership
 	// net names the node's bridge, slots and cgroup parent; zero means the defaults.
 	net nodeNet
+	// netns, when set, is the network namespace the node runs in (its own address on a
+	// test bridge); empty runs it in the test's namespace, on loopback.
+	netns string
 }
 
 // syncBuffer collects a subprocess's output from its two pipes.
@@ -152,7 +155,7 @@ func (n *node) start() {
 	// A test binary that dies takes its node with it (as a crash would).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	fmt.Fprintf(n.log, "--- start %s\n", time.Now().Format(time.RFC3339Nano))
-	if err := cmd.Start(); err != nil {
+	if err := n.startCmd(cmd); err != nil {
 		n.mu.Unlock()
 		n.t.Fatalf("start aenv serve: %v", err)
 	}
@@ -178,6 +181,15 @@ func (n *node) start() {
 		time.Sleep(50 * time.Millisecond)
 	}
 	n.t.Fatalf("aenv serve did not answer /health within 60 s:\n%s", n.output())
+}
+
+// startCmd starts cmd, inside the node's network namespace when it has one: the child is
+// forked from a thread switched into it, so it and everything it starts live there.
+func (n *node) startCmd(cmd *exec.Cmd) error {
+	if n.netns == "" {
+		return cmd.Start()
+	}
+	return runInNetns(n.netns, cmd.Start)
 }
 
 func (n *node) url() string { return "http://" + n.addr }

@@ -36,6 +36,9 @@ type Instance struct {
 	proc *vmProc
 	// mem is how the VM holds its memory (memory snapshots, snapshot.go).
 	mem memState
+	// envdToken is the access token its envd holds (LaunchPlan.EnvdAccessToken; unknown
+	// after a restart), which the snapshot pool's warm-up of its captures needs.
+	envdToken string
 
 	stopped bool
 	// cpu is the last CPU-time sample, for Stats' usage between two calls.

@@ -28,6 +28,19 @@ const (
 // a writable upper of its own. It returns once QEMU answers on its QMP socket; the guest
 // is still booting (the orchestrator waits for envd).
 func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {
+	inst, err := b.launch(ctx, plan)
+	if err != nil {
+		return nil, err
+	}
+	if i, ok := inst.(*Instance); ok {
+		i.mu.Lock()
+		i.envdToken = plan.EnvdAccessToken
+		i.mu.Unlock()
+	}
+	return inst, nil
+}
+
+func (b *Backend) launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {
 	if !idRE.MatchString(plan.SandboxID) {
 		return nil, fmt.Errorf("microvm: invalid sandbox id %q", plan.SandboxID)
 	}

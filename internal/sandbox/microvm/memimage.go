@@ -58,6 +58,9 @@ type capture struct {
 	// Guest is the network identity in the guest's memory, which a restore on another
 	// network slot keeps (restorenet.go).
 	Guest guestIdentity `json:"guest"`
+	// envdToken is the access token the captured envd holds, when this node knows it
+	// (never stored: the orchestrator keeps tokens).
+	envdToken string
 }
 
 // memImage is a VM's memory: a device state stream and, unless the stream holds the RAM

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -13,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/aenv-dev/aenv/internal/envdclient"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
@@ -63,6 +60,8 @@ type vmPool struct {
 
 	seq  atomic.Int64
 	busy atomic.Int64 // launches in flight; the filler waits for none
+	// warmed counts the pooled VMs whose warm-up ran every step (logs and tests).
+	warmed atomic.Int64
 	// lastReq is when the last launch ended (UnixNano): the filler waits poolQuiet
 	// after it, while the launched guest takes its first requests.
 	lastReq  atomic.Int64
@@ -78,6 +77,9 @@ type snapPool struct {
 	ready   []*Instance
 	filling int
 	used    time.Time // last hand-out or request
+	// token is the access token the snapshot's envd holds, which the warm-up needs:
+	// the snapshotted sandbox's (Instance.envdToken) or a launch's LaunchPlan.HeldEnvdToken.
+	token string
 }
 
 func newVMPool(b *Backend, size, max int) *vmPool {
@@ -122,7 +124,7 @@ func (p *vmPool) prime(c *capture) {
 	}
 	p.mu.Lock()
 	if p.snaps[c.ID] == nil && !p.closed {
-		p.snaps[c.ID] = &snapPool{c: c, used: time.Now()}
+		p.snaps[c.ID] = &snapPool{c: c, used: time.Now(), token: c.envdToken}
 	}
 	p.mu.Unlock()
 	p.poke()
@@ -142,12 +144,15 @@ func (p *vmPool) take(ctx context.Context, plan sandbox.LaunchPlan, c *capture) 
 	p.mu.Lock()
 	sp := p.snaps[c.ID]
 	if sp == nil && !p.closed {
-		sp = &snapPool{c: c}
+		sp = &snapPool{c: c, token: c.envdToken}
 		p.snaps[c.ID] = sp
 	}
 	var inst *Instance
 	if sp != nil {
 		sp.used = time.Now()
+		if plan.HeldEnvdToken != "" {
+			sp.token = plan.HeldEnvdToken
+		}
 		if n := len(sp.ready); n > 0 {
 			inst, sp.ready = sp.ready[n-1], sp.ready[:n-1]
 		}
@@ -331,7 +336,10 @@ func (p *vmPool) next() *snapPool {
 // fill restores one VM of sp's snapshot, warms it and adds it to sp stopped.
 func (p *vmPool) fill(sp *snapPool) {
 	t0 := time.Now()
-	inst, err := p.restoreStopped(sp.c)
+	p.mu.Lock()
+	token := sp.token
+	p.mu.Unlock()
+	inst, err := p.restoreStopped(sp.c, token)
 	p.mu.Lock()
 	sp.filling--
 	keep := err == nil && !p.closed && p.snaps[sp.c.ID] == sp
@@ -356,9 +364,9 @@ func (p *vmPool) fill(sp *snapPool) {
 	p.b.log.Debug("microvm: pool: VM ready", "capture", sp.c.ID, "vm", inst.id, "took", time.Since(t0))
 }
 
-// restoreStopped restores a VM of c under a pool id, runs it until envd answers and stops
-// it. On error nothing is left.
-func (p *vmPool) restoreStopped(c *capture) (*Instance, error) {
+// restoreStopped restores a VM of c under a pool id, runs it through the warm-up (envd
+// holds token) and stops it. On error nothing is left.
+func (p *vmPool) restoreStopped(c *capture, token string) (*Instance, error) {
 	b := p.b
 	ctx, cancel := context.WithTimeout(context.Background(), 2*poolWarmTimeout)
 	defer cancel()
@@ -373,7 +381,7 @@ func (p *vmPool) restoreStopped(c *capture) (*Instance, error) {
 	}
 	err = b.restore(ctx, inst, c, false, true)
 	if err == nil {
-		err = warm(ctx, inst)
+		err = warm(ctx, inst, token)
 	}
 	if err == nil {
 		err = inst.proc.m.Pause(ctx)
@@ -385,57 +393,6 @@ func (p *vmPool) restoreStopped(c *capture) (*Instance, error) {
 		return nil, err
 	}
 	return inst, nil
-}
-
-// warm waits until the guest's envd answers /health (twice: the second answer takes the
-// path the first one translated), then runs `true` through envd's process service, which
-// translates the guest's path of a first command (process start: fork, exec). The command
-// is best effort: an envd that holds an access token (a secure sandbox's snapshot) refuses
-// it, and the guest's first command after hand-out pays that translation instead.
-func warm(ctx context.Context, inst *Instance) error {
-	if err := warmHealth(ctx, inst); err != nil {
-		return err
-	}
-	ep := inst.Endpoint()
-	cctx, cancel := context.WithTimeout(ctx, poolWarmTimeout/2)
-	defer cancel()
-	c := envdclient.New(http.DefaultClient, fmt.Sprintf("http://%s:%d", ep.Host, ep.EnvdPort))
-	p, err := c.Start(cctx, envdclient.Command{Cmd: "/bin/true"})
-	if err != nil {
-		inst.b.log.Debug("microvm: pool: warm-up command refused", "vm", inst.id, "err", err)
-		return nil
-	}
-	defer p.Close()
-	if _, err := p.Wait(io.Discard, io.Discard); err != nil {
-		inst.b.log.Debug("microvm: pool: warm-up command", "vm", inst.id, "err", err)
-	}
-	return nil
-}
-
-func warmHealth(ctx context.Context, inst *Instance) error {
-	ep := inst.Endpoint()
-	url := fmt.Sprintf("http://%s:%d/health", ep.Host, ep.EnvdPort)
-	c := http.Client{Timeout: time.Second}
-	for answers := 0; answers < 2; {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := c.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode < 300 {
-				answers++
-				continue
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("microvm: pool: envd of a restored VM did not answer: %w", ctx.Err())
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	return nil
 }
 
 // pooledDir reports whether a sandbox directory name is a pooled VM's.

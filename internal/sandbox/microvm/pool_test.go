@@ -55,6 +55,12 @@ func pooledDirs(b *Backend) []string {
 // sandbox's token, environment and the clock.
 func initEnvd(t testing.TB, i *Instance, held, token string, env map[string]string, now time.Time) {
 	t.Helper()
+	if err := initEnvdErr(i, held, token, env, now); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func initEnvdErr(i *Instance, held, token string, env map[string]string, now time.Time) error {
 	body, _ := json.Marshal(map[string]any{"envVars": env, "accessToken": token, "timestamp": now.UTC().Format(time.RFC3339Nano)})
 	ep := i.Endpoint()
 	req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("http://%s:%d/init", ep.Host, ep.EnvdPort), bytes.NewReader(body))
@@ -64,12 +70,13 @@ func initEnvd(t testing.TB, i *Instance, held, token string, env map[string]stri
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("init %s: %v", i.id, err)
+		return fmt.Errorf("init %s: %w", i.id, err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		t.Fatalf("init %s: %s", i.id, resp.Status)
+		return fmt.Errorf("init %s: %s", i.id, resp.Status)
 	}
+	return nil
 }
 
 // shToken runs a script through envd with an access token; it returns stdout or an error

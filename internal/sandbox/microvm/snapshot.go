@@ -61,7 +61,7 @@ func (i *Instance) capture(ctx context.Context, kind captureKind) (_ *capture, e
 	i.stopMu.Lock()
 	defer i.stopMu.Unlock()
 	i.mu.Lock()
-	proc, disk, slot, mem, stopped := i.proc, i.disk, i.slot, i.mem, i.stopped
+	proc, disk, slot, mem, stopped, token := i.proc, i.disk, i.slot, i.mem, i.stopped, i.envdToken
 	i.mu.Unlock()
 	if stopped || proc == nil || proc.exited() || disk == nil || slot == nil {
 		return nil, fmt.Errorf("%w: %s", sandbox.ErrGone, i.id)
@@ -70,6 +70,7 @@ func (i *Instance) capture(ctx context.Context, kind captureKind) (_ *capture, e
 	if err != nil {
 		return nil, err
 	}
+	c.envdToken = token
 	m := proc.m
 	t0 := time.Now()
 	sealed := false

@@ -2,11 +2,13 @@ package microvm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,17 +126,25 @@ func BenchmarkPooledRestore(b *testing.B) {
 	b.ReportMetric(medianMS(initT), "init-ms")
 }
 
-// firstCommand does what a create does after envd answers, then runs a first command:
-// envd /init (token, environment, clock), then `true` through envd's process service.
-// It returns how long /init took.
-func firstCommand(b *testing.B, i *Instance) time.Duration {
-	t0 := time.Now()
-	initEnvd(b, i, "", "tok-"+i.id, map[string]string{"E2B_SANDBOX_ID": i.id}, time.Now())
-	d := time.Since(t0)
-	if _, err := shToken(i, "tok-"+i.id, "true"); err != nil {
+// firstCommand does what a create does after envd answers, then runs a first command as
+// the E2B SDKs do: envd /init (token, environment, clock), then `/bin/bash -l -c true`
+// over Connect JSON. It returns how long /init took.
+func firstCommand(b testing.TB, i *Instance) time.Duration {
+	d, err := firstCommandErr(i)
+	if err != nil {
 		b.Fatal(err)
 	}
 	return d
+}
+
+func firstCommandErr(i *Instance) (time.Duration, error) {
+	t0 := time.Now()
+	if err := initEnvdErr(i, "", "tok-"+i.id, map[string]string{"E2B_SANDBOX_ID": i.id}, time.Now()); err != nil {
+		return 0, err
+	}
+	d := time.Since(t0)
+	_, err := sdkCommand(i, "tok-"+i.id, "true")
+	return d, err
 }
 
 // BenchmarkSnapshotAndPause: a live snapshot of a running sandbox (stop, device state,
@@ -190,7 +200,8 @@ func stopRetry(b testing.TB, inst sandbox.Instance) {
 }
 
 // BenchmarkFork16: one capture and 16 children restored on its RAM file, until every
-// child's envd answers (qemu-cpu-ms: the CPU time the 16 QEMUs spent until then); then
+// child's envd answers (qemu-cpu-ms: the CPU time the 16 QEMUs spent until then) and
+// until every child answered a first command after /init (all-cmd-ms, firstCommand); then
 // the children's total PSS against 16 × guest RAM (the overcommit an idle fork fleet
 // allows), for guests of 256 and 512 MiB (AENV_BENCH_TB_SIZE_MIB sets
 // Config.TBSizeMiB).
@@ -206,7 +217,7 @@ func benchFork16(b *testing.B, memMB, tbMiB int) {
 	ctx := context.Background()
 	src := launch(b, be, "sbx-f16", sandbox.Resources{CPUCount: 1, MemoryMB: memMB, DiskSizeMB: templateMB})
 	const n = 16
-	var forkT, allT, cpuT []time.Duration
+	var forkT, allT, cmdT, cpuT []time.Duration
 	var pss int64
 	round := 0
 	for b.Loop() {
@@ -232,6 +243,16 @@ func benchFork16(b *testing.B, memMB, tbMiB int) {
 			}
 		}
 		allT = append(allT, time.Since(t0))
+		var wg sync.WaitGroup
+		errs := make([]error, len(res))
+		for k, r := range res {
+			wg.Go(func() { _, errs[k] = firstCommandErr(r.Instance.(*Instance)) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			b.Fatal(err)
+		}
+		cmdT = append(cmdT, time.Since(t0))
 		var cpu time.Duration
 		for _, r := range res {
 			if ticks, _, err := procUsage(r.Instance.(*Instance).PID()); err == nil {
@@ -251,6 +272,7 @@ func benchFork16(b *testing.B, memMB, tbMiB int) {
 	}
 	b.ReportMetric(medianMS(forkT), "fork-ms")
 	b.ReportMetric(medianMS(allT), "all-envd-ms")
+	b.ReportMetric(medianMS(cmdT), "all-cmd-ms")
 	b.ReportMetric(medianMS(cpuT), "qemu-cpu-ms")
 	b.ReportMetric(float64(pss>>20), "pss-MiB")
 	b.ReportMetric(float64(n*memMB)/float64(pss>>20), "overcommit-x")

@@ -1,0 +1,322 @@
+package integration
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/bench"
+	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
+)
+
+// testBridge is a bridge in the test's namespace holding 10.213.K.1/24, K unique on the
+// host: nodes in namespaces of their own join it with a veth pair and get 10.213.K.(10+i).
+// 10.213.0.0/16 is private and away from the host's own 192.0.2.0/24.
+type testBridge struct {
+	name string
+	k    int
+}
+
+func newTestBridge(t *testing.T) *testBridge {
+	t.Helper()
+	used := map[string]bool{}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			used[a.String()] = true
+		}
+	}
+	for range 100 {
+		var b [1]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			t.Fatal(err)
+		}
+		k := 1 + int(b[0])%250
+		name := fmt.Sprintf("aitcn%d", k)
+		if _, err := os.Stat("/sys/class/net/" + name); err == nil {
+			continue
+		}
+		if used[fmt.Sprintf("10.213.%d.1/24", k)] {
+			continue
+		}
+		br := &testBridge{name: name, k: k}
+		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", name).Run() })
+		ipCmd(t, "link", "add", name, "type", "bridge")
+		ipCmd(t, "addr", "add", br.hostIP()+"/24", "dev", name)
+		ipCmd(t, "link", "set", name, "up")
+		return br
+	}
+	t.Fatal("no free test bridge name")
+	return nil
+}
+
+// hostIP is the test namespace's address on the bridge (schedulers listen there).
+func (b *testBridge) hostIP() string { return fmt.Sprintf("10.213.%d.1", b.k) }
+
+// addNetns makes namespace i on the bridge and returns its name and address. It and its
+// veth pair go when the test ends (registered before the node, so after it is killed).
+func (b *testBridge) addNetns(t *testing.T, i int) (ns, ip string) {
+	t.Helper()
+	ns, ip = fmt.Sprintf("aitcn%d-n%d", b.k, i), fmt.Sprintf("10.213.%d.%d", b.k, 10+i)
+	veth := fmt.Sprintf("aitcn%dv%d", b.k, i)
+	remoteNetns(t, ns, veth)
+	ipCmd(t, "link", "set", veth, "master", b.name)
+	ipCmd(t, "-n", ns, "addr", "add", ip+"/24", "dev", "eth0")
+	ipCmd(t, "-n", ns, "route", "add", "default", "via", b.hostIP())
+	return ns, ip
+}
+
+// netCluster is a cluster whose nodes each run in a network namespace of their own,
+// listening on their own address on a test bridge; the scheduler listens on the bridge
+// and the gateway on loopback.
+type netCluster struct {
+	*cluster
+	netns map[string]string // node id → its namespace
+}
+
+func startNetCluster(t *testing.T, nodes int, env ...string) *netCluster {
+	t.Helper()
+	bins := needNode(t)
+	br := newTestBridge(t)
+	sd, sc := startSchedulerOn(t, bins, fmt.Sprintf("%s:%d", br.hostIP(), freePort(t)))
+	c := &netCluster{cluster: &cluster{sched: sc, nodes: map[string]*node{}, key: "e2b_" + randHex(20), bins: bins},
+		netns: map[string]string{}}
+	for i := range nodes {
+		id := fmt.Sprintf("it-netns-%d", i)
+		ns, ip := br.addNetns(t, i)
+		n := newNode(t, append([]string{"AENV_CLUSTER_SCHEDULER=" + sd.addr, "AENV_CLUSTER_NODE_ID=" + id}, env...)...)
+		n.key, n.netns, n.addr = c.key, ns, ip+":3000" // the same port on every node: each has its own address
+		n.start()
+		c.nodes[id], c.netns[id] = n, ns
+	}
+	c.gateway = startGateway(t, bins, c.key, sd.addr)
+	waitNodes(t, sc, nodes)
+	return c
+}
+
+// startGateway runs `aenv gateway` on a loopback port and returns its base URL.
+func startGateway(t *testing.T, bins binaries, key, sched string) string {
+	t.Helper()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	startDaemon(t, bins, []string{"AENV_API_KEY=" + key}, func() bool {
+		resp, err := http.Get("http://" + addr + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusNoContent
+	}, "gateway", "--listen", addr, "--scheduler", sched)
+	return "http://" + addr
+}
+
+func waitNodes(t *testing.T, sc pb.SchedulerClient, want int) {
+	t.Helper()
+	waitUntil(t, 30*time.Second, "every node registered", func() error {
+		l, err := sc.ListNodes(context.Background(), &pb.ListNodesRequest{})
+		if err != nil || len(l.Nodes) != want {
+			return fmt.Errorf("nodes %v, %v", l, err)
+		}
+		return nil
+	})
+}
+
+// partition drops every packet in and out of the node's eth0 with an nftables table in
+// its namespace, and returns the function that removes it (also run when the test ends).
+func (c *netCluster) partition(t *testing.T, id string) (heal func()) {
+	t.Helper()
+	ns, table := c.netns[id], "aenv_it_partition"
+	nft := func(script string) error {
+		return runInNetns(ns, func() error {
+			cmd := exec.Command("nft", "-f", "-")
+			cmd.Stdin = strings.NewReader(script)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("nft in %s: %v: %s", ns, err, out)
+			}
+			return nil
+		})
+	}
+	if err := nft(fmt.Sprintf(`table inet %s {
+  chain in { type filter hook input priority -300; policy accept; iifname "eth0" drop; }
+  chain out { type filter hook output priority -300; policy accept; oifname "eth0" drop; }
+}`, table)); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	heal = func() {
+		once.Do(func() {
+			if err := nft(fmt.Sprintf("delete table inet %s", table)); err != nil {
+				t.Errorf("heal the partition: %v", err)
+			}
+		})
+	}
+	t.Cleanup(heal)
+	return heal
+}
+
+// sameNetns reports whether process pid runs in the named namespace.
+func sameNetns(t *testing.T, pid int, ns string) bool {
+	t.Helper()
+	var a, b syscall.Stat_t
+	if err := syscall.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Stat("/run/netns/"+ns, &b); err != nil {
+		t.Fatal(err)
+	}
+	return a.Dev == b.Dev && a.Ino == b.Ino
+}
+
+// Three nodes, each in its own network namespace with its own address, a scheduler and a
+// gateway as separate processes: creates spread over the nodes and their sandboxes (whose
+// namespaces and bridges the nodes make from inside theirs) answer through the gateway.
+// A node cut off with nftables goes stale: its sandboxes answer 503 and creates go to the
+// others; once the rule is gone it rejoins, its sandboxes answer again and creates come back.
+func TestClusterNetns(t *testing.T) {
+	c := startNetCluster(t, 3, "AENV_CLUSTER_CPU_COUNT=64", "AENV_CLUSTER_MEMORY_MB=65536")
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	gw := c.client(t)
+	for id, n := range c.nodes {
+		if !sameNetns(t, n.pid(), c.netns[id]) {
+			t.Fatalf("node %s does not run in namespace %s", id, c.netns[id])
+		}
+	}
+	l, err := c.sched.ListNodes(ctx, &pb.ListNodesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range l.Nodes {
+		if want := c.nodes[st.Node.Id].url(); st.Node.Endpoint != want {
+			t.Fatalf("node %s registered endpoint %s, want its own address %s", st.Node.Id, st.Node.Endpoint, want)
+		}
+	}
+
+	// Creates per second across the three nodes, 4 at a time.
+	const creates, workers = 18, 4
+	var (
+		mu  sync.Mutex
+		sbs []bench.Sandbox
+		wg  sync.WaitGroup
+	)
+	jobs := make(chan struct{}, creates)
+	for range creates {
+		jobs <- struct{}{}
+	}
+	close(jobs)
+	errs := make(chan error, creates)
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range jobs {
+				sb, err := gw.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 600})
+				if err != nil {
+					errs <- err
+					continue
+				}
+				mu.Lock()
+				sbs = append(sbs, sb)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	close(errs)
+	for err := range errs {
+		t.Fatalf("create through the gateway: %v", err)
+	}
+	t.Cleanup(func() {
+		for _, sb := range sbs {
+			_ = gw.Kill(context.Background(), sb.ID)
+		}
+	})
+	perNode := map[string][]bench.Sandbox{}
+	for _, sb := range sbs {
+		n := c.nodeOf(ctx, t, sb.ID)
+		perNode[n] = append(perNode[n], sb)
+	}
+	counts := map[string]int{}
+	for n, s := range perNode {
+		counts[n] = len(s)
+	}
+	t.Logf("%d creates through the gateway, %d at a time, over 3 nodes in their own namespaces: %v (%.1f creates/s); placement %v",
+		creates, workers, took.Round(time.Millisecond), float64(creates)/took.Seconds(), counts)
+	if len(perNode) != 3 {
+		t.Fatalf("%d creates on 3 idle nodes used only %v", creates, counts)
+	}
+	for n, s := range perNode {
+		if got := run(ctx, t, gw, s[0], "echo $((6*7)) from $(hostname)"); !strings.HasPrefix(got, "42 from") {
+			t.Fatalf("a command in %s on %s through the gateway printed %q", s[0].ID, n, got)
+		}
+	}
+
+	// Partition the node of the first sandbox.
+	victim := c.nodeOf(ctx, t, sbs[0].ID)
+	cut := time.Now()
+	heal := c.partition(t, victim)
+	waitNodeState(ctx, t, c.sched, victim, pb.NodeState_NODE_STATE_STALE)
+	stale := time.Since(cut)
+	if code, body, _ := c.get(ctx, t, "/sandboxes/"+sbs[0].ID); code != http.StatusServiceUnavailable {
+		t.Fatalf("GET a sandbox of the partitioned node: %d %s, want 503", code, body)
+	}
+	for range 4 {
+		sb, err := gw.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 600})
+		if err != nil {
+			t.Fatalf("create with %s partitioned: %v", victim, err)
+		}
+		sbs = append(sbs, sb)
+		if n := c.nodeOf(ctx, t, sb.ID); n == victim {
+			t.Fatalf("a create went to the partitioned node %s", victim)
+		}
+	}
+
+	healed := time.Now()
+	heal()
+	waitUntil(t, 90*time.Second, "the healed node is ready again", func() error {
+		l, err := c.sched.ListNodes(ctx, &pb.ListNodesRequest{})
+		if err != nil {
+			return err
+		}
+		for _, st := range l.Nodes {
+			if st.Node.Id == victim && st.State != pb.NodeState_NODE_STATE_READY {
+				return fmt.Errorf("%s is %v", victim, st.State)
+			}
+		}
+		return nil
+	})
+	rejoined := time.Since(healed)
+	waitUntil(t, 30*time.Second, "the sandbox of the healed node answers through the gateway", func() error {
+		res, err := gw.Run(ctx, sbs[0], "echo back")
+		if err != nil || strings.TrimSpace(res.Stdout) != "back" {
+			return fmt.Errorf("%+v, %v", res, err)
+		}
+		return nil
+	})
+	// The healed node is now the least loaded: placements come back to it.
+	back := false
+	for range 6 {
+		sb, err := gw.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 600})
+		if err != nil {
+			t.Fatalf("create after healing: %v", err)
+		}
+		sbs = append(sbs, sb)
+		if c.nodeOf(ctx, t, sb.ID) == victim {
+			back = true
+			break
+		}
+	}
+	if !back {
+		t.Fatalf("no create went to the healed node %s", victim)
+	}
+	t.Logf("partition: stale after %v, ready again %v after the rule was removed", stale.Round(time.Millisecond), rejoined.Round(time.Millisecond))
+}
