@@ -6,10 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -29,6 +33,7 @@ type schedulerKube struct {
 func newSchedulerCmd() *cobra.Command {
 	var (
 		listen    string
+		metrics   string
 		cfg       scheduler.Config
 		logLevel  string
 		logFormat string
@@ -62,6 +67,13 @@ func newSchedulerCmd() *cobra.Command {
 			}
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
+			if metrics != "" {
+				stopMetrics, err := serveSchedulerMetrics(metrics, srv, log)
+				if err != nil {
+					return err
+				}
+				defer stopMetrics()
+			}
 			elected, err := startSchedulerKube(ctx, k, ln.Addr(), state, srv, log)
 			if err != nil {
 				return err
@@ -92,6 +104,7 @@ func newSchedulerCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:9090", "gRPC listen address")
+	f.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on GET /metrics at this address (e.g. 0.0.0.0:9101; default off)")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 2*time.Second, "heartbeat interval nodes are asked to keep")
 	f.DurationVar(&cfg.StaleAfter, "stale-after", 0, "heartbeat age after which a node gets no placements (default 5 intervals)")
 	f.DurationVar(&cfg.ForgetAfter, "forget-after", 10*time.Minute, "heartbeat age after which a node and its sandboxes are forgotten")
@@ -191,4 +204,29 @@ func stopGracefully(g *grpc.Server, d time.Duration) {
 	case <-time.After(d):
 		g.Stop()
 	}
+}
+
+// serveSchedulerMetrics serves the scheduler's metrics, with the Go runtime's and the
+// process's, on GET /metrics at addr until the returned stop is called.
+func serveSchedulerMetrics(addr string, srv *scheduler.Server, log *slog.Logger) (stop func(), err error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := srv.EnableMetrics(reg); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for metrics on %s: %w (set --metrics-listen)", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics listener stopped", "err", err)
+		}
+	}()
+	log.Info("scheduler metrics", "listen", ln.Addr().String())
+	fmt.Fprintf(os.Stderr, "aenv: scheduler metrics on http://%s/metrics\n", ln.Addr())
+	return func() { hs.Close() }, nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -85,25 +86,28 @@ func TestRender(t *testing.T) {
 	}
 
 	mon := render(t, "monitoring")
-	if len(mon) != len(base)+2 {
-		t.Errorf("monitoring renders %d objects, want the base's %d plus a ServiceMonitor and a dashboard", len(mon), len(base))
+	if len(mon) != len(base)+3 {
+		t.Errorf("monitoring renders %d objects, want the base's %d plus two ServiceMonitors and a dashboard", len(mon), len(base))
 	}
-	sm := find(mon, "ServiceMonitor", "aenv-nodes")
-	if sm == nil {
-		t.Fatal("no ServiceMonitor")
-	}
-	// It selects the nodes' Service and scrapes a port that Service has.
-	sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
-	nodes := find(mon, "Service", "aenv-nodes")
-	for k, v := range sel {
-		if nodes.GetLabels()[k] != v {
-			t.Errorf("the ServiceMonitor selects %s=%s, which the aenv-nodes Service lacks", k, v)
+	// Each ServiceMonitor selects its Service and scrapes a port that Service has.
+	for _, name := range []string{"aenv-nodes", "aenv-scheduler"} {
+		sm := find(mon, "ServiceMonitor", name)
+		if sm == nil {
+			t.Fatalf("no ServiceMonitor %s", name)
 		}
-	}
-	eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
-	ports, _, _ := unstructured.NestedSlice(nodes.Object, "spec", "ports")
-	if port := eps[0].(map[string]any)["port"]; port != ports[0].(map[string]any)["name"] {
-		t.Errorf("the ServiceMonitor scrapes port %v, the Service's is %v", port, ports[0])
+		sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+		svc := find(mon, "Service", name)
+		for k, v := range sel {
+			if svc.GetLabels()[k] != v {
+				t.Errorf("the ServiceMonitor %s selects %s=%s, which the %s Service lacks", name, k, v, name)
+			}
+		}
+		eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+		ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+		port := eps[0].(map[string]any)["port"]
+		if !slices.ContainsFunc(ports, func(p any) bool { return p.(map[string]any)["name"] == port }) {
+			t.Errorf("the ServiceMonitor %s scrapes port %v, which the Service lacks: %v", name, port, ports)
+		}
 	}
 	dash := find(mon, "ConfigMap", "aenv-grafana-dashboard")
 	if dash == nil || dash.GetLabels()["grafana_dashboard"] != "1" {
@@ -120,8 +124,8 @@ func stringsOf(v any) []string {
 	return out
 }
 
-// checkDashboard parses the dashboard and checks that every metric it queries is one the
-// node exports (a name that appears in the node's source as a metric name).
+// checkDashboard parses the dashboard and checks that every metric it queries is one a
+// node or the scheduler exports (a name that appears in the source as a metric name).
 func checkDashboard(t *testing.T, cm *unstructured.Unstructured) {
 	data, _, _ := unstructured.NestedStringMap(cm.Object, "data")
 	var d struct {
@@ -142,7 +146,7 @@ func checkDashboard(t *testing.T, cm *unstructured.Unstructured) {
 				n++
 				base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m, "_bucket"), "_sum"), "_count")
 				if !known[base] {
-					t.Errorf("panel %q queries %s, which no node exports", p.Title, m)
+					t.Errorf("panel %q queries %s, which neither nodes nor the scheduler export", p.Title, m)
 				}
 			}
 		}

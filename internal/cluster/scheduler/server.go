@@ -21,6 +21,8 @@ type Server struct {
 	log   *slog.Logger
 	rep   replica
 	types map[string][2]protoreflect.MessageType
+	// metrics is nil until EnableMetrics.
+	metrics *metrics
 }
 
 // NewServer wraps s for gRPC; register it with pb.RegisterSchedulerServer.
@@ -75,7 +77,9 @@ func grpcError(err error) error {
 }
 
 func (srv *Server) Heartbeat(_ context.Context, req *pb.HeartbeatRequest) (*pb.HeartbeatResponse, error) {
-	if err := srv.state.Heartbeat(req); err != nil {
+	err := srv.state.Heartbeat(req)
+	srv.metrics.heartbeat(err)
+	if err != nil {
 		return nil, grpcError(err)
 	}
 	return &pb.HeartbeatResponse{IntervalMs: srv.state.Interval().Milliseconds()}, nil
@@ -86,7 +90,9 @@ func (srv *Server) Unregister(_ context.Context, req *pb.UnregisterRequest) (*pb
 }
 
 func (srv *Server) Place(_ context.Context, req *pb.PlaceRequest) (*pb.PlaceResponse, error) {
+	start := time.Now()
 	resp, err := srv.state.Place(req)
+	srv.metrics.placed(time.Since(start), err)
 	return resp, grpcError(err)
 }
 

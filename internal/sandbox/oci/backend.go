@@ -50,6 +50,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/steptime"
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 )
@@ -289,17 +290,23 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	// Reconcile reports the threads blocked on FUSE before its sweep. The scan reads every
 	// task of the host (~0.1-0.3 s on a busy one), so it runs while the runtime probe and
 	// the network are set up rather than on the restart's critical path.
-	b.blockedAtStart = make(chan []blockdev.Task, 1)
-	go func() { b.blockedAtStart <- blockdev.BlockedOnFUSE() }()
+	// The goroutine sends on its own copy: Reconcile sets the field to nil once it took the
+	// channel, and a send that read the field after that would block on nil for ever (and
+	// Reconcile with it), which happened when the scan outlasted the setup.
+	scan := make(chan []blockdev.Task, 1)
+	b.blockedAtStart = scan
+	go func() { scan <- blockdev.BlockedOnFUSE() }()
 	if mb, err := exec.LookPath("mount"); err == nil {
 		b.mountBin = mb
 	} else {
 		b.log.Warn("oci: no mount binary: sandboxes see the host's boot id", "err", err)
 	}
+	laps := steptime.Start()
 	rt, userns, err := b.probe(ctx)
 	if err != nil {
 		return nil, err
 	}
+	laps.Lap("probe")
 	binPath := rt.bin
 	b.rt, b.userns = rt.sealed(b.log), userns
 	pool, err := network.New(ctx, cfg.Network)
@@ -307,9 +314,10 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b.pool = pool
+	laps.Lap("network")
 	b.warm = newWarmPool(b, cfg.WarmContainers)
-	b.log.Info("oci backend ready", "runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2,
-		"uid_base", cfg.UIDBase, "uid_ranges", cfg.UIDRanges)
+	b.log.Info("oci backend ready", append([]any{"runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2,
+		"uid_base", cfg.UIDBase, "uid_ranges", cfg.UIDRanges}, laps.Attrs()...)...)
 	return b, nil
 }
 
