@@ -25,8 +25,11 @@ import (
 // command (all-ms). warm-all-ms is the same round of commands on a node that did not
 // restart: what answering costs on this host, restart or not. It also reports the data
 // plane's resident memory with every sandbox running (dp-rss-mb) and its CPU use while
-// the sandboxes idle (dp-idle-cpu-ms/s, over 10 s). Run it with -bench RestartAdopt
-// -benchtime 5x.
+// the sandboxes idle (dp-idle-cpu-ms/s, over 10 s). api-cpu-ms and all-cpu-ms are the CPU
+// time the new node process (and the children it waited for: nft, runc) had used by then:
+// on a shared host they vary far less than the wall times. Run it with -bench RestartAdopt
+// -benchtime 5x; AENV_BENCH_NODE_LOG=file keeps the node's log (with each start-up step's
+// wall and CPU time), AENV_BENCH_PROFILE=dir a CPU profile of each restart.
 func BenchmarkRestartAdopt(b *testing.B) {
 	count := 20
 	if s := os.Getenv("AENV_BENCH_SANDBOXES"); s != "" {
