@@ -98,6 +98,10 @@ func TestServerRoundTrip(t *testing.T) {
 	}
 }
 
+// benchConfig keeps the benchmark's nodes fresh without heartbeats: a run under load
+// outlasts the default staleness (10 s), after which nothing could be placed.
+func benchConfig() Config { return Config{StaleAfter: time.Hour} }
+
 // benchNodes registers n nodes with room for any number of placements.
 func benchNodes(tb testing.TB, s *State, n int) {
 	for i := range n {
@@ -112,7 +116,7 @@ func benchNodes(tb testing.TB, s *State, n int) {
 
 // BenchmarkPlace is the placement decision itself (100 nodes), reservation included.
 func BenchmarkPlace(b *testing.B) {
-	s := New(Config{})
+	s := New(benchConfig())
 	benchNodes(b, s, 100)
 	req := &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 1, MemoryMb: 512}, TemplateId: "base", Layers: []string{"sha256:a"}}
 	b.ReportAllocs()
@@ -136,7 +140,7 @@ func BenchmarkPlace(b *testing.B) {
 func BenchmarkPlaceGRPC(b *testing.B) {
 	for _, callers := range []int{1, 8, 32} {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
-			s := New(Config{})
+			s := New(benchConfig())
 			benchNodes(b, s, 100)
 			c := startServer(b, s)
 			req := &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 1, MemoryMb: 512}, TemplateId: "base"}
