@@ -42,6 +42,7 @@ func run() error {
 		grace       = flag.Duration("shutdown-grace", 5*time.Second, "on SIGTERM/SIGINT, how long processes get before SIGKILL")
 		subreaper   = flag.Bool("subreaper", true, "when not PID 1, adopt and reap orphaned descendants (PR_SET_CHILD_SUBREAPER)")
 		setClock    = flag.Bool("set-clock", false, "let POST /init set the system clock forward from its timestamp (VM guests)")
+		idleTrim    = flag.Duration("idle-trim", 10*time.Second, "after a burst of requests, return freed memory to the OS once this long passes without one (0: never; VM guests, where the OS keeps it anyway)")
 		verbose     = flag.Bool("v", false, "log every request")
 		version     = flag.Bool("version", false, "print the envd protocol version and exit")
 	)
@@ -116,7 +117,9 @@ func run() error {
 	}
 	log.Info("envd listening", "addr", ln.Addr().String(), "socket", *socket, "version", envd.Version, "pid1", pid1)
 
-	go srv.TrimWhenIdle(10*time.Second, make(chan struct{}))
+	if *idleTrim > 0 {
+		go srv.TrimWhenIdle(*idleTrim, make(chan struct{}))
+	}
 
 	errc := make(chan error, len(listeners))
 	for _, l := range listeners {

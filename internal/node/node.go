@@ -45,6 +45,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/secret"
 	"github.com/aenv-dev/aenv/internal/server"
 	"github.com/aenv-dev/aenv/internal/snapshot"
+	"github.com/aenv-dev/aenv/internal/steptime"
 	"github.com/aenv-dev/aenv/internal/template/build"
 	"github.com/aenv-dev/aenv/internal/volume"
 )
@@ -119,6 +120,9 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 		}
 	}()
 	n.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// How long each step of the start took, logged once the node is open.
+	laps := steptime.Start()
+	lap := laps.Lap
 	// Sandbox roots (in user namespaces) must traverse the data dir to their rootfs.
 	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
 		return nil, fmt.Errorf("create the data directory: %w", err)
@@ -126,6 +130,7 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	if err := n.openCatalog(ctx); err != nil {
 		return nil, err
 	}
+	lap("catalog")
 	repo, err := openRepository(ctx, cfg, n.Metrics, n.Log)
 	if err != nil {
 		return nil, err
@@ -138,6 +143,7 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 		n.onClose(n.P2P.Close)
 	}
 
+	lap("repository")
 	var dp *nodeDataPlane
 	// The oci and microvm backends open their root disks through the data plane.
 	if cfg.Backend.DataPlane && (cfg.Backend.Kind == "oci" || cfg.Backend.Kind == "microvm") {
@@ -145,6 +151,7 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 			return nil, err
 		}
 	}
+	lap("data_plane")
 	kind := cfg.Backend.Kind
 	env := BackendEnv{Config: cfg, DataDir: filepath.Join(cfg.DataDir, kind), EnvdPath: envd,
 		Layers: repo.layers, Registerer: n.Metrics, Logger: n.Log.With("component", kind)}
@@ -159,6 +166,7 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	if err != nil {
 		return nil, err
 	}
+	lap("backend")
 	n.onClose(func(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
@@ -178,9 +186,11 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	baseDone := make(chan error, 1)
 	go func() { baseDone <- ensureBaseTemplates(ctx, n.Catalog, cfg, n.Log, n.baseBuild) }()
 	err = n.startSandboxes(ctx, repo)
+	lap("sandboxes")
 	if berr := <-baseDone; err == nil {
 		err = berr
 	}
+	lap("templates")
 	// First to stop on Close: a base build still running is cancelled and cleaned up.
 	n.onClose(func(context.Context) { n.baseBuild.stop() })
 	if err != nil {
@@ -192,6 +202,8 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	if err := n.openAPI(); err != nil {
 		return nil, err
 	}
+	lap("api")
+	n.Log.Info("node open", laps.Attrs()...)
 	return n, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
@@ -55,10 +56,12 @@ func (o *Orchestrator) Start(ctx context.Context) error {
 			}
 		}
 	})
+	began := time.Now()
 	alive, err := o.backend.Reconcile(ctx, ids)
 	if err != nil {
 		return fmt.Errorf("orchestrator start: reconcile backend: %w", err)
 	}
+	reconciled := time.Now()
 
 	kept, dropped := 0, 0
 	for _, id := range ids {
@@ -119,11 +122,13 @@ func (o *Orchestrator) Start(ctx context.Context) error {
 		o.mu.Unlock()
 		kept++
 	}
+	adopted := time.Now()
 	o.reconcilePins()
 	o.sweepLogs()
 	o.reconcileCaptures(ctx)
 	o.publishMissed(ctx)
-	o.log.Info("orchestrator started", "sandboxes", kept, "dropped", dropped)
+	o.log.Info("orchestrator started", "sandboxes", kept, "dropped", dropped,
+		"reconcile", reconciled.Sub(began), "adopt", adopted.Sub(reconciled), "captures", time.Since(adopted))
 	return nil
 }
 

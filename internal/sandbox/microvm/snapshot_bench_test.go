@@ -2,13 +2,9 @@ package microvm
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -197,83 +193,4 @@ func stopRetry(b testing.TB, inst sandbox.Instance) {
 			b.Fatal(err)
 		}
 	}
-}
-
-// BenchmarkFork16: one capture and 16 children restored on its RAM file, until every
-// child's envd answers (qemu-cpu-ms: the CPU time the 16 QEMUs spent until then) and
-// until every child answered a first command after /init (all-cmd-ms, firstCommand); then
-// the children's total PSS against 16 × guest RAM (the overcommit an idle fork fleet
-// allows), for guests of 256 and 512 MiB (AENV_BENCH_TB_SIZE_MIB sets
-// Config.TBSizeMiB).
-func BenchmarkFork16(b *testing.B) {
-	tb, _ := strconv.Atoi(os.Getenv("AENV_BENCH_TB_SIZE_MIB"))
-	for _, mem := range []int{256, 512} {
-		b.Run(fmt.Sprintf("%dMiB", mem), func(b *testing.B) { benchFork16(b, mem, tb) })
-	}
-}
-
-func benchFork16(b *testing.B, memMB, tbMiB int) {
-	be := newTestBackend(b, func(c *Config) { c.Network.PoolSize = 0; c.TBSizeMiB = tbMiB })
-	ctx := context.Background()
-	src := launch(b, be, "sbx-f16", sandbox.Resources{CPUCount: 1, MemoryMB: memMB, DiskSizeMB: templateMB})
-	const n = 16
-	var forkT, allT, cmdT, cpuT []time.Duration
-	var pss int64
-	round := 0
-	for b.Loop() {
-		specs := make([]sandbox.ForkSpec, n)
-		for k := range specs {
-			specs[k] = sandbox.ForkSpec{SandboxID: fmt.Sprintf("sbx-f16-%d-%d", round, k)}
-		}
-		round++
-		t0 := time.Now()
-		res, err := src.Fork(ctx, specs)
-		if err != nil {
-			b.Fatal(err)
-		}
-		forkT = append(forkT, time.Since(t0))
-		for _, r := range res {
-			if r.Err != nil {
-				b.Fatal(r.Err)
-			}
-		}
-		for _, r := range res {
-			if err := envdReady(r.Instance.(*Instance), 120*time.Second); err != nil {
-				b.Fatal(err)
-			}
-		}
-		allT = append(allT, time.Since(t0))
-		var wg sync.WaitGroup
-		errs := make([]error, len(res))
-		for k, r := range res {
-			wg.Go(func() { _, errs[k] = firstCommandErr(r.Instance.(*Instance)) })
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			b.Fatal(err)
-		}
-		cmdT = append(cmdT, time.Since(t0))
-		var cpu time.Duration
-		for _, r := range res {
-			if ticks, _, err := procUsage(r.Instance.(*Instance).PID()); err == nil {
-				cpu += time.Duration(ticks) * time.Second / clockTicks
-			}
-		}
-		cpuT = append(cpuT, cpu)
-		time.Sleep(2 * time.Second) // idle
-		pss = 0
-		for _, r := range res {
-			p, _ := smapsRollup(b, r.Instance.(*Instance).PID())
-			pss += p
-		}
-		for _, r := range res {
-			stopRetry(b, r.Instance)
-		}
-	}
-	b.ReportMetric(medianMS(forkT), "fork-ms")
-	b.ReportMetric(medianMS(allT), "all-envd-ms")
-	b.ReportMetric(medianMS(cmdT), "all-cmd-ms")
-	b.ReportMetric(medianMS(cpuT), "qemu-cpu-ms")
-	b.ReportMetric(float64(pss>>20), "pss-MiB")
-	b.ReportMetric(float64(n*memMB)/float64(pss>>20), "overcommit-x")
 }

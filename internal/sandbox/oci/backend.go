@@ -50,6 +50,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/steptime"
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 )
@@ -296,10 +297,12 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	} else {
 		b.log.Warn("oci: no mount binary: sandboxes see the host's boot id", "err", err)
 	}
+	laps := steptime.Start()
 	rt, userns, err := b.probe(ctx)
 	if err != nil {
 		return nil, err
 	}
+	laps.Lap("probe")
 	binPath := rt.bin
 	b.rt, b.userns = rt.sealed(b.log), userns
 	pool, err := network.New(ctx, cfg.Network)
@@ -307,9 +310,10 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b.pool = pool
+	laps.Lap("network")
 	b.warm = newWarmPool(b, cfg.WarmContainers)
-	b.log.Info("oci backend ready", "runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2,
-		"uid_base", cfg.UIDBase, "uid_ranges", cfg.UIDRanges)
+	b.log.Info("oci backend ready", append([]any{"runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2,
+		"uid_base", cfg.UIDBase, "uid_ranges", cfg.UIDRanges}, laps.Attrs()...)...)
 	return b, nil
 }
 

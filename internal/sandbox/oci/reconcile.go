@@ -18,6 +18,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/steptime"
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 )
 
@@ -37,6 +38,9 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	for _, id := range known {
 		want[id] = true
 	}
+	// How long each step took, logged at the end: a restart's time is mostly here.
+	laps := steptime.Start()
+	lap := laps.Lap
 	containers, err := b.rt.liveContainers(ctx)
 	if err != nil {
 		return nil, err
@@ -52,6 +56,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	if err != nil {
 		return nil, fmt.Errorf("oci: reconcile: %w", err)
 	}
+	lap("list")
 	var keepDirs []string // bundle dirs of adopted block roots
 	var errs []error
 	adopt := map[string]*Instance{}   // by sandbox id
@@ -93,6 +98,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	// Kill every process of what is not adopted before the sweep below unmounts roots
 	// under them: SIGKILL is queued even to a process stuck on a block root whose FUSE
 	// server died, and takes effect once the sweep aborts the connection.
+	lap("adopt")
 	b.killCgroups(cids)
 	// The scan of the host's threads New started (a later Reconcile scans again) must end
 	// before the sweep changes what it sees.
@@ -106,6 +112,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	} else {
 		before = blockdev.BlockedOnFUSE()
 	}
+	lap("kill_and_scan")
 	// Block roots first (FUSE connections aborted, then ext4 mounts, loop devices, FUSE
 	// mounts), except the adopted ones; overlay roots are left alone.
 	errs = append(errs, rootfs.Sweep(ctx, filepath.Join(b.cfg.DataDir, "sandboxes"), keepDirs...))
@@ -119,6 +126,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 		errs = append(errs, b.closeDisks(ctx, gone))
 	}
 	b.reportBlocked(before)
+	lap("sweep_disks")
 	errs = append(errs, b.removeContainers(ctx, stale))
 	// Bundles without an adopted container: a crash between mount and run, or after the
 	// container died.
@@ -134,6 +142,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 		errs = append(errs, unmountAll(l.dir), os.RemoveAll(l.dir))
 	}
 	errs = append(errs, b.sweepCgroups(cids))
+	lap("sweep_containers")
 
 	keep := map[int]bool{}
 	for _, st := range states {
@@ -141,6 +150,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	}
 	slots, err := b.pool.Reconcile(ctx, keep)
 	errs = append(errs, err)
+	lap("network")
 
 	alive := map[string]sandbox.Instance{}
 	for id, inst := range adopt {
@@ -160,6 +170,8 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	}
 	errs = append(errs, b.gcLayers())
 	b.warm.start()
+	lap("layers")
+	b.log.Info("oci: reconciled", append([]any{"adopted", len(alive), "removed", len(stale)}, laps.Attrs()...)...)
 	return alive, errors.Join(errs...)
 }
 
