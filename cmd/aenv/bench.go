@@ -43,6 +43,8 @@ func newBenchCmd() *cobra.Command {
 		density       bench.DensityOptions
 		densityOut    string
 		densitySettle time.Duration
+		densityFloor  int64
+		densityCPU    cpuFlags
 	)
 	create := &cobra.Command{
 		Use:   "create",
@@ -133,7 +135,11 @@ func newBenchCmd() *cobra.Command {
 		Short: "How many idle sandboxes fit, and what each costs in host memory",
 		Long: "density creates sandboxes until --count exist or the first create fails, checks that\n" +
 			"each answers a command, reports the ceiling and the host's MemAvailable before and after\n" +
-			"(meaningful only when the node runs on this machine), then kills them all.",
+			"(meaningful only when the node runs on this machine), then kills them all. Every --block\n" +
+			"creates it prints a row: the rate, the CPU per create (node, helpers, sandboxes) and\n" +
+			"MemAvailable, so a rate that falls as the count grows shows; it stops early once\n" +
+			"MemAvailable drops below --min-available. The command round at the end gives the\n" +
+			"latency percentiles across every held sandbox.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f, err := tableOrJSON(densityOut)
@@ -147,12 +153,19 @@ func newBenchCmd() *cobra.Command {
 			if u, err := url.Parse(base); err == nil && !localHost(u.Hostname()) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "aenv: %s is not on this machine: the memory figures are this machine's, not the node's\n", base)
 			}
-			c := bench.NewClient(base, key, density.Concurrency)
+			o := density
+			o.Settle = densitySettle
+			o.MinAvailable = densityFloor << 20
+			if densityFloor == 0 {
+				o.MinAvailable = -1
+			}
+			if o.CPU, err = densityCPU.meter(cmd, base); err != nil {
+				return err
+			}
+			c := bench.NewClient(base, key, 4*density.Concurrency)
 			defer c.Close()
 			prog := bench.NewProgress(cmd.ErrOrStderr(), isTerminal(os.Stderr))
 			defer prog.Done()
-			o := density
-			o.Settle = densitySettle
 			o.Progress = func(phase string, done, total int) {
 				prog.Label(phase)
 				prog.Update(done, total)
@@ -171,6 +184,10 @@ func newBenchCmd() *cobra.Command {
 	df.IntVar(&density.Concurrency, "concurrency", 4, "creates in flight at once")
 	df.IntVar(&density.MemoryMB, "memory", 0, "memory limit per sandbox in MiB (default: the template's)")
 	df.DurationVar(&densitySettle, "settle", 3*time.Second, "wait before each memory reading")
+	df.IntVar(&density.Block, "block", 500, "creates per row of the table of rate and CPU per create")
+	df.Int64Var(&densityFloor, "min-available", 4096, "stop creating once the host's MemAvailable is below this many MiB (0: no floor)")
+	df.DurationVar(&density.Slow, "slow", time.Second, "a command answer slower than this counts as late")
+	densityCPU.add(dens)
 	df.StringVarP(&densityOut, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")
 
 	root.AddCommand(create, dens, newBenchForkCmd(resolve), newBenchPauseCmd(resolve), newBenchSnapshotCmd(resolve))

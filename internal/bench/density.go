@@ -33,6 +33,30 @@ type DensityOptions struct {
 	// Progress, when set, is called as sandboxes are created (phase "create") and killed
 	// (phase "kill").
 	Progress func(phase string, done, total int)
+	// Block is how many creates make one row of the per-block table (rate, CPU per
+	// create, MemAvailable), so a rate that falls as the count grows shows. Default 500.
+	Block int
+	// MinAvailable stops the fill once the host's MemAvailable drops below it (bytes), so a
+	// fill on a shared machine leaves room for the rest. Default 4 GiB; negative: no floor.
+	MinAvailable int64
+	// CPU, when set, measures the CPU per create of each block (node, helpers, sandboxes;
+	// the held sandboxes' idle CPU included).
+	CPU *CPUMeter
+	// Slow is the command latency beyond which an answer counts as late. Default 1 s.
+	Slow time.Duration
+}
+
+// DensityBlock is one block of creates of a fill.
+type DensityBlock struct {
+	// Held is how many sandboxes existed at the end of the block, Created how many the
+	// block added, Time how long it took.
+	Held    int           `json:"held"`
+	Created int           `json:"created"`
+	Time    time.Duration `json:"time"`
+	Rate    float64       `json:"perSecond"`
+	// CPU is the CPU per create over the block (nil when not measured).
+	CPU          *CPUCost `json:"cpu,omitempty"`
+	MemAvailable int64    `json:"memAvailable"`
 }
 
 // DensityResult is what a density run found.
@@ -49,8 +73,17 @@ type DensityResult struct {
 	MemAvailableBefore int64 `json:"memAvailableBefore"`
 	MemAvailableAfter  int64 `json:"memAvailableAfter"`
 	PerSandbox         int64 `json:"perSandboxBytes"`
+	// Split is the growth per sandbox of the node's, data planes' and sandboxes' own
+	// counters (nil without a CPU meter, which finds them).
+	Split *MemSplit `json:"perSandboxSplit,omitempty"`
 	// CreateTime is how long creating them took; KillErrors counts failed kills.
-	CreateTime time.Duration `json:"createTime"`
+	CreateTime time.Duration  `json:"createTime"`
+	Blocks     []DensityBlock `json:"blocks"`
+	// Command is the latency of the command each held sandbox ran after the fill (all of
+	// them, 4 × Concurrency at a time); Late counts answers slower than Slow.
+	Command    Summary       `json:"command"`
+	Late       int           `json:"late"`
+	Slow       time.Duration `json:"slow"`
 	KillErrors int           `json:"killErrors"`
 	KillError  string        `json:"killError,omitempty"` // the first failed kill
 }
@@ -74,6 +107,15 @@ func RunDensity(ctx context.Context, c *Client, o DensityOptions) (DensityResult
 	if o.MemInfo == "" {
 		o.MemInfo = "/proc/meminfo"
 	}
+	if o.Block <= 0 {
+		o.Block = 500
+	}
+	if o.MinAvailable == 0 {
+		o.MinAvailable = 4 << 30
+	}
+	if o.Slow <= 0 {
+		o.Slow = time.Second
+	}
 	progress := func(phase string, done, total int) {
 		if o.Progress != nil {
 			o.Progress(phase, done, total)
@@ -96,12 +138,18 @@ func RunDensity(ctx context.Context, c *Client, o DensityOptions) (DensityResult
 	if err != nil {
 		return DensityResult{}, err
 	}
-	r := DensityResult{Requested: o.Count, MemAvailableBefore: before}
+	var splitBefore MemSplit
+	if o.CPU != nil {
+		if splitBefore, err = readMemSplit(o.CPU); err != nil {
+			return DensityResult{}, err
+		}
+	}
+	r := DensityResult{Requested: o.Count, MemAvailableBefore: before, Slow: o.Slow}
 	if warmKillErr != nil {
 		r.KillErrors, r.KillError = 1, warmKillErr.Error()
 	}
 
-	created, err := fill(ctx, c, o, req, &r)
+	created, err := fill(ctx, c, o, req, &r, splitBefore)
 	n, kerr := killAll(context.WithoutCancel(ctx), c, created, o.Concurrency, func(d, t int) { progress("kill", d, t) })
 	r.KillErrors += n
 	if r.KillError == "" {
@@ -112,7 +160,7 @@ func RunDensity(ctx context.Context, c *Client, o DensityOptions) (DensityResult
 
 // fill creates the sandboxes and takes the measurements into r. It returns every sandbox
 // it created, also on error, so the caller can kill them.
-func fill(ctx context.Context, c *Client, o DensityOptions, req CreateRequest, r *DensityResult) ([]Sandbox, error) {
+func fill(ctx context.Context, c *Client, o DensityOptions, req CreateRequest, r *DensityResult, splitBefore MemSplit) ([]Sandbox, error) {
 	var (
 		mu      sync.Mutex
 		created []Sandbox
@@ -120,12 +168,18 @@ func fill(ctx context.Context, c *Client, o DensityOptions, req CreateRequest, r
 		wg      sync.WaitGroup
 		slots   = make(chan struct{}, o.Concurrency)
 	)
+	halt := func(why string) { // with mu held
+		if !stop {
+			stop, r.FirstError = true, why
+		}
+	}
+	blocks := newBlockMeter(o)
 	t0 := time.Now()
 	for i := 0; i < o.Count; i++ {
 		mu.Lock()
-		halt := stop || ctx.Err() != nil
+		done := stop || ctx.Err() != nil
 		mu.Unlock()
-		if halt {
+		if done {
 			break
 		}
 		slots <- struct{}{}
@@ -136,12 +190,13 @@ func fill(ctx context.Context, c *Client, o DensityOptions, req CreateRequest, r
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				if !stop {
-					stop, r.FirstError = true, err.Error()
-				}
+				halt(err.Error())
 				return
 			}
 			created = append(created, sb)
+			if why := blocks.created(len(created)); why != "" {
+				halt(why)
+			}
 			if o.Progress != nil {
 				o.Progress("create", len(created), o.Count)
 			}
@@ -150,6 +205,8 @@ func fill(ctx context.Context, c *Client, o DensityOptions, req CreateRequest, r
 	wg.Wait()
 	r.CreateTime = time.Since(t0)
 	r.Created = len(created)
+	blocks.flush(len(created))
+	r.Blocks = blocks.rows
 	if err := ctx.Err(); err != nil {
 		return created, fmt.Errorf("bench: %w", err)
 	}
@@ -161,11 +218,92 @@ func fill(ctx context.Context, c *Client, o DensityOptions, req CreateRequest, r
 		return created, err
 	}
 	r.MemAvailableAfter = after
+	if o.CPU != nil {
+		if a, err := readMemSplit(o.CPU); err == nil {
+			s := a.perSandbox(splitBefore, r.Created)
+			r.Split = &s
+		}
+	}
 	if r.Created > 0 {
 		r.PerSandbox = (r.MemAvailableBefore - r.MemAvailableAfter) / int64(r.Created)
 	}
-	r.Responsive = countResponsive(ctx, c, created, o.Concurrency)
+	lat := runAll(ctx, c, created, 4*o.Concurrency)
+	r.Responsive = len(lat)
+	r.Command = Summarize(lat)
+	for _, d := range lat {
+		if d > o.Slow {
+			r.Late++
+		}
+	}
 	return created, nil
+}
+
+// blockMeter cuts a fill into blocks of o.Block creates and watches the memory floor.
+type blockMeter struct {
+	o       DensityOptions
+	rows    []DensityBlock
+	t       time.Time
+	cpu     CPUReading
+	cpuOK   bool
+	held    int // at the start of the current block
+	checked int // creates at the last MemAvailable check
+}
+
+func newBlockMeter(o DensityOptions) *blockMeter {
+	b := &blockMeter{o: o, t: time.Now()}
+	if o.CPU != nil {
+		b.cpu, b.cpuOK = readCPU(o.CPU)
+	}
+	return b
+}
+
+// memCheckEvery is how many creates pass between two readings of MemAvailable.
+const memCheckEvery = 10
+
+// created notes that n sandboxes exist; it closes a block every o.Block and returns why
+// the fill must stop ("" to go on).
+func (b *blockMeter) created(n int) string {
+	if n%b.o.Block == 0 {
+		b.flush(n)
+	}
+	if b.o.MinAvailable < 0 || n-b.checked < memCheckEvery {
+		return ""
+	}
+	b.checked = n
+	avail, err := MemAvailable(b.o.MemInfo)
+	if err != nil {
+		return err.Error()
+	}
+	if avail < b.o.MinAvailable {
+		return fmt.Sprintf("host MemAvailable %s is below the floor of %s", mib(avail), mib(b.o.MinAvailable))
+	}
+	return ""
+}
+
+// flush closes the current block at n sandboxes held, if it added any.
+func (b *blockMeter) flush(n int) {
+	if n <= b.held {
+		return
+	}
+	now := time.Now()
+	row := DensityBlock{Held: n, Created: n - b.held, Time: now.Sub(b.t)}
+	row.Rate = rate(row.Created, row.Time)
+	if avail, err := MemAvailable(b.o.MemInfo); err == nil {
+		row.MemAvailable = avail
+	}
+	if b.cpuOK {
+		if cur, ok := readCPU(b.o.CPU); ok {
+			row.CPU = costOf(cur.Sub(b.cpu), row.Created)
+			b.cpu = cur
+		}
+	}
+	b.rows = append(b.rows, row)
+	b.t, b.held = now, n
+}
+
+func readCPU(m *CPUMeter) (CPUReading, bool) {
+	r, err := m.Read()
+	return r, err == nil
 }
 
 // sleepCtx waits d or until ctx ends.
@@ -180,21 +318,24 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// countResponsive runs `true` in every sandbox and counts those that answered.
-func countResponsive(ctx context.Context, c *Client, sbs []Sandbox, conc int) int {
+// runAll runs `true` in every sandbox, conc at a time, and returns the latencies of
+// those that answered (exit code 0).
+func runAll(ctx context.Context, c *Client, sbs []Sandbox, conc int) []time.Duration {
 	var (
-		mu sync.Mutex
-		n  int
+		mu  sync.Mutex
+		lat []time.Duration
 	)
 	forEach(sbs, conc, func(sb Sandbox) {
+		t := time.Now()
 		res, err := c.Run(ctx, sb, "true")
+		d := time.Since(t)
 		if err == nil && res.ExitCode == 0 {
 			mu.Lock()
-			n++
+			lat = append(lat, d)
 			mu.Unlock()
 		}
 	})
-	return n
+	return lat
 }
 
 // killAll kills every sandbox and returns how many kills failed and the first failure.

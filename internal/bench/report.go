@@ -126,12 +126,41 @@ func (d DensityResult) Write(w io.Writer, format string) error {
 		fmt.Fprintf(tw, "stopped by\t%s\n", d.FirstError)
 	}
 	fmt.Fprintf(tw, "answered a command\t%d\n", d.Responsive)
+	if d.Command.N > 0 {
+		fmt.Fprintf(tw, "command latency\tp50 %s  p99 %s  max %s  (%d slower than %s)\n",
+			ms(d.Command.P50), ms(d.Command.P99), ms(d.Command.Max), d.Late, d.Slow)
+	}
 	fmt.Fprintf(tw, "create time\t%s (%.1f sandboxes/s)\n", d.CreateTime.Round(time.Millisecond), rate(d.Created, d.CreateTime))
 	fmt.Fprintf(tw, "host MemAvailable before\t%s\n", mib(d.MemAvailableBefore))
 	fmt.Fprintf(tw, "host MemAvailable after\t%s\n", mib(d.MemAvailableAfter))
 	fmt.Fprintf(tw, "per idle sandbox\t%s\n", mib(d.PerSandbox))
+	if s := d.Split; s != nil {
+		fmt.Fprintf(tw, "  of which counted\t%s: sandboxes' cgroup %s, data plane %s, node %s\n",
+			mib(s.Total()), mib(s.Sandboxes), mib(s.DataPlane), mib(s.Node))
+	}
 	if d.KillErrors > 0 {
 		fmt.Fprintf(tw, "failed kills\t%d (first: %s)\n", d.KillErrors, d.KillError)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return writeBlocks(w, d.Blocks)
+}
+
+// writeBlocks prints a fill's blocks: the rate and the CPU per create as the count grows.
+func writeBlocks(w io.Writer, blocks []DensityBlock) error {
+	if len(blocks) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\nheld\tcreated\ttime\tcreates/s\tcpu/create\tnode\thelpers\tsandboxes\tMemAvailable\t")
+	for _, b := range blocks {
+		node, helpers, sbx := "-", "-", "-"
+		if b.CPU != nil {
+			node, helpers, sbx = ms(b.CPU.Node), ms(b.CPU.Helpers), ms(b.CPU.Sandboxes)
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t\n", b.Held, b.Created,
+			b.Time.Round(time.Millisecond), b.Rate, cpuMs(b.CPU), node, helpers, sbx, mib(b.MemAvailable))
 	}
 	return tw.Flush()
 }

@@ -47,6 +47,9 @@ type Config struct {
 	PoolSize int
 	// MTU of the bridge and veths. Default 1500.
 	MTU int
+	// BridgePorts is how many slots share one bridge (shard.go). Default and most
+	// maxBridgePorts; tests set fewer to reach the extra bridges with a few slots.
+	BridgePorts int
 	// AllowRanges are IPv4 ranges inside DefaultDenyRanges that sandboxes may reach (the
 	// node operator's exceptions, e.g. an internal package mirror). Default none.
 	AllowRanges []netip.Prefix
@@ -80,6 +83,9 @@ func (c *Config) defaults() error {
 	if c.MTU == 0 {
 		c.MTU = 1500
 	}
+	if c.BridgePorts <= 0 || c.BridgePorts > maxBridgePorts {
+		c.BridgePorts = maxBridgePorts
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -112,6 +118,8 @@ type Slot struct {
 	NetnsPath string
 	// HostVeth is the host end of the veth pair; the sandbox end is "eth0".
 	HostVeth string
+	// Bridge is the host bridge HostVeth is a port of (shard.go).
+	Bridge string
 	// IP is the sandbox's address; Gateway the bridge's.
 	IP      netip.Addr
 	Gateway netip.Addr
@@ -138,6 +146,9 @@ type Pool struct {
 	wake     chan struct{}
 	done     chan struct{}
 	fillerOn bool
+
+	shardMu sync.Mutex
+	shards  map[string]bool // extra bridges made or checked by this process (shard.go)
 
 	// The egress proxy (proxied.go), listening on the bridge address.
 	proxy     *egressproxy.Proxy
@@ -167,7 +178,7 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	}
 	p := &Pool{
 		cfg: cfg, subnet: subnet, gateway: subnet.Addr().Next(), max: max,
-		used: map[int]bool{}, reserved: map[int]bool{},
+		used: map[int]bool{}, reserved: map[int]bool{}, shards: map[string]bool{},
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	if err := prepareNetnsDir(netnsDir); errors.Is(err, errNetnsDirBusy) {
@@ -175,7 +186,7 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	} else if err != nil {
 		return nil, err
 	}
-	if err := p.ensureBridge(); err != nil {
+	if err := p.ensureBridgeNamed(p.cfg.Bridge, subnet.Bits()); err != nil {
 		return nil, err
 	}
 	if err := p.startEgressProxy(); err != nil {
@@ -208,28 +219,31 @@ func (p *Pool) slotFor(i int) *Slot {
 		Netns:     p.cfg.Prefix + "-" + strconv.Itoa(i),
 		NetnsPath: "/run/netns/" + p.cfg.Prefix + "-" + strconv.Itoa(i),
 		HostVeth:  p.cfg.Prefix + "h" + strconv.Itoa(i),
+		Bridge:    p.bridgeFor(i),
 		IP:        ip, Gateway: p.gateway, PrefixLen: p.subnet.Bits(),
 		AllowInternet: true,
 	}
 }
 
-func (p *Pool) ensureBridge() error {
-	l, err := netlink.LinkByName(p.cfg.Bridge)
+// ensureBridgeNamed creates (or adopts) bridge name, pins its MAC, gives it the gateway
+// address with prefix length bits and brings it up.
+func (p *Pool) ensureBridgeNamed(name string, bits int) error {
+	l, err := netlink.LinkByName(name)
 	if err != nil {
 		var nf netlink.LinkNotFoundError
 		if !errors.As(err, &nf) {
 			return fmt.Errorf("network: look up bridge: %w", err)
 		}
-		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: p.cfg.Bridge, MTU: p.cfg.MTU}}
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: p.cfg.MTU}}
 		if err := netlink.LinkAdd(br); err != nil && !errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("network: create bridge %s: %w", p.cfg.Bridge, err)
+			return fmt.Errorf("network: create bridge %s: %w", name, err)
 		}
-		if l, err = netlink.LinkByName(p.cfg.Bridge); err != nil {
-			return fmt.Errorf("network: bridge %s: %w", p.cfg.Bridge, err)
+		if l, err = netlink.LinkByName(name); err != nil {
+			return fmt.Errorf("network: bridge %s: %w", name, err)
 		}
 	}
 	if l.Type() != "bridge" {
-		return fmt.Errorf("network: %s exists and is a %s, not a bridge", p.cfg.Bridge, l.Type())
+		return fmt.Errorf("network: %s exists and is a %s, not a bridge", name, l.Type())
 	}
 	// Pin the bridge's MAC. Unpinned, a Linux bridge takes the lowest MAC of its ports, so
 	// it changes as sandboxes' veths come and go; every change flushes the bridge's
@@ -238,17 +252,17 @@ func (p *Pool) ensureBridge() error {
 	// to the host are flooded and dropped until ARP recovers, seconds of stall (the
 	// multi-second p99 of concurrent creates). Setting the address, even to its current
 	// value, makes the kernel keep it.
-	if mac := bridgeMAC(l.Attrs().HardwareAddr, p.cfg.Bridge); !bytes.Equal(mac, l.Attrs().HardwareAddr) || !macPinned(p.cfg.Bridge) {
+	if mac := bridgeMAC(l.Attrs().HardwareAddr, name); !bytes.Equal(mac, l.Attrs().HardwareAddr) || !macPinned(name) {
 		if err := netlink.LinkSetHardwareAddr(l, mac); err != nil {
-			return fmt.Errorf("network: pin the MAC of %s to %s: %w", p.cfg.Bridge, mac, err)
+			return fmt.Errorf("network: pin the MAC of %s to %s: %w", name, mac, err)
 		}
 	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: p.gateway.AsSlice(), Mask: net.CIDRMask(p.subnet.Bits(), 32)}}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: p.gateway.AsSlice(), Mask: net.CIDRMask(bits, 32)}}
 	if err := netlink.AddrReplace(l, addr); err != nil {
-		return fmt.Errorf("network: address on %s: %w", p.cfg.Bridge, err)
+		return fmt.Errorf("network: address on %s: %w", name, err)
 	}
 	if err := netlink.LinkSetUp(l); err != nil {
-		return fmt.Errorf("network: bring up %s: %w", p.cfg.Bridge, err)
+		return fmt.Errorf("network: bring up %s: %w", name, err)
 	}
 	return nil
 }
@@ -535,7 +549,7 @@ func (p *Pool) Teardown(ctx context.Context) error {
 	for _, i := range p.existingIndexes() {
 		errs = append(errs, p.destroy(p.slotFor(i)))
 	}
-	errs = append(errs, p.removeRules(ctx))
+	errs = append(errs, p.removeRules(ctx), p.removeShards())
 	if l, err := netlink.LinkByName(p.cfg.Bridge); err == nil {
 		errs = append(errs, netlink.LinkDel(l))
 	}

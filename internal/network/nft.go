@@ -29,29 +29,29 @@ delete table inet %[1]s
 table bridge %[1]s {}
 delete table bridge %[1]s
 table inet %[1]s {
-	set blocked { type ipv4_addr; }
+%[9]s	set blocked { type ipv4_addr; }
 	set egress_allow { type ipv4_addr . ipv4_addr; flags interval; }
 	set egress_deny { type ipv4_addr . ipv4_addr; flags interval; }
 %[4]s%[5]s%[6]s	chain input {
 		type filter hook input priority filter - 10; policy accept;
-		iifname "%[1]s" ct state established,related accept
-%[7]s		iifname "%[1]s" drop
+		iifname @bridges ct state established,related accept
+%[7]s		iifname @bridges drop
 	}
 	chain forward {
 		type filter hook forward priority filter - 10; policy accept;
-		iifname "%[1]s" oifname "%[1]s" drop
-		oifname "%[1]s" ct state established,related accept
-		oifname "%[1]s" drop
-		iifname "%[1]s" ip saddr != %[2]s drop
-		iifname "%[1]s" ip daddr @infra_deny jump infra
-%[8]s		iifname "%[1]s" ip saddr . ip daddr @egress_allow accept
-		iifname "%[1]s" ip saddr @blocked drop
-		iifname "%[1]s" ip saddr . ip daddr @egress_deny drop
-		iifname "%[1]s" meta nfproto ipv6 drop
+		iifname @bridges oifname @bridges drop
+		oifname @bridges ct state established,related accept
+		oifname @bridges drop
+		iifname @bridges ip saddr != %[2]s drop
+		iifname @bridges ip daddr @infra_deny jump infra
+%[8]s		iifname @bridges ip saddr . ip daddr @egress_allow accept
+		iifname @bridges ip saddr @blocked drop
+		iifname @bridges ip saddr . ip daddr @egress_deny drop
+		iifname @bridges meta nfproto ipv6 drop
 	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
-		ip saddr %[2]s oifname != "%[1]s" masquerade
+		ip saddr %[2]s oifname != @bridges masquerade
 	}
 }
 table bridge %[1]s {
@@ -60,7 +60,7 @@ table bridge %[1]s {
 		iifname "%[3]sh*" oifname "%[3]sh*" drop
 	}
 }
-`, br, sub, pre, p.infraRules(), sets, prerouting, input, fwd)
+`, br, sub, pre, p.infraRules(), sets, prerouting, input, fwd, p.bridgesSet())
 }
 
 func (p *Pool) installRules(ctx context.Context) error {

@@ -142,17 +142,16 @@ func (p *Pool) proxyRules() (sets, prerouting, input, forward string) {
 	if p.proxyPort == 0 {
 		return sets, "", "", ""
 	}
-	br := p.cfg.Bridge
 	prerouting = fmt.Sprintf(`	chain prerouting {
 		type nat hook prerouting priority dstnat; policy accept;
-		iifname "%[1]s" ip saddr @egress_proxy_all ip daddr @infra_dns tcp dport 53 accept
-		iifname "%[1]s" ip saddr @egress_proxy_all meta l4proto tcp redirect to :%[2]d
-		iifname "%[1]s" ip saddr @egress_proxy_web tcp dport { 80, 443 } redirect to :%[2]d
+		iifname @bridges ip saddr @egress_proxy_all ip daddr @infra_dns tcp dport 53 accept
+		iifname @bridges ip saddr @egress_proxy_all meta l4proto tcp redirect to :%[1]d
+		iifname @bridges ip saddr @egress_proxy_web tcp dport { 80, 443 } redirect to :%[1]d
 	}
-`, br, p.proxyPort)
-	input = fmt.Sprintf("\t\tiifname \"%s\" ip daddr %s tcp dport %d ct status dnat accept\n", br, p.gateway, p.proxyPort)
+`, p.proxyPort)
+	input = fmt.Sprintf("\t\tiifname @bridges ip daddr %s tcp dport %d ct status dnat accept\n", p.gateway, p.proxyPort)
 	for _, set := range []string{"egress_proxy_web", "egress_proxy_all"} {
-		forward += fmt.Sprintf("\t\tiifname \"%s\" ip saddr @%s ip daddr @infra_dns meta l4proto { tcp, udp } th dport 53 accept\n", br, set)
+		forward += fmt.Sprintf("\t\tiifname @bridges ip saddr @%s ip daddr @infra_dns meta l4proto { tcp, udp } th dport 53 accept\n", set)
 	}
 	return sets, prerouting, input, forward
 }

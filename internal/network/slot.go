@@ -1,6 +1,7 @@
 package network
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -20,9 +21,13 @@ func (p *Pool) create(s *Slot) error {
 	}
 	defer ns.Close()
 
-	br, err := netlink.LinkByName(p.cfg.Bridge)
+	// The pool's operations take no context; a slot's nft call is one short transaction.
+	if err := p.ensureShard(context.Background(), s.Bridge); err != nil {
+		return err
+	}
+	br, err := netlink.LinkByName(s.Bridge)
 	if err != nil {
-		return fmt.Errorf("network: bridge %s: %w", p.cfg.Bridge, err)
+		return fmt.Errorf("network: bridge %s: %w", s.Bridge, err)
 	}
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: s.HostVeth, MTU: p.cfg.MTU, MasterIndex: br.Attrs().Index},
@@ -80,6 +85,11 @@ func (p *Pool) create(s *Slot) error {
 	}
 	if err := netlink.NeighSet(neigh); err != nil {
 		return fmt.Errorf("network: neighbour entry for %s: %w", s.IP, err)
+	}
+	if r := p.slotRoute(s, br); r != nil {
+		if err := netlink.RouteReplace(r); err != nil {
+			return fmt.Errorf("network: host route to %s: %w", s.IP, err)
+		}
 	}
 	return nil
 }
@@ -140,8 +150,11 @@ func tuneNetns() error {
 // are not errors, so it is idempotent and sweeps half-built slots.
 func (p *Pool) destroy(s *Slot) error {
 	var errs []error
-	if br, err := netlink.LinkByName(p.cfg.Bridge); err == nil {
+	if br, err := netlink.LinkByName(s.Bridge); err == nil {
 		_ = netlink.NeighDel(&netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, IP: s.IP.AsSlice()})
+		if r := p.slotRoute(s, br); r != nil {
+			_ = netlink.RouteDel(r) // absent on a half-built slot
+		}
 	}
 	if l, err := netlink.LinkByName(s.HostVeth); err == nil {
 		if err := netlink.LinkDel(l); err != nil {

@@ -320,3 +320,90 @@ func TestClusterNetns(t *testing.T) {
 	}
 	t.Logf("partition: stale after %v, ready again %v after the rule was removed", stale.Round(time.Millisecond), rejoined.Round(time.Millisecond))
 }
+
+// A fork through the gateway whose source's node cannot hold every child fans out: the
+// children that fit stay on the source's node, the rest are created on the others from a
+// snapshot the source's node published to the shared repository; every child has the
+// source's files. A fork that fits stays on the source's node.
+func TestForkFanOut(t *testing.T) {
+	repo, err := os.MkdirTemp("", "aenv-it-forkfan-repo-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(repo) })
+	// Three sandboxes a node: the source and two children fit on its node.
+	c := startNetCluster(t, 3, "AENV_CLUSTER_CPU_COUNT=64", "AENV_CLUSTER_MEMORY_MB=65536", "AENV_SANDBOX_MAX_SANDBOXES=3",
+		"AENV_REPOSITORY_POSIX_FS_PATH="+repo, "AENV_SNAPSHOT_SYNC_INTERVAL=1s", "AENV_SNAPSHOT_LAZY_LAYERS=true")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	gw := c.client(t)
+	var kill []string
+	t.Cleanup(func() {
+		for _, id := range kill {
+			_ = gw.Kill(context.Background(), id)
+		}
+	})
+	src, err := gw.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 600, Secure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kill = append(kill, src.ID)
+	a := c.nodeOf(ctx, t, src.ID)
+	mark := writeMark(ctx, t, gw, src)
+
+	fork := func(count int) ([]bench.Sandbox, map[string]int, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		kids, err := gw.Fork(ctx, src.ID, count, 300)
+		took := time.Since(start)
+		if err != nil {
+			t.Fatalf("fork %d through the gateway: %v", count, err)
+		}
+		var out []bench.Sandbox
+		on := map[string]int{}
+		for i, k := range kids {
+			if k.Sandbox == nil {
+				t.Fatalf("fork child %d failed: %+v", i, k.Error)
+			}
+			kill = append(kill, k.Sandbox.ID)
+			out = append(out, *k.Sandbox)
+			on[c.nodeOf(ctx, t, k.Sandbox.ID)]++
+		}
+		return out, on, took
+	}
+	kids, on, fanned := fork(4)
+	if on[a] != 2 || len(on) < 2 {
+		t.Fatalf("4 children of a sandbox on %s (room for 2 there): placed %v, want 2 on %s and the rest elsewhere", a, on, a)
+	}
+	for _, k := range kids {
+		if k.Token == "" {
+			t.Fatalf("child %s of a secure sandbox has no envd token", k.ID)
+		}
+		checkMark(ctx, t, gw, k, mark)
+	}
+	for _, k := range kids {
+		if err := gw.Kill(ctx, k.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Room for both on the source's node again (the kills are seen at the next heartbeat).
+	waitUntil(t, 20*time.Second, "the kills are reported", func() error {
+		l, err := c.sched.ListNodes(ctx, &pb.ListNodesRequest{})
+		if err != nil {
+			return err
+		}
+		for _, st := range l.Nodes {
+			if st.Node.Id == a && (st.Sandboxes != 1 || st.Reserved.GetSandboxes() != 0) {
+				return fmt.Errorf("%s reports %d sandboxes, %d reserved", a, st.Sandboxes, st.Reserved.GetSandboxes())
+			}
+		}
+		return nil
+	})
+	kids, onLocal, local := fork(2)
+	if onLocal[a] != 2 {
+		t.Fatalf("2 children of a sandbox on %s with room for them: placed %v, want both there", a, onLocal)
+	}
+	checkMark(ctx, t, gw, kids[1], mark)
+	t.Logf("fork through the gateway: 4 children fanned out over %d nodes %v (2 local) in %v; 2 children on the source's node in %v",
+		len(on), on, fanned.Round(time.Millisecond), local.Round(time.Millisecond))
+}

@@ -194,6 +194,10 @@ func (g *Gateway) controlPlane(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotImplemented, "%s is node-local (volumes and secrets live on the node that made them and are not "+
 			"published to the repository): use a node's own API, not the gateway", p)
 	default:
+		if id, ok := isFork(r); ok {
+			g.fork(w, r, id)
+			return
+		}
 		if id, ok := sandboxOfPath(p); ok {
 			g.toSandbox(w, r, id)
 			return

@@ -24,6 +24,9 @@ type candidate struct {
 //  3. best of K: of K nodes drawn at random, the least loaded (ties: fewest sandboxes,
 //     which is all there is to go by on nodes of unlimited capacity; then lowest id).
 //
+// A request's prefer_node_id that passes the filter is taken before 2 and 3: a fork's
+// children go on their source's node while it has room, and elsewhere only past that.
+//
 // Drawing K instead of taking the global minimum keeps concurrent gateways from all
 // piling onto the same least-loaded node between heartbeats.
 func (s *State) Place(req *pb.PlaceRequest) (*pb.PlaceResponse, error) {
@@ -40,6 +43,7 @@ func (s *State) Place(req *pb.PlaceRequest) (*pb.PlaceResponse, error) {
 	defer func() { s.cands = cands[:0] }()
 	best := 0
 	var why rejections
+	var preferred *node
 	for id, n := range s.nodes {
 		switch {
 		case slices.Contains(req.ExcludeNodeIds, id):
@@ -64,6 +68,9 @@ func (s *State) Place(req *pb.PlaceRequest) (*pb.PlaceResponse, error) {
 			why.full++
 			continue
 		}
+		if id == req.PreferNodeId {
+			preferred = n
+		}
 		loc := 0
 		if _, ok := n.templates[req.TemplateId]; ok && req.TemplateId != "" {
 			loc++
@@ -82,10 +89,15 @@ func (s *State) Place(req *pb.PlaceRequest) (*pb.PlaceResponse, error) {
 		}
 		cands = append(cands, candidate{n: n, locality: loc, load: load, count: used.sandboxes})
 	}
-	if len(cands) == 0 {
+	if len(cands) == 0 && preferred == nil {
 		return nil, fmt.Errorf("%w: %s", ErrNoCapacity, why.String(len(s.nodes)))
 	}
-	pick := s.bestOfKLocked(cands)
+	var pick candidate
+	if preferred != nil {
+		pick.n = preferred
+	} else {
+		pick = s.bestOfKLocked(cands)
+	}
 
 	s.nextID++
 	rid := "r" + strconv.FormatUint(s.nextID, 36)

@@ -95,6 +95,13 @@ func TestPlaceFilters(t *testing.T) {
 			&pb.PlaceRequest{Resources: small, Layers: []string{"l1", "l2"}}, []string{"b"}},
 		{"locality gives way to capacity", []hb{{id: "a", cpu: 4, mem: 4096, allocCPU: 4, templates: []string{"py"}}, {id: "b", cpu: 4, mem: 4096}},
 			&pb.PlaceRequest{Resources: small, TemplateId: "py"}, []string{"b"}},
+		{"preferred node over a less loaded one", []hb{{id: "a", cpu: 4, mem: 4096, allocCPU: 3, templates: []string{"py"}}, {id: "b", cpu: 4, mem: 4096}},
+			&pb.PlaceRequest{Resources: small, PreferNodeId: "a"}, []string{"a"}},
+		{"preferred node full", []hb{{id: "a", cpu: 4, mem: 4096, allocCPU: 4}, {id: "b", cpu: 4, mem: 4096}},
+			&pb.PlaceRequest{Resources: small, PreferNodeId: "a"}, []string{"b"}},
+		{"preferred node excluded", []hb{{id: "a", cpu: 4, mem: 4096}, {id: "b", cpu: 4, mem: 4096, allocCPU: 3}},
+			&pb.PlaceRequest{Resources: small, PreferNodeId: "a", ExcludeNodeIds: []string{"a"}}, []string{"b"}},
+		{"preferred node draining", []hb{{id: "a", cpu: 4, mem: 4096, draining: true}}, &pb.PlaceRequest{Resources: small, PreferNodeId: "a"}, nil},
 		{"unlimited capacity", []hb{{id: "a"}}, &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 64, MemoryMb: 1 << 20}}, []string{"a"}},
 		{"no nodes", nil, &pb.PlaceRequest{Resources: small}, nil},
 	} {

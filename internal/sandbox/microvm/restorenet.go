@@ -37,9 +37,9 @@ func (b *Backend) attachRestoredTap(ctx context.Context, slot *network.Slot, g g
 	if err != nil {
 		return nil, fmt.Errorf("microvm: guest MAC %q: %w", g.MAC, err)
 	}
-	br, err := gatewayLink(b.pool.Gateway())
+	br, err := netlink.LinkByName(slot.Bridge) // a node with many slots has several bridges
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("microvm: bridge of slot %s: %w", slot.Netns, err)
 	}
 	if g.Addr.Addr() == slot.IP {
 		// The guest's own address (a resume that got its slot back): be that slot as at

@@ -290,8 +290,12 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	// Reconcile reports the threads blocked on FUSE before its sweep. The scan reads every
 	// task of the host (~0.1-0.3 s on a busy one), so it runs while the runtime probe and
 	// the network are set up rather than on the restart's critical path.
-	b.blockedAtStart = make(chan []blockdev.Task, 1)
-	go func() { b.blockedAtStart <- blockdev.BlockedOnFUSE() }()
+	// The goroutine sends on its own copy: Reconcile sets the field to nil once it took the
+	// channel, and a send that read the field after that would block on nil for ever (and
+	// Reconcile with it), which happened when the scan outlasted the setup.
+	scan := make(chan []blockdev.Task, 1)
+	b.blockedAtStart = scan
+	go func() { scan <- blockdev.BlockedOnFUSE() }()
 	if mb, err := exec.LookPath("mount"); err == nil {
 		b.mountBin = mb
 	} else {

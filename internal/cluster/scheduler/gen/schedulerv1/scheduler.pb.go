@@ -597,8 +597,11 @@ type PlaceRequest struct {
 	Layers []string `protobuf:"bytes,4,rep,name=layers,proto3" json:"layers,omitempty"`
 	// Nodes not to consider (a create that failed there).
 	ExcludeNodeIds []string `protobuf:"bytes,5,rep,name=exclude_node_ids,json=excludeNodeIds,proto3" json:"exclude_node_ids,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The node to take the sandbox whenever it passes the filter, before locality and load:
+	// a fork's source node, where its children start from a local capture.
+	PreferNodeId  string `protobuf:"bytes,6,opt,name=prefer_node_id,json=preferNodeId,proto3" json:"prefer_node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PlaceRequest) Reset() {
@@ -664,6 +667,13 @@ func (x *PlaceRequest) GetExcludeNodeIds() []string {
 		return x.ExcludeNodeIds
 	}
 	return nil
+}
+
+func (x *PlaceRequest) GetPreferNodeId() string {
+	if x != nil {
+		return x.PreferNodeId
+	}
+	return ""
 }
 
 type PlaceResponse struct {
@@ -1419,14 +1429,15 @@ const file_scheduler_v1_scheduler_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vinstance_id\x18\x02 \x01(\tR\n" +
 	"instanceId\"\x14\n" +
-	"\x12UnregisterResponse\"\xc7\x01\n" +
+	"\x12UnregisterResponse\"\xed\x01\n" +
 	"\fPlaceRequest\x12:\n" +
 	"\tresources\x18\x01 \x01(\v2\x1c.aenv.scheduler.v1.ResourcesR\tresources\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1f\n" +
 	"\vtemplate_id\x18\x03 \x01(\tR\n" +
 	"templateId\x12\x16\n" +
 	"\x06layers\x18\x04 \x03(\tR\x06layers\x12(\n" +
-	"\x10exclude_node_ids\x18\x05 \x03(\tR\x0eexcludeNodeIds\"g\n" +
+	"\x10exclude_node_ids\x18\x05 \x03(\tR\x0eexcludeNodeIds\x12$\n" +
+	"\x0eprefer_node_id\x18\x06 \x01(\tR\fpreferNodeId\"g\n" +
 	"\rPlaceResponse\x12/\n" +
 	"\x04node\x18\x01 \x01(\v2\x1b.aenv.scheduler.v1.NodeInfoR\x04node\x12%\n" +
 	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\"l\n" +
