@@ -38,7 +38,10 @@ func newRecorder(t testing.TB, id string) *recorder {
 		r.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		switch {
-		case req.Method == http.MethodPost && req.URL.Path == "/v2/sandboxes":
+		case req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/snapshots"):
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"snapshotID":"%s-snap%d"}`, id, n)
+		case req.Method == http.MethodPost && (req.URL.Path == "/v2/sandboxes" || req.URL.Path == "/sandboxes"):
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"sandboxID":"%s-sb%d"}`, id, n)
 		case req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/fork"):
