@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime/multipart"
@@ -23,19 +24,21 @@ import (
 // with an empty cache, so its first command took 1.3–2.9 s (envd's /init, its Connect
 // JSON codec, the process start, bash's login start-up), against ~50 ms for the second.
 // A pooled VM is therefore driven, before it is stopped, through the requests a
-// sandbox's first minute makes with the E2B SDKs: /init, a file written and read, a
-// filesystem RPC and `/bin/bash -l -c` as the default user over Connect JSON (and once
-// more in binary protobuf, which Go clients use). Nothing of it stays visible: /init
-// sets the values the guest already holds, the file is removed by the command, the
-// processes have ended, and the access token is the one the snapshot's envd held.
+// sandbox's first minute makes with the E2B SDKs: /init, a file written, read, stat'ed
+// and removed, and `/bin/bash -l -c` as the default user over Connect JSON (and once more
+// in binary protobuf, which Go clients use). Nothing of it stays visible: /init sets the
+// values the guest already holds, the file is removed, the processes have ended, and the
+// access token is the one the snapshot's envd held.
 
 // warmupPrefix names the file the warm-up writes and removes in the guest's /tmp.
 const warmupPrefix = "/tmp/.aenv-warmup-"
 
 // warm waits until the guest's envd answers /health, then runs the warm-up. token is the
 // access token the guest's envd holds ("" for none, or unknown). Only envd's answer is
-// required: the other steps are best effort (a token the pool does not know makes envd
-// refuse them, and the first command after hand-out pays their translation instead).
+// required and the other steps are best effort (a token the pool does not know makes
+// envd refuse them, a template without bash cannot run the command; the first command
+// after hand-out pays their translation instead), except that a file the warm-up wrote
+// and could not remove makes the VM unfit: warm fails and the VM is stopped.
 func warm(ctx context.Context, inst *Instance, token string) error {
 	if err := warmHealth(ctx, inst); err != nil {
 		return err
@@ -43,7 +46,23 @@ func warm(ctx context.Context, inst *Instance, token string) error {
 	cctx, cancel := context.WithTimeout(ctx, poolWarmTimeout/2)
 	defer cancel()
 	t0 := time.Now()
-	if err := warmPaths(cctx, inst, token); err != nil {
+	ep := inst.Endpoint()
+	w := warmer{base: fmt.Sprintf("http://%s:%d", ep.Host, ep.EnvdPort), token: token, hc: http.DefaultClient}
+	err := w.init(cctx)
+	if err == nil {
+		var left bool
+		left, err = w.file(cctx, warmupPrefix+inst.id)
+		if left {
+			return fmt.Errorf("microvm: pool: warm-up file left in the guest: %w", err)
+		}
+	}
+	if err == nil {
+		err = w.command(cctx, true, "echo ok")
+	}
+	if err == nil {
+		err = w.command(cctx, false, "true")
+	}
+	if err != nil {
 		inst.b.log.Debug("microvm: pool: warm-up incomplete", "vm", inst.id, "err", err)
 		return nil
 	}
@@ -83,24 +102,6 @@ type warmer struct {
 	base  string
 	token string
 	hc    *http.Client
-}
-
-func warmPaths(ctx context.Context, inst *Instance, token string) error {
-	ep := inst.Endpoint()
-	w := warmer{base: fmt.Sprintf("http://%s:%d", ep.Host, ep.EnvdPort), token: token, hc: http.DefaultClient}
-	if err := w.init(ctx); err != nil {
-		return err
-	}
-	path := warmupPrefix + inst.id
-	// The file goes first and the command removes it, so that a failed step leaves none.
-	fileErr := w.file(ctx, path)
-	if err := w.command(ctx, true, fmt.Sprintf("rm -f %s; echo ok", path)); err != nil {
-		return err
-	}
-	if err := w.command(ctx, false, "true"); err != nil {
-		return err
-	}
-	return fileErr
 }
 
 // do sends one plain HTTP request with the token and returns the body of a 2xx answer.
@@ -153,31 +154,39 @@ func (w warmer) init(ctx context.Context) error {
 }
 
 // file writes a small file at path as the default user (multipart, as the SDKs upload),
-// reads it back and stats it over the filesystem service in Connect JSON.
-func (w warmer) file(ctx context.Context, path string) error {
+// reads it back, stats and removes it over the filesystem service in Connect JSON. left
+// reports that the file may still be there.
+func (w warmer) file(ctx context.Context, path string) (left bool, err error) {
 	var buf bytes.Buffer
 	mw := multipart.NewWriter(&buf)
 	part, err := mw.CreateFormFile("file", "warmup")
 	if err != nil {
-		return err
+		return false, err
 	}
 	if _, err := part.Write([]byte("warm-up\n")); err != nil {
-		return err
+		return false, err
 	}
 	if err := mw.Close(); err != nil {
-		return err
-	}
-	q := "/files?path=" + url.QueryEscape(path)
-	if _, err := w.do(ctx, http.MethodPost, q, mw.FormDataContentType(), buf.Bytes()); err != nil {
-		return err
-	}
-	if _, err := w.do(ctx, http.MethodGet, q, "", nil); err != nil {
-		return err
+		return false, err
 	}
 	c := envdclient.New(w.hc, w.base, envdclient.WithAccessToken(w.token), envdclient.WithJSON())
 	fs := filesystemconnect.NewFilesystemClient(w.hc, w.base, c.ClientOptions()...)
+	// Whatever happens after the upload was sent, the file is removed.
+	defer func() {
+		_, rerr := fs.Remove(context.WithoutCancel(ctx), connect.NewRequest(&filesystem.RemoveRequest{Path: path}))
+		if rerr != nil && connect.CodeOf(rerr) != connect.CodeNotFound {
+			left, err = true, errors.Join(err, fmt.Errorf("remove %s: %w", path, rerr))
+		}
+	}()
+	q := "/files?path=" + url.QueryEscape(path)
+	if _, err := w.do(ctx, http.MethodPost, q, mw.FormDataContentType(), buf.Bytes()); err != nil {
+		return false, err
+	}
+	if _, err := w.do(ctx, http.MethodGet, q, "", nil); err != nil {
+		return false, err
+	}
 	_, err = fs.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: path}))
-	return err
+	return false, err
 }
 
 // command runs script with `/bin/bash -l -c` as the default user, the way the SDKs'
