@@ -152,6 +152,9 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 		}
 	}
 	lap("data_plane")
+	if cfg.Backend.Kind == "oci" || cfg.Backend.Kind == "microvm" {
+		raiseHostLimits("/proc/sys", hostLimits, n.Log)
+	}
 	kind := cfg.Backend.Kind
 	env := BackendEnv{Config: cfg, DataDir: filepath.Join(cfg.DataDir, kind), EnvdPath: envd,
 		Layers: repo.layers, Registerer: n.Metrics, Logger: n.Log.With("component", kind)}
