@@ -42,7 +42,8 @@ func (o *Orchestrator) EnableHandoff(h Handoffs, node string) {
 	o.handoff.Store(&handoff{h: h, node: node})
 }
 
-// publishHandoff publishes e, just paused to disk with capture raw, and records the
+// publishHandoff publishes e, just paused to disk (or paused with its memory by a
+// backend whose paused state is a capture: sandbox.PausedCapturer), and records the
 // handoff's id once it is complete. A failure is logged: the sandbox stays paused and
 // resumable on this node.
 func (o *Orchestrator) publishHandoff(ctx context.Context, e *entry) {
@@ -52,15 +53,26 @@ func (o *Orchestrator) publishHandoff(ctx context.Context, e *entry) {
 	}
 	o.mu.Lock()
 	rec := e.clone()
+	ps := e.paused
 	o.mu.Unlock()
-	if rec.State != StatePaused || len(rec.DiskSnapshot) == 0 || len(rec.VolumeMounts) > 0 {
+	if rec.State != StatePaused || len(rec.VolumeMounts) > 0 {
 		return // volumes are node-local: such a sandbox resumes here only
+	}
+	artifact := rec.DiskSnapshot
+	if len(artifact) == 0 {
+		artifact = o.portablePause(rec.ID, ps)
+	}
+	if len(artifact) == 0 {
+		return
 	}
 	now := o.clock.Now()
 	hid := snapshot.HandoffID(rec.ID, now)
-	tpl := snapshotTemplate(rec, hid, "", rec.DiskSnapshot, now)
+	tpl := snapshotTemplate(rec, hid, "", artifact, now)
 	sbRec := *rec
-	sbRec.Paused, sbRec.DiskSnapshot, sbRec.Handoff = nil, nil, ""
+	// DiskSnapshot stays in the record of a pause to disk: the node that adopts it boots
+	// fresh processes, as this one would (E2B's memory:false), even from a capture that
+	// holds memory.
+	sbRec.Paused, sbRec.Handoff = nil, ""
 	raw, err := encodeRecord(&sbRec)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handoffPublishTimeout)
@@ -79,7 +91,8 @@ func (o *Orchestrator) publishHandoff(ctx context.Context, e *entry) {
 		return
 	}
 	o.mu.Lock()
-	same := !e.gone && e.op == nil && e.rec.State == StatePaused && string(e.rec.DiskSnapshot) == string(rec.DiskSnapshot)
+	same := !e.gone && e.op == nil && e.rec.State == StatePaused &&
+		string(e.rec.DiskSnapshot) == string(rec.DiskSnapshot) && string(e.rec.Paused) == string(rec.Paused)
 	if same {
 		e.rec.Handoff = hid
 	}
@@ -93,6 +106,25 @@ func (o *Orchestrator) publishHandoff(ctx context.Context, e *entry) {
 		o.log.Error("record the handoff of a paused sandbox", "sandbox", rec.ID, "err", err)
 	}
 	o.logEvent(rec.ID, LevelInfo, "sandbox published for resume on any node", map[string]string{"handoff": hid})
+}
+
+// portablePause returns the artifact of paused state ps when the backend can resume it
+// on another node (sandbox.PausedCapturer), else nil.
+func (o *Orchestrator) portablePause(id string, ps sandbox.PausedState) json.RawMessage {
+	pc, ok := o.backend.(sandbox.PausedCapturer)
+	if !ok || ps == nil {
+		return nil
+	}
+	c, ok := pc.PausedCapture(ps)
+	if !ok {
+		return nil
+	}
+	raw, err := c.Encode()
+	if err != nil || !json.Valid(raw) {
+		o.log.Error("encode a paused sandbox for other nodes; it resumes on this node only", "sandbox", id, "err", err)
+		return nil
+	}
+	return raw
 }
 
 // dropHandoff deletes handoff id from the repository (best effort).
@@ -200,6 +232,7 @@ func (o *Orchestrator) adoptFrom(ctx context.Context, id string, tpl catalog.Tem
 		return nil, err
 	}
 	startedAt := rec.StartedAt
+	cold := len(rec.DiskSnapshot) > 0 // paused to disk (memory:false): fresh processes
 	rec.Paused, rec.DiskSnapshot, rec.Handoff, rec.EnvdVersion = nil, nil, "", ""
 	rec.Metadata, rec.EnvVars = maps.Clone(rec.Metadata), maps.Clone(rec.EnvVars)
 	rec.Launch.RootFS = sandbox.RootFS{LowerDir: o.directory(tpl.RootFSDir)}
@@ -209,7 +242,7 @@ func (o *Orchestrator) adoptFrom(ctx context.Context, id string, tpl catalog.Tem
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: id, RootFS: rec.Launch.RootFS,
-		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c}
+		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c, ColdBoot: cold}
 	sb, err := o.start(ctx, opResume, rec, plan, timeout, tpl.EnvdAccessToken)
 	if err != nil {
 		return nil, err

@@ -100,6 +100,8 @@ func (o *Orchestrator) doPause(ctx context.Context, e *entry, p *op, opts sandbo
 	}
 	o.logEvent(e.rec.ID, LevelInfo, "sandbox paused", nil)
 	o.finish(e, p, StatePaused, nil)
+	// In a cluster, a paused state another node can restore: resumable there too.
+	o.publishHandoff(ctx, e)
 	return nil
 }
 

@@ -28,7 +28,7 @@ const (
 	stageCapture  = "capture"  // Instance.Snapshot
 	stageRegister = "register" // catalog record of a snapshot
 	stageTotal    = "total"
-	// stageHandoff: a pause to disk in a cluster publishing the sandbox for other nodes;
+	// stageHandoff: a pause in a cluster publishing the sandbox for other nodes;
 	// stageClaim: a resume on another node claiming and registering that publication.
 	stageHandoff = "handoff"
 	stageClaim   = "claim"

@@ -161,8 +161,9 @@ type Sandbox struct {
 	// DiskSnapshot is the backend's encoded Captured while the sandbox is paused to
 	// disk (no instance; resumed by launching from it under the same id).
 	DiskSnapshot json.RawMessage `json:"diskSnapshot,omitempty"`
-	// Handoff is the repository record that publishes this disk pause for the other
-	// nodes of the cluster (orchestrator/handoff.go); "" when not published.
+	// Handoff is the repository record that publishes this pause (to disk, or a memory
+	// image another node can restore) for the other nodes of the cluster
+	// (orchestrator/handoff.go); "" when not published.
 	Handoff string `json:"handoff,omitempty"`
 	// Launch is what a resume needs to relaunch and re-initialise the sandbox even if
 	// its template was deleted meanwhile. Internal: not part of any API response.

@@ -31,6 +31,20 @@ type PausedDiscarder interface {
 	DiscardPaused(ctx context.Context, sandboxID string, ps PausedState) error
 }
 
+// PausedCapturer is implemented by backends whose paused state is a capture of the
+// sandbox with its memory (the microvm backend: a pause writes RAM, device state and the
+// sealed disk, then the VM ends).
+//
+// In a cluster the orchestrator publishes such a pause like a pause to disk, with the
+// capture PausedCapture returns as its artifact, so another node can resume the sandbox
+// with LaunchFromSnapshot (ColdBoot false: processes and memory kept) when its node is
+// gone. ok is false when ps cannot be resumed elsewhere.
+//
+// Without it a pause that keeps memory resumes on its own node only.
+type PausedCapturer interface {
+	PausedCapture(ps PausedState) (c Captured, ok bool)
+}
+
 // SnapshotDiscarder is implemented by backends whose captures hold resources (sealed
 // layers, memory images).
 //

@@ -5,97 +5,46 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
-import { spawn } from 'node:child_process'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 
 import { Sandbox, NotFoundError } from 'e2b'
 
-import { startNode, stopNode, freePort, sleep, binDir } from './lib.mjs'
+import { startCluster } from './lib.mjs'
 
 const apiKey = 'e2b_' + randomBytes(20).toString('hex')
 const runId = randomBytes(4).toString('hex')
 
 let skipReason = ''
-const nodes = []
-const daemons = []
-let gateway = ''
-let schedulerAddr = ''
+let cluster = { stop: async () => {} }
+let nodes = []
+let api
 // The nodes share a repository (a directory): what lets a sandbox paused on one resume on the other.
 const repoDir = mkdtempSync(join(tmpdir(), 'aenv-e2e-cluster-repo-'))
 
-// startDaemon runs `aenv <args>` and waits until ready() resolves true.
-async function startDaemon(args, env, ready) {
-  let log = ''
-  const proc = spawn(join(binDir, 'aenv'), args, { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
-  proc.stdout.on('data', (d) => { log += d })
-  proc.stderr.on('data', (d) => { log += d })
-  const d = { proc, log: () => log }
-  daemons.push(d)
-  const deadline = Date.now() + 30_000
-  while (Date.now() < deadline) {
-    if (proc.exitCode !== null) throw new Error(`aenv ${args[0]} exited:\n${log}`)
-    if (await ready().catch(() => false)) return d
-    await sleep(100)
-  }
-  throw new Error(`aenv ${args[0]} not ready within 30 s:\n${log}`)
-}
-
-async function api(path, init = {}) {
-  const r = await fetch(gateway + path, { ...init, headers: { 'x-api-key': apiKey, ...(init.headers || {}) } })
-  return { status: r.status, body: await r.json().catch(() => null), headers: r.headers }
-}
-
 before(async () => {
-  const sp = await freePort()
-  schedulerAddr = `127.0.0.1:${sp}`
-  const gp = await freePort()
-  gateway = `http://127.0.0.1:${gp}`
-  // The scheduler has no HTTP endpoint: it is ready once the gateway's /nodes answers.
-  await startDaemon(['scheduler', '--listen', schedulerAddr, '--heartbeat-interval', '500ms'], {}, async () => true)
-  await startDaemon(['gateway', '--listen', `127.0.0.1:${gp}`, '--scheduler', schedulerAddr], { AENV_API_KEY: apiKey },
-    async () => (await fetch(gateway + '/health')).status === 204)
-  for (const id of ['e2e-node-a', 'e2e-node-b']) {
-    const n = await startNode({
-      apiKey, tag: 'aenv-e2e-cluster-',
-      env: {
-        AENV_CLUSTER_SCHEDULER: schedulerAddr, AENV_CLUSTER_NODE_ID: id,
-        AENV_REPOSITORY_POSIX_FS_PATH: repoDir, AENV_SNAPSHOT_LAZY_LAYERS: 'true', AENV_SNAPSHOT_SYNC_INTERVAL: '1s',
-      },
-    })
-    n.id = id
-    if (n.skip) {
-      skipReason = n.skip
-      return
-    }
-    nodes.push(n)
+  cluster = await startCluster({
+    apiKey, repoDir,
+    nodes: ['e2e-node-a', 'e2e-node-b'].map((id) => ({ id, tag: 'aenv-e2e-cluster-' })),
+  })
+  if (cluster.skip) {
+    skipReason = cluster.skip
+    return
   }
-  for (let i = 0; i < 100; i++) {
-    const r = await api('/nodes')
-    if (r.status === 200 && r.body.filter((n) => n.state === 'ready').length === 2) break
-    await sleep(100)
-  }
-  process.env.E2B_API_URL = gateway
-  process.env.E2B_SANDBOX_URL = gateway
+  nodes = cluster.nodes
+  api = cluster.api
+  process.env.E2B_API_URL = cluster.gateway
+  process.env.E2B_SANDBOX_URL = cluster.gateway
   process.env.E2B_API_KEY = apiKey
 })
 
 after(async () => {
-  for (const n of nodes) await stopNode(n)
-  for (const d of daemons) d.proc.kill('SIGKILL')
+  await cluster.stop()
   rmSync(repoDir, { recursive: true, force: true })
 })
 
-// nodeOf is the node whose own API lists the sandbox.
-async function nodeOf(id) {
-  for (const n of nodes) {
-    if (n.proc.exitCode !== null || n.proc.signalCode !== null) continue
-    const r = await fetch(`${n.url}/sandboxes/${id}`, { headers: { 'x-api-key': apiKey } })
-    if (r.status === 200) return n
-  }
-  return null
-}
+const nodeOf = (id) => cluster.nodeOf(id)
 
 test('SDK through the gateway: create on both nodes, commands, files, list, pause, connect, kill', { timeout: 300_000 }, async (t) => {
   if (skipReason) return t.skip(skipReason)
@@ -155,11 +104,7 @@ test('SDK through the gateway: a sandbox paused on a node that dies resumes on t
     a.proc.kill('SIGKILL')
     await gone
     // The scheduler calls a node stale after 5 heartbeat intervals (2.5 s here).
-    for (let i = 0; i < 100; i++) {
-      const r = await api('/nodes')
-      if (r.body.find((n) => n.nodeID === a.id)?.state === 'stale') break
-      await sleep(100)
-    }
+    await cluster.waitNodeState(a, 'stale')
     const start = Date.now()
     const moved = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 120_000 })
     t.diagnostic(`resume on the other node: ${Date.now() - start} ms`)

@@ -332,3 +332,162 @@ function cleanupNode({ net, dataDir }, keepDataDir = false) {
   if (found.length) console.error(`aenv e2e: removed what node ${net.bridge} left behind:\n  ` + found.join('\n  '))
   if (!keepDataDir) rmSync(dataDir, { recursive: true, force: true })
 }
+
+// ---------------------------------------------------------------------------------------------
+// A cluster: `aenv scheduler`, `aenv gateway` and nodes (`aenv serve` registered with the
+// scheduler), every one a process of its own.
+
+/**
+ * Run `aenv <args>` and wait up to 30 s until ready() resolves true. Returns {proc, log()}.
+ */
+export async function startDaemon(args, env, ready) {
+  let log = ''
+  const proc = spawn(join(binDir, 'aenv'), args, { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
+  proc.stdout.on('data', (d) => { log += d })
+  proc.stderr.on('data', (d) => { log += d })
+  const d = { proc, log: () => log }
+  const deadline = Date.now() + 30_000
+  while (Date.now() < deadline) {
+    if (proc.exitCode !== null) throw new Error(`aenv ${args[0]} exited:\n${log}`)
+    if (await ready().catch(() => false)) return d
+    await sleep(100)
+  }
+  proc.kill('SIGKILL')
+  throw new Error(`aenv ${args[0]} not ready within 30 s:\n${log}`)
+}
+
+/**
+ * Start a scheduler (heartbeats every 500 ms: a node is stale 2.5 s after its last), a
+ * gateway in front of it, and one node per entry of nodes ({id, tag, env, healthTimeoutMs}),
+ * all sharing repoDir as their posix_fs repository (what lets a sandbox paused on one node
+ * resume on another), then wait until every node is ready. A node's logFile gets its log when it stops. Resolves to a cluster
+ * {gateway, nodes, api(path, init), nodeOf(sandboxID), waitNodeState(node, state), stop()}
+ * or {skip: reason} (stopped already) when a node cannot run here. Give it to stop() in an
+ * after hook whatever happened (it is safe on a partial cluster).
+ */
+export async function startCluster({ apiKey, repoDir, nodes: specs, heartbeat = '500ms' }) {
+  const c = { skip: '', gateway: '', nodes: [], daemons: [] }
+  c.api = async (path, init = {}) => {
+    const r = await fetch(c.gateway + path, { ...init, headers: { 'x-api-key': apiKey, ...(init.headers || {}) } })
+    return { status: r.status, body: await r.json().catch(() => null), headers: r.headers }
+  }
+  // nodeOf is the live node whose own API lists the sandbox.
+  c.nodeOf = async (id) => {
+    for (const n of c.nodes) {
+      if (n.proc.exitCode !== null || n.proc.signalCode !== null) continue
+      const r = await fetch(`${n.url}/sandboxes/${id}`, { headers: { 'x-api-key': apiKey } })
+      if (r.status === 200) return n
+    }
+    return null
+  }
+  c.waitNodeState = async (node, state, timeoutMs = 30_000) => {
+    const deadline = Date.now() + timeoutMs
+    while (Date.now() < deadline) {
+      const r = await c.api('/nodes')
+      if (r.body?.find?.((n) => n.nodeID === node.id)?.state === state) return
+      await sleep(100)
+    }
+    throw new Error(`node ${node.id} not ${state} within ${timeoutMs / 1000} s`)
+  }
+  c.stop = async () => {
+    for (const n of c.nodes) await stopNode(n)
+    for (const d of c.daemons) d.proc.kill('SIGKILL')
+  }
+  try {
+    return await startClusterProcesses(c, { apiKey, repoDir, specs, heartbeat })
+  } catch (err) {
+    await c.stop()
+    throw err
+  }
+}
+
+async function startClusterProcesses(c, { apiKey, repoDir, specs, heartbeat }) {
+  const schedulerAddr = `127.0.0.1:${await freePort()}`
+  const gp = await freePort()
+  c.gateway = `http://127.0.0.1:${gp}`
+  // The scheduler has no HTTP endpoint: it is ready once the gateway's /health answers.
+  c.daemons.push(await startDaemon(['scheduler', '--listen', schedulerAddr, '--heartbeat-interval', heartbeat], {},
+    async () => true))
+  c.daemons.push(await startDaemon(['gateway', '--listen', `127.0.0.1:${gp}`, '--scheduler', schedulerAddr],
+    { AENV_API_KEY: apiKey }, async () => (await fetch(c.gateway + '/health')).status === 204))
+  for (const { id, tag, env = {}, healthTimeoutMs, logFile } of specs) {
+    const n = await startNode({
+      apiKey, tag, healthTimeoutMs, logFile,
+      env: {
+        AENV_CLUSTER_SCHEDULER: schedulerAddr, AENV_CLUSTER_NODE_ID: id,
+        AENV_REPOSITORY_POSIX_FS_PATH: repoDir, AENV_SNAPSHOT_LAZY_LAYERS: 'true', AENV_SNAPSHOT_SYNC_INTERVAL: '1s',
+        ...env,
+      },
+    })
+    if (n.skip) {
+      await c.stop()
+      return { skip: n.skip, stop: async () => {} }
+    }
+    n.id = id
+    c.nodes.push(n)
+  }
+  for (let i = 0; i < 100; i++) {
+    const r = await c.api('/nodes')
+    if (r.status === 200 && r.body.filter((n) => n.state === 'ready').length === specs.length) break
+    await sleep(100)
+  }
+  return c
+}
+
+// ---------------------------------------------------------------------------------------------
+// microvm nodes (backend.kind = microvm: a QEMU microVM per sandbox, TCG here).
+
+/** Why a microvm node cannot run here ('' when it can): root, QEMU, the guest (`make guest`). */
+export function microvmMissing() {
+  if (!isRoot) return 'needs root (taps, network namespaces, FUSE)'
+  try {
+    execFileSync('qemu-system-x86_64', ['--version'], { stdio: 'ignore' })
+  } catch {
+    return 'needs qemu-system-x86_64 (Debian package qemu-system-x86)'
+  }
+  for (const f of ['vmlinux', 'initrd.img']) {
+    if (!existsSync(join(binDir, 'microvm', f))) return `needs the microVM guest (make guest): bin/microvm/${f} is missing`
+  }
+  return ''
+}
+
+/**
+ * The environment of a microvm node on the posix_fs repository repoDir: 192 MiB guests
+ * (touching memory under TCG is slow), 1 vCPU, a 1 s repository sync (a snapshot
+ * published on one node appears on the other within seconds).
+ */
+export const microvmNodeEnv = (repoDir) => ({
+  AENV_BACKEND_KIND: 'microvm',
+  AENV_BACKEND_ACCEL: process.env.AENV_E2E_MICROVM_ACCEL || 'tcg',
+  AENV_SANDBOX_DEFAULT_MEMORY_MB: '192',
+  AENV_SANDBOX_DEFAULT_CPU: '1',
+  AENV_REPOSITORY_POSIX_FS_PATH: repoDir,
+  AENV_SNAPSHOT_SYNC_INTERVAL: '1s',
+  // A cold boot under TCG on a busy 2-CPU machine can take tens of seconds.
+  AENV_ENVD_READY_TIMEOUT: '180s',
+})
+
+// The counter lives in a background process's memory and advances once per poke (a line
+// written to the FIFO /tmp/poke, which the counter holds open read-write, so a poke never
+// blocks and is never lost): a restarted process would start again at 0, and the value at
+// a snapshot or pause is exact, so whatever restores it must continue from it. /tmp/count
+// is renamed into place (never read half-written). The command prints the counter's pid.
+export const startCounter = `rm -f /tmp/poke /tmp/count; mkfifo /tmp/poke
+setsid bash -c 'exec 3<>/tmp/poke; echo $$ > /tmp/counter.pid; i=0; echo $i > /tmp/count; while read x <&3; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; done' >/dev/null 2>&1 </dev/null &
+n=0; while [ ! -s /tmp/count ] && [ $n -lt 100 ]; do sleep 0.2; n=$((n+1)); done; cat /tmp/counter.pid`
+
+/** poke advances the counter of sandbox sbx k times and returns {pid, value} once it has. */
+export async function poke(sbx, k) {
+  const r = await sbx.commands.run(`v=$(cat /tmp/count); for i in $(seq ${k}); do echo >> /tmp/poke; done
+want=$((v+${k})); n=0; while [ "$(cat /tmp/count)" != "$want" ] && [ $n -lt 100 ]; do sleep 0.2; n=$((n+1)); done
+p=$(cat /tmp/counter.pid); kill -0 $p && echo $p $(cat /tmp/count)`, { timeoutMs: 120_000 })
+  const [pid, value] = r.stdout.trim().split(/\s+/)
+  return { pid, value: Number(value) }
+}
+
+/** The median of xs. */
+export function median(xs) {
+  const s = [...xs].sort((a, b) => a - b)
+  const m = s.length >> 1
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2
+}

@@ -8,14 +8,16 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
-import { existsSync, mkdtempSync, rmSync } from 'node:fs'
+import { mkdtempSync, rmSync } from 'node:fs'
 import { execFileSync } from 'node:child_process'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 
 import { Sandbox } from 'e2b'
 
-import { startNode, stopNode, binDir, isRoot, sleep } from './lib.mjs'
+import {
+  startNode, stopNode, sleep, microvmMissing, microvmNodeEnv, startCounter, poke,
+} from './lib.mjs'
 
 const apiKey = 'e2b_' + randomBytes(20).toString('hex')
 const runId = randomBytes(4).toString('hex')
@@ -24,41 +26,15 @@ let skipReason = ''
 let repoDir = ''
 const nodes = [] // [A, B]
 
-function missing() {
-  if (!isRoot) return 'needs root (taps, network namespaces, FUSE)'
-  try {
-    execFileSync('qemu-system-x86_64', ['--version'], { stdio: 'ignore' })
-  } catch {
-    return 'needs qemu-system-x86_64 (Debian package qemu-system-x86)'
-  }
-  for (const f of ['vmlinux', 'initrd.img']) {
-    if (!existsSync(join(binDir, 'microvm', f))) return `needs the microVM guest (make guest): bin/microvm/${f} is missing`
-  }
-  return ''
-}
-
-// nodeEnv configures a microvm node on the shared repository. Its 1 s sync makes a
-// snapshot published on one node appear on the other within seconds.
-const nodeEnv = () => ({
-  AENV_BACKEND_KIND: 'microvm',
-  AENV_BACKEND_ACCEL: process.env.AENV_E2E_MICROVM_ACCEL || 'tcg',
-  AENV_SANDBOX_DEFAULT_MEMORY_MB: '192',
-  AENV_SANDBOX_DEFAULT_CPU: '1',
-  AENV_REPOSITORY_POSIX_FS_PATH: repoDir,
-  AENV_SNAPSHOT_SYNC_INTERVAL: '1s',
-  // A cold boot under TCG on a busy 2-CPU machine can take tens of seconds.
-  AENV_ENVD_READY_TIMEOUT: '180s',
-})
-
 // Sandboxes live 4 min; SDK requests (a create, a fork) may take as long as a boot.
 const slow = { timeoutMs: 240_000, requestTimeoutMs: 240_000 }
 
 before(async () => {
-  skipReason = missing()
+  skipReason = microvmMissing()
   if (skipReason) return
   repoDir = mkdtempSync(join(tmpdir(), 'aenv-e2e-mvrepo-'))
   for (const tag of ['aenv-e2e-mva-', 'aenv-e2e-mvb-']) {
-    const n = await startNode({ apiKey, tag, env: nodeEnv(), healthTimeoutMs: 300_000 })
+    const n = await startNode({ apiKey, tag, env: microvmNodeEnv(repoDir), healthTimeoutMs: 300_000 })
     if (n.skip) {
       skipReason = n.skip
       return
@@ -77,24 +53,6 @@ after(async () => {
 
 // on(n) are the SDK options that talk to node n.
 const on = (n) => ({ apiKey, apiUrl: n.url, sandboxUrl: n.url, requestTimeoutMs: 240_000 })
-
-// The counter lives in a background process's memory and advances once per poke (a line
-// written to the FIFO /tmp/poke, which the counter holds open read-write, so a poke never
-// blocks and is never lost): a restarted process would start again at 0, and the value at
-// a snapshot is exact, so every fork must continue from it. /tmp/count is renamed into
-// place (never read half-written).
-const startCounter = `rm -f /tmp/poke /tmp/count; mkfifo /tmp/poke
-setsid bash -c 'exec 3<>/tmp/poke; echo $$ > /tmp/counter.pid; i=0; echo $i > /tmp/count; while read x <&3; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; done' >/dev/null 2>&1 </dev/null &
-n=0; while [ ! -s /tmp/count ] && [ $n -lt 100 ]; do sleep 0.2; n=$((n+1)); done; cat /tmp/counter.pid`
-
-// poke advances the counter k times and returns {pid, value} once it has.
-async function poke(sbx, k) {
-  const r = await sbx.commands.run(`v=$(cat /tmp/count); for i in $(seq ${k}); do echo >> /tmp/poke; done
-want=$((v+${k})); n=0; while [ "$(cat /tmp/count)" != "$want" ] && [ $n -lt 100 ]; do sleep 0.2; n=$((n+1)); done
-p=$(cat /tmp/counter.pid); kill -0 $p && echo $p $(cat /tmp/count)`, { timeoutMs: 120_000 })
-  const [pid, value] = r.stdout.trim().split(/\s+/)
-  return { pid, value: Number(value) }
-}
 
 test('GET /aenv/capabilities: the microvm backend keeps processes and memory', async (t) => {
   if (skipReason) return t.skip(skipReason)

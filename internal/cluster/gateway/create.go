@@ -14,9 +14,24 @@ import (
 	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
 )
 
-// createAttempts is how many nodes a create tries when a node cannot be reached or is
-// full; a node that answered anything else has decided the create.
+// createAttempts is how many nodes a create tries when a node cannot be reached, is
+// full or does not know the template (yet); a node that answered anything else has
+// decided the create.
 const createAttempts = 3
+
+// notFound is a node's 404 to a create: the template or snapshot is not in its catalog.
+// A snapshot taken on one node reaches the others' catalogs only at their next sync of
+// the repository, so another node is tried; the 404 is the answer when none knows it.
+type notFound struct {
+	header http.Header
+	body   []byte
+}
+
+func (n *notFound) write(w http.ResponseWriter) {
+	copyHeader(w.Header(), n.header)
+	w.WriteHeader(http.StatusNotFound)
+	_, _ = w.Write(n.body)
+}
 
 // Resources a create asks the scheduler for when the request names none (the nodes'
 // defaults, sandbox.default_cpu and default_memory_mb).
@@ -66,66 +81,89 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		Resources:  &pb.Resources{CpuCount: req.CPUCount, MemoryMb: req.MemoryMB},
 		TemplateId: req.TemplateID,
 	}
+	var missing *notFound
 	for range createAttempts {
 		ctx, cancel := context.WithTimeout(r.Context(), schedulerTimeout)
 		p, err := g.sched.Place(ctx, place)
 		cancel()
 		if err != nil {
-			if status.Code(err) == codes.ResourceExhausted {
+			switch {
+			case missing != nil && status.Code(err) == codes.ResourceExhausted:
+				missing.write(w) // no other node to ask
+			case status.Code(err) == codes.ResourceExhausted:
 				writeError(w, http.StatusServiceUnavailable, "no node can take the sandbox: %s", status.Convert(err).Message())
-				return
+			default:
+				g.schedulerError(w, "place the sandbox", err)
 			}
-			g.schedulerError(w, "place the sandbox", err)
 			return
 		}
 		t, err := targetOf(p.Node)
 		if err == nil {
-			if g.createOn(w, r, body, t, p.ReservationId) {
+			done, nf := g.createOn(w, r, body, t, p.ReservationId)
+			if done {
 				return
+			}
+			if nf != nil {
+				missing = nf
 			}
 		}
 		g.release(p.ReservationId)
 		place.ExcludeNodeIds = append(place.ExcludeNodeIds, p.Node.Id)
+	}
+	if missing != nil {
+		missing.write(w)
+		return
 	}
 	writeError(w, http.StatusServiceUnavailable, "no node took the sandbox after %d attempts (tried %s)",
 		createAttempts, strings.Join(place.ExcludeNodeIds, ", "))
 }
 
 // createOn sends the create to t. It returns false, having written nothing, when the
-// node could not be reached or was full, so another node can be tried.
-func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, body []byte, t *target, reservation string) bool {
+// node could not be reached, was full or did not know the template (then with its 404),
+// so another node can be tried.
+func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, body []byte, t *target, reservation string) (bool, *notFound) {
 	u := *t.base
 	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
 	out, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), bytes.NewReader(body))
 	if err != nil {
 		g.release(reservation)
 		writeError(w, http.StatusInternalServerError, "%v", err)
-		return true
+		return true, nil
 	}
 	out.Header = r.Header.Clone()
 	resp, err := g.client.Do(out)
 	if err != nil {
 		if r.Context().Err() != nil {
-			return true
+			return true, nil
 		}
 		g.log.Warn("create: node unreachable; trying another", "node", t.node, "err", err)
-		return false
+		return false, nil
 	}
 	if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests {
 		resp.Body.Close()
 		g.log.Info("create: node full; trying another", "node", t.node, "status", resp.StatusCode)
-		return false
+		return false, nil
+	}
+	if resp.StatusCode == http.StatusNotFound {
+		raw, err := io.ReadAll(io.LimitReader(resp.Body, maxCreateBody))
+		resp.Body.Close()
+		if err == nil {
+			g.log.Info("create: the node does not know the template (yet); trying another", "node", t.node)
+			return false, &notFound{header: resp.Header.Clone(), body: raw}
+		}
+		writeError(w, http.StatusBadGateway, "node %s: read the create answer: %v", t.node, err)
+		return true, nil
 	}
 	if resp.StatusCode != http.StatusCreated {
 		g.release(reservation)
 		copyResponse(w, resp)
-		return true
+		return true, nil
 	}
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxCreateBody))
 	resp.Body.Close()
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "node %s: read the create answer: %v", t.node, err)
-		return true
+		return true, nil
 	}
 	var sb struct {
 		SandboxID string `json:"sandboxID"`
@@ -136,7 +174,7 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, body []byte, 
 	copyHeader(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(raw)
-	return true
+	return true, nil
 }
 
 // bind records a new sandbox's node. A failure is logged, not returned: the node's next

@@ -27,6 +27,8 @@ type recorder struct {
 	srv *httptest.Server
 	mu  sync.Mutex
 	n   int
+	// knows, when set, are the only templates its creates find (others: 404).
+	knows map[string]bool
 }
 
 func newRecorder(t testing.TB, id string) *recorder {
@@ -42,6 +44,18 @@ func newRecorder(t testing.TB, id string) *recorder {
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"snapshotID":"%s-snap%d"}`, id, n)
 		case req.Method == http.MethodPost && (req.URL.Path == "/v2/sandboxes" || req.URL.Path == "/sandboxes"):
+			var body struct {
+				TemplateID string `json:"templateID"`
+			}
+			_ = json.NewDecoder(req.Body).Decode(&body)
+			r.mu.Lock()
+			known := r.knows == nil || r.knows[body.TemplateID]
+			r.mu.Unlock()
+			if !known {
+				w.WriteHeader(http.StatusNotFound)
+				fmt.Fprintf(w, `{"code":404,"message":"template not found: %s"}`, body.TemplateID)
+				return
+			}
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"sandboxID":"%s-sb%d"}`, id, n)
 		case req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/fork"):
@@ -189,6 +203,33 @@ func TestCreateSkipsUnreachableNode(t *testing.T) {
 		if code != 201 || !strings.HasPrefix(body["sandboxID"].(string), "b-") {
 			t.Fatalf("create with node a unreachable = %d %v", code, body)
 		}
+	}
+}
+
+// A snapshot taken on one node is unknown to the others until they sync the repository:
+// a create placed on such a node goes to another; a template no node knows is the
+// nodes' 404.
+func TestCreateTriesAnotherNodeOnUnknownTemplate(t *testing.T) {
+	f := newFixture(t, "a", "b")
+	f.nodes["a"].knows = map[string]bool{}
+	f.nodes["b"].knows = map[string]bool{"snap": true}
+	for range 4 {
+		req, _ := http.NewRequest("POST", f.gw.URL+"/v2/sandboxes", strings.NewReader(`{"templateID":"snap"}`))
+		req.Header.Set("X-API-Key", "k1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if id, _ := body["sandboxID"].(string); resp.StatusCode != 201 || !strings.HasPrefix(id, "b-") {
+			t.Fatalf("create from a snapshot only node b knows = %d %v", resp.StatusCode, body)
+		}
+	}
+	code, body := f.do(t, "POST", "/v2/sandboxes", map[string]string{"X-API-Key": "k1"}) // "base": nobody knows it
+	if code != 404 || !strings.Contains(fmt.Sprint(body["message"]), `template not found: base`) {
+		t.Fatalf("create of a template no node knows = %d %v; want the nodes' 404", code, body)
 	}
 }
 

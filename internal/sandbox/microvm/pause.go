@@ -30,6 +30,16 @@ func (i *Instance) StopAfterCapture(ctx context.Context) error { return i.Stop(c
 
 var _ sandbox.CapturedStopper = (*Instance)(nil)
 
+var _ sandbox.PausedCapturer = (*Backend)(nil)
+
+// PausedCapture implements sandbox.PausedCapturer: a paused VM is a persistent capture
+// with its memory image (its layers and blobs are files in DataDir/captures/<id>), which
+// another node restores with its processes once it is published.
+func (b *Backend) PausedCapture(ps sandbox.PausedState) (sandbox.Captured, bool) {
+	c, ok := ps.(*capture)
+	return c, ok && c.Memory != nil
+}
+
 // DiscardSnapshot implements sandbox.SnapshotDiscarder: the memory image goes (VMs
 // restored from it keep their mapping of the RAM file, which the kernel holds until they
 // end). The sealed disk layer stays: sandboxes launched from the capture have it as a
