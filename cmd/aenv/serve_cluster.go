@@ -71,7 +71,7 @@ func joinCluster(ctx context.Context, cfg config.Config, addr net.Addr, n *node.
 		log.Warn("no repository: sandboxes paused on this node resume on this node only")
 	}
 	if srv, ok := n.Handler.(*server.Server); ok {
-		srv.HandleDrain(&drainer{dataDir: cfg.DataDir, report: report, orch: n.Orchestrator, agent: agent, log: log})
+		srv.HandleDrain(info.Id, &drainer{dataDir: cfg.DataDir, report: report, orch: n.Orchestrator, agent: agent, log: log})
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); agent.Run(actx) }()

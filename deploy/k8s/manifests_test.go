@@ -84,6 +84,24 @@ func TestRender(t *testing.T) {
 	if p, _, _ := unstructured.NestedBool(cs[0].(map[string]any), "securityContext", "privileged"); !p {
 		t.Error("the node DaemonSet is not privileged")
 	}
+	// Secrets come from Secrets, never from a value in the manifests.
+	secretEnv := map[string]string{"AENV_API_KEY": "aenv-api-key", "AENV_CLUSTER_P2P_TOKEN": "aenv-p2p"}
+	envs, _, _ := unstructured.NestedSlice(cs[0].(map[string]any), "env")
+	for _, e := range envs {
+		e := e.(map[string]any)
+		want, secret := secretEnv[e["name"].(string)]
+		if !secret {
+			continue
+		}
+		delete(secretEnv, e["name"].(string))
+		ref, _, _ := unstructured.NestedString(e, "valueFrom", "secretKeyRef", "name")
+		if _, literal := e["value"]; literal || ref != want {
+			t.Errorf("node env %s = %v, want it from the Secret %s", e["name"], e, want)
+		}
+	}
+	for name := range secretEnv {
+		t.Errorf("the node DaemonSet does not set %s", name)
+	}
 
 	mon := render(t, "monitoring")
 	if len(mon) != len(base)+3 {

@@ -304,24 +304,36 @@ func TestReconcileSweepsCrashLeftovers(t *testing.T) {
 		}
 		slots = append(slots, s)
 	}
-	// "Crash": drop p1 without releasing; a new pool finds the slots and keeps only one.
-	p2, err := New(ctx, p1.cfg)
+	// "Crash": drop p1 without releasing; a new pool finds the slots and keeps two. Its
+	// warm pool stays off: it would re-create the freed slots under the checks below.
+	cfg := p1.cfg
+	cfg.PoolSize = -1
+	p2, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	keepIdx := slots[1].Index
-	kept, err := p2.Reconcile(ctx, map[int]bool{keepIdx: false})
+	// Two kept slots without internet: both land in the blocked set (one transaction).
+	keepIdx, keep2 := slots[1].Index, slots[2].Index
+	kept, err := p2.Reconcile(ctx, map[int]bool{keepIdx: false, keep2: false})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(kept) != 1 || kept[keepIdx] == nil || kept[keepIdx].AllowInternet {
-		t.Fatalf("kept %v, want only %d without internet", kept, keepIdx)
+	if len(kept) != 2 || kept[keepIdx] == nil || kept[keepIdx].AllowInternet || kept[keep2] == nil || kept[keep2].AllowInternet {
+		t.Fatalf("kept %v, want %d and %d without internet", kept, keepIdx, keep2)
 	}
 	for _, s := range slots {
 		_, err := os.Stat(s.NetnsPath)
-		if exists := err == nil; exists != (s.Index == keepIdx) {
+		if exists := err == nil; exists != (s.Index == keepIdx || s.Index == keep2) {
 			t.Errorf("slot %d netns exists=%v after reconcile", s.Index, exists)
 		}
+	}
+	out, err := exec.Command("nft", "list", "set", "inet", p2.cfg.Bridge, "blocked").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), slots[1].IP.String()) || !strings.Contains(string(out), slots[2].IP.String()) ||
+		strings.Contains(string(out), slots[0].IP.String()+",") || strings.Contains(string(out), slots[0].IP.String()+" ") {
+		t.Fatalf("blocked set after reconcile (%v), want %s and %s only: %s", err, slots[1].IP, slots[2].IP, out)
+	}
+	if err := p2.Release(ctx, kept[keep2]); err != nil {
+		t.Fatal(err)
 	}
 	// The next slot handed out must not collide with the kept one.
 	s, err := p2.Acquire(ctx, true)

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,6 +103,8 @@ type Options struct {
 
 // Server serves the control plane and sandbox traffic on one handler.
 type Server struct {
+	// drain is set once the node joins a cluster (HandleDrain).
+	drain  atomic.Pointer[drainRoute]
 	orch   Orchestrator
 	auth   Authenticator
 	keys   KeyManager

@@ -3,6 +3,9 @@ package integration
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,8 +25,11 @@ import (
 // command (all-ms). warm-all-ms is the same round of commands on a node that did not
 // restart: what answering costs on this host, restart or not. It also reports the data
 // plane's resident memory with every sandbox running (dp-rss-mb) and its CPU use while
-// the sandboxes idle (dp-idle-cpu-ms/s, over 10 s). Run it with -bench RestartAdopt
-// -benchtime 5x.
+// the sandboxes idle (dp-idle-cpu-ms/s, over 10 s). api-cpu-ms and all-cpu-ms are the CPU
+// time the new node process (and the children it waited for: nft, runc) had used by then:
+// on a shared host they vary far less than the wall times. Run it with -bench RestartAdopt
+// -benchtime 5x; AENV_BENCH_NODE_LOG=file keeps the node's log (with each start-up step's
+// wall and CPU time), AENV_BENCH_PROFILE=dir a CPU profile of each restart.
 func BenchmarkRestartAdopt(b *testing.B) {
 	count := 20
 	if s := os.Getenv("AENV_BENCH_SANDBOXES"); s != "" {
@@ -36,6 +42,13 @@ func BenchmarkRestartAdopt(b *testing.B) {
 	if count > 48 {
 		// A test node's /24 holds 64 slots; this range is used by no other test.
 		env = append(env, "AENV_NETWORK_SUBNET=10.94.0.0/20")
+	}
+	profDir := os.Getenv("AENV_BENCH_PROFILE")
+	debug := ""
+	if profDir != "" {
+		// A CPU profile of each restart (the debug listener is up before the node opens).
+		debug = fmt.Sprintf("127.0.0.1:%d", freePort(b))
+		env = append(env, "AENV_DEBUG_LISTEN="+debug)
 	}
 	n := newNode(b, env...)
 	n.start()
@@ -75,6 +88,14 @@ func BenchmarkRestartAdopt(b *testing.B) {
 		warm = append(warm, time.Since(start))
 		n.observe()
 		n.kill9()
+		var prof sync.WaitGroup
+		if profDir != "" {
+			prof.Add(1)
+			go func() {
+				defer prof.Done()
+				profileStart(b, debug, filepath.Join(profDir, fmt.Sprintf("restart-%d.pprof", len(api))))
+			}()
+		}
 		start = time.Now()
 		n.start()
 		api = append(api, time.Since(start))
@@ -82,6 +103,7 @@ func BenchmarkRestartAdopt(b *testing.B) {
 		answerAll(ctx, b, c, sbs)
 		all = append(all, time.Since(start))
 		allCPU = append(allCPU, cpuTime(b, n.pid()))
+		prof.Wait()
 	}
 	b.ReportMetric(float64(median(api).Milliseconds()), "api-ms")
 	b.ReportMetric(float64(median(all).Milliseconds()), "all-ms")
@@ -116,6 +138,27 @@ func answerAll(ctx context.Context, b *testing.B, c *bench.Client, sbs []bench.S
 		}()
 	}
 	wg.Wait()
+}
+
+// profileStart writes a 4-second CPU profile of the node starting, taken from its pprof
+// listener at addr as soon as that answers.
+func profileStart(b *testing.B, addr, path string) {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		resp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=4")
+		if err != nil {
+			continue
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err == nil {
+			err = os.WriteFile(path, data, 0o644)
+		}
+		if err != nil {
+			b.Error(err)
+		}
+		return
+	}
+	b.Errorf("no pprof listener at %s", addr)
 }
 
 // cpuTime is the CPU time the process pid and the children it waited for (runc, nft, ...)

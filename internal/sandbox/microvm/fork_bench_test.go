@@ -188,12 +188,12 @@ func readForkMemory(pid int, ramBytes int64) (forkMemory, error) {
 			continue
 		}
 		if !strings.HasSuffix(f[0], ":") { // a mapping's header: range perms offset dev inode [path]
-			var lo, hi int64
+			var lo, hi uint64
 			if _, err := fmt.Sscanf(f[0], "%x-%x", &lo, &hi); err != nil || len(f) < 5 {
 				return forkMemory{}, fmt.Errorf("smaps of %d: bad line %q", pid, sc.Text())
 			}
 			switch {
-			case f[4] != "0" && hi-lo == ramBytes:
+			case f[4] != "0" && int64(hi-lo) == ramBytes:
 				kind = "ram"
 			case f[4] != "0":
 				kind = "file"

@@ -149,6 +149,23 @@ type DeleteTemplateTagsRequest struct {
 	Tags []string `json:"tags"`
 }
 
+// DrainRequest defines model for DrainRequest.
+type DrainRequest struct {
+	// Draining true drains the node, false undrains it.
+	Draining bool `json:"draining"`
+}
+
+// DrainResult defines model for DrainResult.
+type DrainResult struct {
+	Draining bool `json:"draining"`
+
+	// Failed The sandboxes it could not pause, with why.
+	Failed *map[string]string `json:"failed,omitempty"`
+
+	// Paused The sandboxes the drain paused to disk.
+	Paused []string `json:"paused"`
+}
+
 // EnvVars defines model for EnvVars.
 type EnvVars map[string]string
 
@@ -765,6 +782,9 @@ type BuildID = string
 // Metadata defines model for metadata.
 type Metadata = string
 
+// NodeID defines model for nodeID.
+type NodeID = string
+
 // SandboxID defines model for sandboxID.
 type SandboxID = string
 
@@ -1026,6 +1046,9 @@ type UpdateVolumePathParams struct {
 	Path VolumePath `form:"path" json:"path"`
 }
 
+// SetNodeDrainingJSONRequestBody defines body for SetNodeDraining for application/json ContentType.
+type SetNodeDrainingJSONRequestBody = DrainRequest
+
 // CreateAPIKeyJSONRequestBody defines body for CreateAPIKey for application/json ContentType.
 type CreateAPIKeyJSONRequestBody = NewAPIKey
 
@@ -1165,6 +1188,11 @@ type ClientInterface interface {
 	// GetCapabilities request
 	GetCapabilities(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// SetNodeDrainingWithBody request with any body
+	SetNodeDrainingWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	SetNodeDraining(ctx context.Context, body SetNodeDrainingJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListAPIKeys request
 	ListAPIKeys(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -1189,6 +1217,12 @@ type ClientInterface interface {
 
 	// GetPrometheusMetrics request
 	GetPrometheusMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DrainNode request
+	DrainNode(ctx context.Context, nodeID NodeID, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UndrainNode request
+	UndrainNode(ctx context.Context, nodeID NodeID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListSandboxesV1 request
 	ListSandboxesV1(ctx context.Context, params *ListSandboxesV1Params, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1388,6 +1422,30 @@ func (c *Client) GetCapabilities(ctx context.Context, reqEditors ...RequestEdito
 	return c.Client.Do(req)
 }
 
+func (c *Client) SetNodeDrainingWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetNodeDrainingRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) SetNodeDraining(ctx context.Context, body SetNodeDrainingJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewSetNodeDrainingRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 func (c *Client) ListAPIKeys(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListAPIKeysRequest(c.Server)
 	if err != nil {
@@ -1486,6 +1544,30 @@ func (c *Client) GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (
 
 func (c *Client) GetPrometheusMetrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetPrometheusMetricsRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) DrainNode(ctx context.Context, nodeID NodeID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDrainNodeRequest(c.Server, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+func (c *Client) UndrainNode(ctx context.Context, nodeID NodeID, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUndrainNodeRequest(c.Server, nodeID)
 	if err != nil {
 		return nil, err
 	}
@@ -2339,6 +2421,46 @@ func NewGetCapabilitiesRequest(server string) (*http.Request, error) {
 	return req, nil
 }
 
+// NewSetNodeDrainingRequest calls the generic SetNodeDraining builder with application/json body
+func NewSetNodeDrainingRequest(server string, body SetNodeDrainingJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewSetNodeDrainingRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewSetNodeDrainingRequestWithBody generates requests for SetNodeDraining with any type of body
+func NewSetNodeDrainingRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/aenv/drain")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewListAPIKeysRequest generates requests for ListAPIKeys
 func NewListAPIKeysRequest(server string) (*http.Request, error) {
 	var err error
@@ -2593,6 +2715,74 @@ func NewGetPrometheusMetricsRequest(server string) (*http.Request, error) {
 	}
 
 	req, err := http.NewRequest("GET", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewDrainNodeRequest generates requests for DrainNode
+func NewDrainNodeRequest(server string, nodeID NodeID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "nodeID", runtime.ParamLocationPath, nodeID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/nodes/%s/drain", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewUndrainNodeRequest generates requests for UndrainNode
+func NewUndrainNodeRequest(server string, nodeID NodeID) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithLocation("simple", false, "nodeID", runtime.ParamLocationPath, nodeID)
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/nodes/%s/undrain", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest("POST", queryURL.String(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -5436,6 +5626,11 @@ type ClientWithResponsesInterface interface {
 	// GetCapabilitiesWithResponse request
 	GetCapabilitiesWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetCapabilitiesResponse, error)
 
+	// SetNodeDrainingWithBodyWithResponse request with any body
+	SetNodeDrainingWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetNodeDrainingResponse, error)
+
+	SetNodeDrainingWithResponse(ctx context.Context, body SetNodeDrainingJSONRequestBody, reqEditors ...RequestEditorFn) (*SetNodeDrainingResponse, error)
+
 	// ListAPIKeysWithResponse request
 	ListAPIKeysWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListAPIKeysResponse, error)
 
@@ -5460,6 +5655,12 @@ type ClientWithResponsesInterface interface {
 
 	// GetPrometheusMetricsWithResponse request
 	GetPrometheusMetricsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetPrometheusMetricsResponse, error)
+
+	// DrainNodeWithResponse request
+	DrainNodeWithResponse(ctx context.Context, nodeID NodeID, reqEditors ...RequestEditorFn) (*DrainNodeResponse, error)
+
+	// UndrainNodeWithResponse request
+	UndrainNodeWithResponse(ctx context.Context, nodeID NodeID, reqEditors ...RequestEditorFn) (*UndrainNodeResponse, error)
 
 	// ListSandboxesV1WithResponse request
 	ListSandboxesV1WithResponse(ctx context.Context, params *ListSandboxesV1Params, reqEditors ...RequestEditorFn) (*ListSandboxesV1Response, error)
@@ -5670,6 +5871,32 @@ func (r GetCapabilitiesResponse) StatusCode() int {
 	return 0
 }
 
+type SetNodeDrainingResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *DrainResult
+	JSON400      *N400
+	JSON401      *N401
+	JSON404      *N404
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r SetNodeDrainingResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r SetNodeDrainingResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
 type ListAPIKeysResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -5831,6 +6058,58 @@ func (r GetPrometheusMetricsResponse) Status() string {
 
 // StatusCode returns HTTPResponse.StatusCode
 func (r GetPrometheusMetricsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type DrainNodeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *DrainResult
+	JSON401      *N401
+	JSON404      *N404
+	JSON409      *N409
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r DrainNodeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DrainNodeResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+type UndrainNodeResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	JSON200      *DrainResult
+	JSON401      *N401
+	JSON404      *N404
+	JSON409      *N409
+	JSON500      *N500
+}
+
+// Status returns HTTPResponse.Status
+func (r UndrainNodeResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UndrainNodeResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -7103,6 +7382,23 @@ func (c *ClientWithResponses) GetCapabilitiesWithResponse(ctx context.Context, r
 	return ParseGetCapabilitiesResponse(rsp)
 }
 
+// SetNodeDrainingWithBodyWithResponse request with arbitrary body returning *SetNodeDrainingResponse
+func (c *ClientWithResponses) SetNodeDrainingWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*SetNodeDrainingResponse, error) {
+	rsp, err := c.SetNodeDrainingWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetNodeDrainingResponse(rsp)
+}
+
+func (c *ClientWithResponses) SetNodeDrainingWithResponse(ctx context.Context, body SetNodeDrainingJSONRequestBody, reqEditors ...RequestEditorFn) (*SetNodeDrainingResponse, error) {
+	rsp, err := c.SetNodeDraining(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSetNodeDrainingResponse(rsp)
+}
+
 // ListAPIKeysWithResponse request returning *ListAPIKeysResponse
 func (c *ClientWithResponses) ListAPIKeysWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ListAPIKeysResponse, error) {
 	rsp, err := c.ListAPIKeys(ctx, reqEditors...)
@@ -7180,6 +7476,24 @@ func (c *ClientWithResponses) GetPrometheusMetricsWithResponse(ctx context.Conte
 		return nil, err
 	}
 	return ParseGetPrometheusMetricsResponse(rsp)
+}
+
+// DrainNodeWithResponse request returning *DrainNodeResponse
+func (c *ClientWithResponses) DrainNodeWithResponse(ctx context.Context, nodeID NodeID, reqEditors ...RequestEditorFn) (*DrainNodeResponse, error) {
+	rsp, err := c.DrainNode(ctx, nodeID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDrainNodeResponse(rsp)
+}
+
+// UndrainNodeWithResponse request returning *UndrainNodeResponse
+func (c *ClientWithResponses) UndrainNodeWithResponse(ctx context.Context, nodeID NodeID, reqEditors ...RequestEditorFn) (*UndrainNodeResponse, error) {
+	rsp, err := c.UndrainNode(ctx, nodeID, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUndrainNodeResponse(rsp)
 }
 
 // ListSandboxesV1WithResponse request returning *ListSandboxesV1Response
@@ -7808,6 +8122,60 @@ func ParseGetCapabilitiesResponse(rsp *http.Response) (*GetCapabilitiesResponse,
 	return response, nil
 }
 
+// ParseSetNodeDrainingResponse parses an HTTP response from a SetNodeDrainingWithResponse call
+func ParseSetNodeDrainingResponse(rsp *http.Response) (*SetNodeDrainingResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &SetNodeDrainingResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest DrainResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest N400
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseListAPIKeysResponse parses an HTTP response from a ListAPIKeysWithResponse call
 func ParseListAPIKeysResponse(rsp *http.Response) (*ListAPIKeysResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -8070,6 +8438,114 @@ func ParseGetPrometheusMetricsResponse(rsp *http.Response) (*GetPrometheusMetric
 	response := &GetPrometheusMetricsResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
+	}
+
+	return response, nil
+}
+
+// ParseDrainNodeResponse parses an HTTP response from a DrainNodeWithResponse call
+func ParseDrainNodeResponse(rsp *http.Response) (*DrainNodeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DrainNodeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest DrainResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest N409
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseUndrainNodeResponse parses an HTTP response from a UndrainNodeWithResponse call
+func ParseUndrainNodeResponse(rsp *http.Response) (*UndrainNodeResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UndrainNodeResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest DrainResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest N401
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest N404
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest N409
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest N500
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
 	}
 
 	return response, nil
@@ -10607,6 +11083,9 @@ type ServerInterface interface {
 	// What this node's sandbox backend can do (aenv extension)
 	// (GET /aenv/capabilities)
 	GetCapabilities(w http.ResponseWriter, r *http.Request)
+	// Drain or undrain this node of a cluster (aenv extension; nodes started with a scheduler only)
+	// (POST /aenv/drain)
+	SetNodeDraining(w http.ResponseWriter, r *http.Request)
 	// List API keys (aenv extension; secrets are never returned)
 	// (GET /aenv/keys)
 	ListAPIKeys(w http.ResponseWriter, r *http.Request)
@@ -10628,6 +11107,12 @@ type ServerInterface interface {
 	// Prometheus metrics of this node (text exposition format)
 	// (GET /metrics)
 	GetPrometheusMetrics(w http.ResponseWriter, r *http.Request)
+	// Drain a node of the cluster (aenv extension; served by `aenv gateway`, which passes it to the node)
+	// (POST /nodes/{nodeID}/drain)
+	DrainNode(w http.ResponseWriter, r *http.Request, nodeID NodeID)
+	// Undrain a node of the cluster (aenv extension; served by `aenv gateway`, which passes it to the node)
+	// (POST /nodes/{nodeID}/undrain)
+	UndrainNode(w http.ResponseWriter, r *http.Request, nodeID NodeID)
 	// List running sandboxes (deprecated; no paging)
 	// (GET /sandboxes)
 	ListSandboxesV1(w http.ResponseWriter, r *http.Request, params ListSandboxesV1Params)
@@ -10806,6 +11291,26 @@ func (siw *ServerInterfaceWrapper) GetCapabilities(w http.ResponseWriter, r *htt
 	handler.ServeHTTP(w, r)
 }
 
+// SetNodeDraining operation middleware
+func (siw *ServerInterfaceWrapper) SetNodeDraining(w http.ResponseWriter, r *http.Request) {
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SetNodeDraining(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListAPIKeys operation middleware
 func (siw *ServerInterfaceWrapper) ListAPIKeys(w http.ResponseWriter, r *http.Request) {
 
@@ -10974,6 +11479,68 @@ func (siw *ServerInterfaceWrapper) GetPrometheusMetrics(w http.ResponseWriter, r
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetPrometheusMetrics(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DrainNode operation middleware
+func (siw *ServerInterfaceWrapper) DrainNode(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "nodeID" -------------
+	var nodeID NodeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "nodeID", r.PathValue("nodeID"), &nodeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "nodeID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DrainNode(w, r, nodeID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UndrainNode operation middleware
+func (siw *ServerInterfaceWrapper) UndrainNode(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+
+	// ------------- Path parameter "nodeID" -------------
+	var nodeID NodeID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "nodeID", r.PathValue("nodeID"), &nodeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "nodeID", Err: err})
+		return
+	}
+
+	ctx := r.Context()
+
+	ctx = context.WithValue(ctx, ApiKeyAuthScopes, []string{})
+
+	r = r.WithContext(ctx)
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UndrainNode(w, r, nodeID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -13014,6 +13581,7 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	}
 
 	m.HandleFunc("GET "+options.BaseURL+"/aenv/capabilities", wrapper.GetCapabilities)
+	m.HandleFunc("POST "+options.BaseURL+"/aenv/drain", wrapper.SetNodeDraining)
 	m.HandleFunc("GET "+options.BaseURL+"/aenv/keys", wrapper.ListAPIKeys)
 	m.HandleFunc("POST "+options.BaseURL+"/aenv/keys", wrapper.CreateAPIKey)
 	m.HandleFunc("DELETE "+options.BaseURL+"/aenv/keys/{keyID}", wrapper.RevokeAPIKey)
@@ -13021,6 +13589,8 @@ func HandlerWithOptions(si ServerInterface, options StdHTTPServerOptions) http.H
 	m.HandleFunc("PUT "+options.BaseURL+"/aenv/uploads/{hash}", wrapper.UploadTemplateFiles)
 	m.HandleFunc("GET "+options.BaseURL+"/health", wrapper.GetHealth)
 	m.HandleFunc("GET "+options.BaseURL+"/metrics", wrapper.GetPrometheusMetrics)
+	m.HandleFunc("POST "+options.BaseURL+"/nodes/{nodeID}/drain", wrapper.DrainNode)
+	m.HandleFunc("POST "+options.BaseURL+"/nodes/{nodeID}/undrain", wrapper.UndrainNode)
 	m.HandleFunc("GET "+options.BaseURL+"/sandboxes", wrapper.ListSandboxesV1)
 	m.HandleFunc("POST "+options.BaseURL+"/sandboxes", wrapper.CreateSandboxV1)
 	m.HandleFunc("GET "+options.BaseURL+"/sandboxes/metrics", wrapper.GetSandboxesMetrics)
