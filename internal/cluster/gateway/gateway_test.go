@@ -40,7 +40,10 @@ func newRecorder(t testing.TB, id string) *recorder {
 		r.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		switch {
-		case req.Method == http.MethodPost && req.URL.Path == "/v2/sandboxes":
+		case req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/snapshots"):
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"snapshotID":"%s-snap%d"}`, id, n)
+		case req.Method == http.MethodPost && (req.URL.Path == "/v2/sandboxes" || req.URL.Path == "/sandboxes"):
 			var body struct {
 				TemplateID string `json:"templateID"`
 			}
