@@ -6,6 +6,7 @@ import {
   mkdtempSync, mkdirSync, writeFileSync, chmodSync, chownSync, rmSync, existsSync, readFileSync,
   readdirSync, rmdirSync,
 } from 'node:fs'
+import { createHash } from 'node:crypto'
 import { createServer } from 'node:net'
 import { tmpdir, userInfo } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
@@ -328,6 +329,16 @@ function cleanupNode({ net, dataDir }, keepDataDir = false) {
   const tables = (run('nft', ['list', 'tables']) || '').split('\n')
   for (const family of ['inet', 'bridge']) {
     if (tables.includes(`table ${family} ${net.bridge}`)) run('nft', ['delete', 'table', family, net.bridge])
+  }
+  // A microvm node's guest RAM files live in /dev/shm, in a directory named after its
+  // backend's data dir (internal/sandbox/microvm Config.RAMDir); a node killed with SIGKILL
+  // cannot remove it.
+  if (!keepDataDir) {
+    const ramDir = '/dev/shm/aenv-microvm-' + createHash('sha256').update(join(dataDir, 'microvm')).digest('hex').slice(0, 8)
+    if (existsSync(ramDir)) {
+      found.push('guest RAM dir ' + ramDir)
+      rmSync(ramDir, { recursive: true, force: true })
+    }
   }
   if (found.length) console.error(`aenv e2e: removed what node ${net.bridge} left behind:\n  ` + found.join('\n  '))
   if (!keepDataDir) rmSync(dataDir, { recursive: true, force: true })
