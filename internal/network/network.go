@@ -147,6 +147,10 @@ type Pool struct {
 	done     chan struct{}
 	fillerOn bool
 
+	// carried is what the slots an earlier run left held in the sets, put back when the
+	// tables were re-created; Reconcile settles it (carry.go).
+	carried map[netip.Addr]*carriedSlot
+
 	shardMu sync.Mutex
 	shards  map[string]bool // extra bridges made or checked by this process (shard.go)
 
@@ -192,11 +196,22 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	if err := p.startEgressProxy(); err != nil {
 		return nil, err
 	}
-	if err := p.installRules(ctx); err != nil {
+	existing := p.existingIndexes()
+	ips := make(map[netip.Addr]bool, len(existing))
+	for _, i := range existing {
+		ips[p.slotFor(i).IP] = true
+	}
+	carried, err := p.readCarried(ctx, ips)
+	if err != nil {
+		// Still start: the backends re-apply every adopted sandbox's policy, only later.
+		cfg.Logger.Warn("network: the surviving sandboxes' egress rules are not carried over; they are re-applied when adopted", "err", err)
+	}
+	if err := p.installRules(ctx, carried); err != nil {
 		p.stopEgressProxy()
 		return nil, err
 	}
-	for _, i := range p.existingIndexes() {
+	p.carried = carried
+	for _, i := range existing {
 		p.used[i] = true
 		p.reserved[i] = true
 	}
@@ -335,6 +350,8 @@ func (p *Pool) Reconcile(ctx context.Context, keep map[int]bool) (map[int]*Slot,
 	}
 	reserved := p.reserved
 	p.reserved = map[int]bool{}
+	carried := p.carried
+	p.carried = nil
 	p.mu.Unlock()
 
 	kept := map[int]*Slot{}
@@ -368,6 +385,9 @@ func (p *Pool) Reconcile(ctx context.Context, keep map[int]bool) (map[int]*Slot,
 		p.mu.Lock()
 		delete(p.used, i)
 		p.mu.Unlock()
+	}
+	if err := p.settleCarried(ctx, carried, kept); err != nil {
+		errs = append(errs, err)
 	}
 	if len(blocked) > 0 {
 		// Each nft run costs ~0.1 s of CPU whatever it does: a restart with hundreds of

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -63,8 +64,10 @@ table bridge %[1]s {
 `, br, sub, pre, p.infraRules(), sets, prerouting, input, fwd, p.bridgesSet())
 }
 
-func (p *Pool) installRules(ctx context.Context) error {
-	if err := nft(ctx, p.rules()); err != nil {
+// installRules replaces the tables and, in the same transaction, puts back the set
+// elements of the slots an earlier run left (carry.go).
+func (p *Pool) installRules(ctx context.Context, carried map[netip.Addr]*carriedSlot) error {
+	if err := nft(ctx, p.rules()+p.carriedScript(carried)); err != nil {
 		return fmt.Errorf("network: install nftables rules: %w", err)
 	}
 	// Forwarding is needed for outbound NAT; it is what every container engine sets.
