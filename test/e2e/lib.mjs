@@ -382,14 +382,22 @@ export async function startCluster({ apiKey, repoDir, nodes: specs, heartbeat = 
     const r = await fetch(c.gateway + path, { ...init, headers: { 'x-api-key': apiKey, ...(init.headers || {}) } })
     return { status: r.status, body: await r.json().catch(() => null), headers: r.headers }
   }
-  // nodeOf is the live node whose own API lists the sandbox.
+  // nodeOf is the live node whose own API lists the sandbox running, else one that lists
+  // it at all. A node that paused a sandbox another node has since claimed and resumed
+  // lists it as paused until its next sync of hand-off records (about a second).
   c.nodeOf = async (id) => {
+    let listed = null
     for (const n of c.nodes) {
       if (n.proc.exitCode !== null || n.proc.signalCode !== null) continue
       const r = await fetch(`${n.url}/sandboxes/${id}`, { headers: { 'x-api-key': apiKey } })
-      if (r.status === 200) return n
+      if (r.status !== 200) {
+        await r.body?.cancel()
+        continue
+      }
+      if ((await r.json().catch(() => null))?.state === 'running') return n
+      listed ??= n
     }
-    return null
+    return listed
   }
   c.waitNodeState = async (node, state, timeoutMs = 30_000) => {
     const deadline = Date.now() + timeoutMs
