@@ -3,6 +3,7 @@ package posixfs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -93,8 +94,9 @@ func TestKilledWriters(t *testing.T) {
 	if len(ents) == 0 {
 		t.Fatal("the killed writer left no temp file: the test did not interrupt a write")
 	}
-	// Locks never go stale by age here: only the dead-holder rule can free it.
-	r, err := Open(dir, Options{StaleTmpAge: time.Nanosecond, StaleLockAge: time.Hour, LockTimeout: 3 * time.Second})
+	// Neither locks nor temp files go stale by age here: only the dead-writer
+	// rules can free the lock and remove the partial upload.
+	r, err := Open(dir, Options{StaleTmpAge: time.Hour, StaleLockAge: time.Hour, LockTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,5 +109,35 @@ func TestKilledWriters(t *testing.T) {
 	}
 	if _, err := r.PutRecord(context.Background(), repositorytest.Record(repository.KindSnapshot, "victim")); err != nil {
 		t.Fatalf("record locked by a dead writer: %v", err)
+	}
+}
+
+// Only temp files of dead writers on this host are removed at once: another
+// host's, a live process's and unparsable names wait for StaleTmpAge.
+func TestDeadWritersTmp(t *testing.T) {
+	r, err := Open(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	deadPID := dead.Process.Pid
+	for _, tc := range []struct {
+		name string
+		want bool
+	}{
+		{fmt.Sprintf("blob-%s.%d-123", r.hostTag(), deadPID), true},
+		{fmt.Sprintf("rec-%s.%d-123", r.hostTag(), deadPID), true},
+		{fmt.Sprintf("blob-%s.%d-123", r.hostTag(), 1), false},
+		{fmt.Sprintf("blob-%s.%d-123", r.hostTag(), os.Getpid()), false},
+		{fmt.Sprintf("blob-0000beef.%d-123", deadPID), r.hostTag() == "0000beef"},
+		{"blob-123456", false},
+		{"gc-abc", false},
+	} {
+		if got := r.deadWritersTmp(tc.name); got != tc.want {
+			t.Errorf("deadWritersTmp(%q) = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -19,10 +19,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -123,11 +125,50 @@ func (r *Repo) cleanTmp() {
 			os.Remove(r.path("tmp", name))
 			continue
 		}
+		if r.deadWritersTmp(name) {
+			os.Remove(r.path("tmp", name))
+			continue
+		}
 		info, err := e.Info()
 		if err == nil && time.Since(info.ModTime()) > r.o.StaleTmpAge {
 			os.Remove(r.path("tmp", name))
 		}
 	}
+}
+
+// tmpPattern names a temp file after its writer (a tag of this host and the
+// pid), so that a node restarted after a crash removes what its dead
+// predecessor left at once, while files of live writers — other nodes sharing
+// the repository, or other processes on this host — wait for StaleTmpAge.
+func (r *Repo) tmpPattern(kind string) string {
+	return fmt.Sprintf("%s-%s.%d-*", kind, r.hostTag(), os.Getpid())
+}
+
+// hostTag is a short hash of the host name: host names may hold the
+// separators the temp name uses.
+func (r *Repo) hostTag() string {
+	h := fnv.New32a()
+	h.Write([]byte(r.host))
+	return fmt.Sprintf("%08x", h.Sum32())
+}
+
+// deadWritersTmp reports whether name is a temp file written by a process of
+// this host that no longer runs.
+func (r *Repo) deadWritersTmp(name string) bool {
+	_, rest, ok := strings.Cut(name, "-")
+	if !ok {
+		return false
+	}
+	tag, rest, ok := strings.Cut(rest, ".")
+	if !ok || tag != r.hostTag() {
+		return false
+	}
+	pidStr, _, ok := strings.Cut(rest, "-")
+	if !ok {
+		return false
+	}
+	pid, err := strconv.Atoi(pidStr)
+	return err == nil && pid > 0 && pid != os.Getpid() && !processAlive(pid)
 }
 
 // PutBlob implements repository.Repository.
@@ -142,7 +183,7 @@ func (r *Repo) PutBlob(ctx context.Context, d repository.Digest, size int64, src
 	if info, err := r.touch(final, d, size); err == nil || !errors.Is(err, repository.ErrNotFound) {
 		return info, err
 	}
-	f, err := os.CreateTemp(r.path("tmp"), "blob-*")
+	f, err := os.CreateTemp(r.path("tmp"), r.tmpPattern("blob"))
 	if err != nil {
 		return repository.BlobInfo{}, fmt.Errorf("posixfs: %w", err)
 	}
@@ -319,7 +360,7 @@ func (r *Repo) WalkBlobs(ctx context.Context, fn func(repository.BlobInfo) error
 // writeFileAtomic writes b to path via a temp file in tmp/, fsync, rename
 // and a parent directory fsync, so a crash leaves the old or the new file.
 func (r *Repo) writeFileAtomic(path string, b []byte) error {
-	f, err := os.CreateTemp(r.path("tmp"), "rec-*")
+	f, err := os.CreateTemp(r.path("tmp"), r.tmpPattern("rec"))
 	if err != nil {
 		return fmt.Errorf("posixfs: %w", err)
 	}
