@@ -31,12 +31,14 @@ func (p *Pool) rules() string {
 // tables are the two tables' definitions, each holding the rules' fingerprint
 // (tables.go) as a rule comment.
 func (p *Pool) tables() (inet, bridge string) {
-	inet, bridge = p.tableText("")
-	return p.tableText(fingerprint(p.proxyPort, inet+bridge))
+	bridges := p.bridgesSet() // lists the host's links: once
+	inet, bridge = p.tableText(bridges, "")
+	return p.tableText(bridges, fingerprint(p.proxyPort, inet+bridge))
 }
 
-// tableText writes the two tables with comment on their last rule.
-func (p *Pool) tableText(comment string) (inet, bridge string) {
+// tableText writes the two tables, with the set of bridges bridges and comment on their
+// last rule.
+func (p *Pool) tableText(bridges, comment string) (inet, bridge string) {
 	br, sub, pre := p.cfg.Bridge, p.subnet.String(), p.cfg.Prefix
 	sets, prerouting, input, fwd := p.proxyRules()
 	if comment != "" {
@@ -68,7 +70,7 @@ func (p *Pool) tableText(comment string) (inet, bridge string) {
 		ip saddr %[2]s oifname != @bridges masquerade%[10]s
 	}
 }
-`, br, sub, pre, p.infraRules(), sets, prerouting, input, fwd, p.bridgesSet(), comment)
+`, br, sub, pre, p.infraRules(), sets, prerouting, input, fwd, bridges, comment)
 	bridge = fmt.Sprintf(`table bridge %[1]s {
 	chain forward {
 		type filter hook forward priority filter; policy accept;
