@@ -45,11 +45,11 @@ func (m proxyMode) set() string {
 // it is free, so those rules can stay, else an ephemeral one.
 func (p *Pool) startEgressProxy(port int) error {
 	var l net.Listener
-	var err error
 	if port > 0 {
-		l, err = net.Listen("tcp4", netip.AddrPortFrom(p.gateway, uint16(port)).String())
+		l, _ = net.Listen("tcp4", netip.AddrPortFrom(p.gateway, uint16(port)).String()) // taken: a new port
 	}
 	if l == nil {
+		var err error
 		if l, err = net.Listen("tcp4", netip.AddrPortFrom(p.gateway, 0).String()); err != nil {
 			return fmt.Errorf("network: egress proxy listener on %s: %w", p.gateway, err)
 		}
