@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -177,7 +178,9 @@ func sameNetns(t *testing.T, pid int, ns string) bool {
 // A fork through the gateway whose source's node cannot hold every child fans out: the
 // children that fit stay on the source's node, the rest are created on the others from a
 // snapshot the source's node published to the shared repository; every child has the
-// source's files. A fork that fits stays on the source's node.
+// source's files. The gateway deletes that snapshot once the children exist: the children
+// keep working after every node has synced the delete, and once they are gone no node
+// lists it. A fork that fits stays on the source's node.
 func TestForkFanOut(t *testing.T) {
 	repo, err := os.MkdirTemp("", "aenv-it-forkfan-repo-")
 	if err != nil {
@@ -228,6 +231,26 @@ func TestForkFanOut(t *testing.T) {
 	if on[a] != 2 || len(on) < 2 {
 		t.Fatalf("4 children of a sandbox on %s (room for 2 there): placed %v, want 2 on %s and the rest elsewhere", a, on, a)
 	}
+	snapshotsOf := func(base string) string {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/snapshots?sandboxID="+src.ID, nil)
+		req.Header.Set("X-API-Key", c.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s/snapshots: %d %s", base, resp.StatusCode, body)
+		}
+		return strings.TrimSpace(string(body))
+	}
+	if got := snapshotsOf(c.nodes[a].url()); got != "[]" {
+		t.Fatalf("the fork's snapshot is still on the source's node %s: %s", a, got)
+	}
+	// The other nodes sync every second: they learn of the delete and keep the entry
+	// their children use.
+	time.Sleep(2500 * time.Millisecond)
 	for _, k := range kids {
 		if k.Token == "" {
 			t.Fatalf("child %s of a secure sandbox has no envd token", k.ID)
@@ -239,6 +262,12 @@ func TestForkFanOut(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	waitUntil(t, 20*time.Second, "no node lists the fork's snapshot once its children are gone", func() error {
+		if got := snapshotsOf(c.gateway); got != "[]" {
+			return fmt.Errorf("GET /snapshots?sandboxID=%s through the gateway: %s", src.ID, got)
+		}
+		return nil
+	})
 	// Room for both on the source's node again (the kills are seen at the next heartbeat).
 	waitUntil(t, 20*time.Second, "the kills are reported", func() error {
 		l, err := c.sched.ListNodes(ctx, &pb.ListNodesRequest{})
