@@ -106,9 +106,9 @@ type Config struct {
 	// UIDRangeFile is the host-wide record of the nodes' uid blocks. Default
 	// DefaultUIDRangeFile.
 	UIDRangeFile string
-	// WarmContainers is how many created-but-not-started containers are kept per recently
-	// used template (up to 4 templates), so a launch only pays `runc start`. Default 2;
-	// negative disables.
+	// WarmContainers is how many containers, created and with envd started, are kept per
+	// recently used template (up to 4 templates), so a launch pays neither the runtime nor
+	// envd's start. Default 2; negative disables.
 	WarmContainers int
 	// PidsLimit caps processes per sandbox. Default 1024.
 	PidsLimit int64
