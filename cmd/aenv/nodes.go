@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/aenv-dev/aenv/internal/cluster/gateway"
+	"github.com/aenv-dev/aenv/internal/server/api"
 )
 
 func newNodesCmd(g *globals) *cobra.Command {
@@ -83,42 +83,41 @@ func newDrainCmd(g *globals, draining bool) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req, err := http.NewRequestWithContext(cmd.Context(), http.MethodPost,
-				c.base+"/nodes/"+url.PathEscape(args[0])+"/"+action, nil)
-			if err != nil {
-				return err
+			var res *api.DrainResult
+			var status int
+			var body []byte
+			if draining {
+				resp, err := c.api.DrainNodeWithResponse(cmd.Context(), args[0])
+				if err != nil {
+					return c.transportErr(err)
+				}
+				res, status, body = resp.JSON200, resp.StatusCode(), resp.Body
+			} else {
+				resp, err := c.api.UndrainNodeWithResponse(cmd.Context(), args[0])
+				if err != nil {
+					return c.transportErr(err)
+				}
+				res, status, body = resp.JSON200, resp.StatusCode(), resp.Body
 			}
-			req.Header.Set("X-API-Key", c.key)
-			resp, err := c.http.Do(req)
-			if err != nil {
-				return c.transportErr(err)
+			if res == nil {
+				return c.apiErr(action+" node "+args[0], status, body)
 			}
-			defer resp.Body.Close()
-			body, err := io.ReadAll(resp.Body)
-			if err != nil {
-				return c.transportErr(err)
-			}
-			if resp.StatusCode != http.StatusOK {
-				return c.apiErr(action+" node "+args[0], resp.StatusCode, body)
-			}
-			var res struct {
-				Paused []string          `json:"paused"`
-				Failed map[string]string `json:"failed"`
-			}
-			if err := json.Unmarshal(body, &res); err != nil {
-				return fmt.Errorf("%s: unexpected answer: %w", action, err)
+			paused := res.Paused
+			var failed map[string]string
+			if res.Failed != nil {
+				failed = *res.Failed
 			}
 			out := cmd.OutOrStdout()
 			if !draining {
 				fmt.Fprintf(out, "node %s takes new sandboxes again\n", args[0])
 				return nil
 			}
-			fmt.Fprintf(out, "node %s is draining: %d sandboxes paused to disk (they resume on other nodes)\n", args[0], len(res.Paused))
-			for id, why := range res.Failed {
+			fmt.Fprintf(out, "node %s is draining: %d sandboxes paused to disk (they resume on other nodes)\n", args[0], len(paused))
+			for id, why := range failed {
 				fmt.Fprintf(out, "  %s: not paused: %s\n", id, why)
 			}
-			if len(res.Failed) > 0 {
-				return fmt.Errorf("%d sandboxes of node %s could not be paused", len(res.Failed), args[0])
+			if len(failed) > 0 {
+				return fmt.Errorf("%d sandboxes of node %s could not be paused", len(failed), args[0])
 			}
 			return nil
 		},

@@ -4,11 +4,11 @@
 import { spawn, execFileSync } from 'node:child_process'
 import {
   mkdtempSync, mkdirSync, writeFileSync, chmodSync, chownSync, rmSync, existsSync, readFileSync,
-  readdirSync, rmdirSync,
+  readdirSync, rmdirSync, statSync,
 } from 'node:fs'
-import { createHash } from 'node:crypto'
+import { createHash, randomInt } from 'node:crypto'
 import { createServer } from 'node:net'
-import { tmpdir, userInfo } from 'node:os'
+import { tmpdir, userInfo, networkInterfaces } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
@@ -111,14 +111,17 @@ const run = (cmd, args) => {
  * The network and cgroup settings of the next node this process starts. A node's startup
  * reconciler removes every netns, veth, nftables rule and cgroup with its names that it does
  * not know, so each node the tests start gets names of its own: n = (pid*8 + counter) % 240
- * (moved on past a bridge that already exists), bridge and slot prefix "aet<n>" (network.go:
+ * (moved on past a bridge or slot namespaces that already exist), bridge and slot prefix "aet<n>" (network.go:
  * at most 15 and 8 of [a-z0-9_-]; netns "aet<n>-<i>", host veths "aet<n>h<i>"), subnet
  * 10.91.<n>.0/24, cgroup parent "aenv-e2e/<pid>-<counter>".
  */
 export function nodeNetwork() {
   const counter = nodeCounter++
   let n = (process.pid * 8 + counter) % 240
-  for (let i = 0; i < 240 && existsSync(`/sys/class/net/aet${n}`); i++) n = (n + 1) % 240
+  let slots = []
+  try { slots = readdirSync('/run/netns') } catch {}
+  const taken = (k) => existsSync(`/sys/class/net/aet${k}`) || slots.some((s) => s.startsWith(`aet${k}-`))
+  for (let i = 0; i < 240 && taken(n); i++) n = (n + 1) % 240
   return {
     bridge: `aet${n}`,
     prefix: `aet${n}`,
@@ -131,13 +134,15 @@ export function nodeNetwork() {
  * Start `aenv serve` (single-server mode) and wait up to healthTimeoutMs for GET /health = 204.
  * Options: apiKey (required), bin (default ../../bin/aenv), env (extra environment), tag (data
  * dir name prefix), logFile (the node's log is written there by stopNode), shutdownAction
- * (default "stop", so a stopped node leaves no paused sandboxes behind), healthTimeoutMs.
+ * (default "stop", so a stopped node leaves no paused sandboxes behind), healthTimeoutMs,
+ * netns (run it in this existing network namespace) and host (the address it listens on,
+ * default 127.0.0.1; one of the namespace's with netns).
  * Resolves to {skip: reason} when not root or when no OCI runtime works on this host, else
  * to {proc, url, port, dataDir, net, bin, log(), ...}. Give it to stopNode in an after hook.
  */
 export async function startNode({
   apiKey, bin = join(binDir, 'aenv'), env = {}, tag = 'aenv-e2e-', logFile = '',
-  shutdownAction = 'stop', healthTimeoutMs = 120_000, dataDir: reuseDataDir = '',
+  shutdownAction = 'stop', healthTimeoutMs = 120_000, dataDir: reuseDataDir = '', netns = '', host = '127.0.0.1',
 } = {}) {
   if (!isRoot) {
     return { skip: 'needs root (aenv serve runs OCI containers, network namespaces and overlay mounts)' }
@@ -151,14 +156,18 @@ export async function startNode({
     if (!existsSync(b)) throw new Error(`${b} is missing: run 'make binaries base' first`)
   }
   const port = await freePort()
-  const url = `http://127.0.0.1:${port}`
+  const url = `http://${host}:${port}`
   // dataDir restarts a node on the data dir of one stopped with stopNode(node, {keepDataDir: true}).
   const dataDir = reuseDataDir || mkdtempSync(join(tmpdir(), tag))
   const net = nodeNetwork()
-  const args = ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--envd', envdBin]
+  const args = ['serve', '--listen', `${host}:${port}`, '--data-dir', dataDir, '--envd', envdBin]
   args.push('--base-rootfs', baseRootfs)
   let log = ''
-  const proc = spawn(bin, args, {
+  // In a namespace: nsenter joins only its network namespace (not its mount namespace, as
+  // `ip netns exec` would), then execs the node, so proc.pid is the node's and its mounts,
+  // cgroups and sandbox namespaces are where cleanupNode looks for them.
+  const [cmd, argv] = netns ? ['nsenter', [`--net=/run/netns/${netns}`, '--', bin, ...args]] : [bin, args]
+  const proc = spawn(cmd, argv, {
     env: {
       ...process.env,
       AENV_API_KEY: apiKey,
@@ -174,7 +183,7 @@ export async function startNode({
   })
   proc.stdout.on('data', (d) => { log += d })
   proc.stderr.on('data', (d) => { log += d })
-  const node = { skip: '', proc, url, port, dataDir, net, bin, apiKey, logFile, log: () => log }
+  const node = { skip: '', proc, url, port, dataDir, net, bin, apiKey, logFile, netns, log: () => log }
   const exited = () => proc.exitCode !== null || proc.signalCode !== null
   const deadline = Date.now() + healthTimeoutMs
   while (Date.now() < deadline) {
@@ -231,7 +240,7 @@ export async function stopNode(node, { keepDataDir = false } = {}) {
 // cleanupNode removes the host resources of a node that is no longer running, all named
 // after its own bridge, prefix and cgroup parent (nothing another node uses), then its data
 // dir. What it finds besides the bridge and nftables tables is reported on stderr.
-function cleanupNode({ net, dataDir }, keepDataDir = false) {
+function cleanupNode({ net, dataDir, netns }, keepDataDir = false) {
   const found = []
   // Processes first (only after a SIGKILL are there any): the sandboxes' processes in the
   // node's cgroups, and the node's own helpers that outlived it (an orphaned `runc create`
@@ -316,19 +325,26 @@ function cleanupNode({ net, dataDir }, keepDataDir = false) {
       run('ip', ['netns', 'del', name])
     }
   }
+  // The node's host veths, bridge and tables are in its network namespace when it has one
+  // (the host may have a bridge of the same name, another node's): looked for there.
+  const inNs = (cmd, args) => (netns ? run('nsenter', [`--net=/run/netns/${netns}`, '--', cmd, ...args]) : run(cmd, args))
   const veth = new RegExp(`^${net.prefix}h\\d+$`)
   let links = []
-  try { links = readdirSync('/sys/class/net') } catch {}
+  if (netns) {
+    links = (inNs('ip', ['-o', 'link', 'show']) || '').split('\n').map((l) => (l.split(': ')[1] || '').split('@')[0])
+  } else {
+    try { links = readdirSync('/sys/class/net') } catch {}
+  }
   for (const l of links) {
     if (veth.test(l)) {
       found.push('veth ' + l)
-      run('ip', ['link', 'del', l])
+      inNs('ip', ['link', 'del', l])
     }
   }
-  if (links.includes(net.bridge)) run('ip', ['link', 'del', net.bridge])
-  const tables = (run('nft', ['list', 'tables']) || '').split('\n')
+  if (links.includes(net.bridge)) inNs('ip', ['link', 'del', net.bridge])
+  const tables = (inNs('nft', ['list', 'tables']) || '').split('\n')
   for (const family of ['inet', 'bridge']) {
-    if (tables.includes(`table ${family} ${net.bridge}`)) run('nft', ['delete', 'table', family, net.bridge])
+    if (tables.includes(`table ${family} ${net.bridge}`)) inNs('nft', ['delete', 'table', family, net.bridge])
   }
   // A microvm node's guest RAM files live in /dev/shm, in a directory named after its
   // backend's data dir (internal/sandbox/microvm Config.RAMDir); a node killed with SIGKILL
@@ -371,13 +387,24 @@ export async function startDaemon(args, env, ready) {
  * Start a scheduler (heartbeats every 500 ms: a node is stale 2.5 s after its last), a
  * gateway in front of it, and one node per entry of nodes ({id, tag, env, healthTimeoutMs}),
  * all sharing repoDir as their posix_fs repository (what lets a sandbox paused on one node
- * resume on another), then wait until every node is ready. A node's logFile gets its log when it stops. Resolves to a cluster
+ * resume on another), then wait until every node is ready. A node's logFile gets its log when it stops.
+ * With netns (root only) every node runs in a network namespace of its own on a test
+ * bridge (testBridge), listening on its own address there; the scheduler listens on the
+ * bridge and the gateway on loopback. With parallel the nodes start concurrently (faster on
+ * a machine with spare cores; one at a time is gentler on a loaded one). Resolves to a cluster
  * {gateway, nodes, api(path, init), nodeOf(sandboxID), waitNodeState(node, state), stop()}
- * or {skip: reason} (stopped already) when a node cannot run here. Give it to stop() in an
- * after hook whatever happened (it is safe on a partial cluster).
+ * (with netns each node also has netns and ip) or {skip: reason} (stopped already) when a
+ * node cannot run here. Give it to stop() in an after hook whatever happened (it is safe on
+ * a partial cluster).
  */
-export async function startCluster({ apiKey, repoDir, nodes: specs, heartbeat = '500ms' }) {
-  const c = { skip: '', gateway: '', nodes: [], daemons: [] }
+export async function startCluster({
+  apiKey, repoDir, nodes: specs, heartbeat = '500ms', netns = false, parallel = false,
+}) {
+  if (netns) {
+    const missing = netnsMissing()
+    if (missing) return { skip: missing, stop: async () => {} }
+  }
+  const c = { skip: '', gateway: '', nodes: [], daemons: [], bridge: null }
   c.api = async (path, init = {}) => {
     const r = await fetch(c.gateway + path, { ...init, headers: { 'x-api-key': apiKey, ...(init.headers || {}) } })
     return { status: r.status, body: await r.json().catch(() => null), headers: r.headers }
@@ -409,19 +436,22 @@ export async function startCluster({ apiKey, repoDir, nodes: specs, heartbeat = 
     throw new Error(`node ${node.id} not ${state} within ${timeoutMs / 1000} s`)
   }
   c.stop = async () => {
-    for (const n of c.nodes) await stopNode(n)
+    if (parallel) await Promise.all(c.nodes.map((n) => stopNode(n)))
+    else for (const n of c.nodes) await stopNode(n)
     for (const d of c.daemons) d.proc.kill('SIGKILL')
+    c.bridge?.remove()
   }
   try {
-    return await startClusterProcesses(c, { apiKey, repoDir, specs, heartbeat })
+    if (netns) c.bridge = testBridge()
+    return await startClusterProcesses(c, { apiKey, repoDir, specs, heartbeat, parallel })
   } catch (err) {
     await c.stop()
     throw err
   }
 }
 
-async function startClusterProcesses(c, { apiKey, repoDir, specs, heartbeat }) {
-  const schedulerAddr = `127.0.0.1:${await freePort()}`
+async function startClusterProcesses(c, { apiKey, repoDir, specs, heartbeat, parallel }) {
+  const schedulerAddr = `${c.bridge ? c.bridge.hostIP : '127.0.0.1'}:${await freePort()}`
   const gp = await freePort()
   c.gateway = `http://127.0.0.1:${gp}`
   // The scheduler has no HTTP endpoint: it is ready once the gateway's /health answers.
@@ -429,21 +459,40 @@ async function startClusterProcesses(c, { apiKey, repoDir, specs, heartbeat }) {
     async () => true))
   c.daemons.push(await startDaemon(['gateway', '--listen', `127.0.0.1:${gp}`, '--scheduler', schedulerAddr],
     { AENV_API_KEY: apiKey }, async () => (await fetch(c.gateway + '/health')).status === 204))
-  for (const { id, tag, env = {}, healthTimeoutMs, logFile } of specs) {
+  const startOne = async ({ id, tag, env = {}, healthTimeoutMs, logFile }, i) => {
+    const ns = c.bridge ? c.bridge.addNetns(i) : { name: '', ip: '127.0.0.1' }
     const n = await startNode({
-      apiKey, tag, healthTimeoutMs, logFile,
+      apiKey, tag, healthTimeoutMs, logFile, netns: ns.name, host: ns.ip,
       env: {
         AENV_CLUSTER_SCHEDULER: schedulerAddr, AENV_CLUSTER_NODE_ID: id,
         AENV_REPOSITORY_POSIX_FS_PATH: repoDir, AENV_SNAPSHOT_LAZY_LAYERS: 'true', AENV_SNAPSHOT_SYNC_INTERVAL: '1s',
         ...env,
       },
     })
-    if (n.skip) {
-      await c.stop()
-      return { skip: n.skip, stop: async () => {} }
+    return Object.assign(n, { id, ip: ns.ip })
+  }
+  // Concurrently: every node is in c.nodes (so stop() stops it) before a failure is thrown.
+  const results = parallel
+    ? await Promise.allSettled(specs.map(startOne))
+    : []
+  for (const [i, spec] of specs.entries()) {
+    if (!parallel) {
+      try {
+        results.push({ status: 'fulfilled', value: await startOne(spec, i) })
+      } catch (reason) {
+        results.push({ status: 'rejected', reason })
+      }
     }
-    n.id = id
-    c.nodes.push(n)
+    const r = results[i]
+    if (r.status === 'fulfilled' && !r.value.skip) c.nodes.push(r.value)
+    if (!parallel && (r.status === 'rejected' || r.value.skip)) break
+  }
+  const failed = results.find((r) => r.status === 'rejected')
+  if (failed) throw failed.reason
+  const skipped = results.find((r) => r.value.skip)
+  if (skipped) {
+    await c.stop()
+    return { skip: skipped.value.skip, stop: async () => {} }
   }
   for (let i = 0; i < 100; i++) {
     const r = await c.api('/nodes')
@@ -451,6 +500,77 @@ async function startClusterProcesses(c, { apiKey, repoDir, specs, heartbeat }) {
     await sleep(100)
   }
   return c
+}
+
+/** Why nodes cannot run in network namespaces of their own here ('' when they can). */
+export function netnsMissing() {
+  if (!isRoot) return 'needs root (network namespaces, veths and a bridge for the nodes)'
+  for (const [cmd, pkg] of [['ip', 'iproute2'], ['nsenter', 'util-linux']]) {
+    try {
+      execFileSync(cmd, ['-V'], { stdio: 'ignore' })
+    } catch (err) {
+      if (err.code === 'ENOENT') return `needs ${cmd} (Debian package ${pkg})`
+    }
+  }
+  return ''
+}
+
+/**
+ * A test bridge "aecn<K>" holding 10.214.K.1/24, K in 1..250 unique on the host (the Go
+ * integration tests use 10.213.0.0/16 and "aitcn<K>"; nodes use 10.91.0.0/16 inside their
+ * own namespaces). addNetns(i) makes namespace "aecn<K>-n<i>" whose eth0 (the peer of host
+ * veth "aecn<K>v<i>", on the bridge) has 10.214.K.(10+i) and a default route via the
+ * bridge, and returns {name, ip}. remove() deletes the namespaces, veths and the bridge;
+ * call it after the processes in the namespaces are gone. Throws when ip fails.
+ */
+export function testBridge() {
+  const used = new Set(Object.values(networkInterfaces()).flat().map((a) => a.address))
+  let k = 0
+  for (let i = 0; i < 100 && !k; i++) {
+    const c = randomInt(1, 251)
+    if (!existsSync(`/sys/class/net/aecn${c}`) && !used.has(`10.214.${c}.1`)) k = c
+  }
+  if (!k) throw new Error('no free test bridge name aecn<1..250>')
+  const ip = (...args) => execFileSync('ip', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
+  const br = {
+    name: `aecn${k}`, hostIP: `10.214.${k}.1`, made: [],
+    addNetns(i) {
+      const name = `aecn${k}-n${i}`, veth = `aecn${k}v${i}`, addr = `10.214.${k}.${10 + i}`
+      br.made.push({ name, veth })
+      ip('netns', 'add', name)
+      ip('link', 'add', veth, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', name)
+      ip('link', 'set', veth, 'master', br.name)
+      ip('link', 'set', veth, 'up')
+      ip('-n', name, 'link', 'set', 'lo', 'up')
+      ip('-n', name, 'link', 'set', 'eth0', 'up')
+      ip('-n', name, 'addr', 'add', `${addr}/24`, 'dev', 'eth0')
+      ip('-n', name, 'route', 'add', 'default', 'via', br.hostIP)
+      return { name, ip: addr }
+    },
+    remove() {
+      for (const { name, veth } of br.made) {
+        run('ip', ['link', 'del', veth])
+        run('ip', ['netns', 'del', name])
+      }
+      run('ip', ['link', 'del', br.name])
+    },
+  }
+  ip('link', 'add', br.name, 'type', 'bridge')
+  try {
+    ip('addr', 'add', `${br.hostIP}/24`, 'dev', br.name)
+    ip('link', 'set', br.name, 'up')
+  } catch (err) {
+    br.remove()
+    throw err
+  }
+  return br
+}
+
+/** Whether process pid runs in the named network namespace. */
+export function inNetns(pid, name) {
+  const a = statSync(`/proc/${pid}/ns/net`)
+  const b = statSync(`/run/netns/${name}`)
+  return a.dev === b.dev && a.ino === b.ino
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -174,157 +175,12 @@ func sameNetns(t *testing.T, pid int, ns string) bool {
 	return a.Dev == b.Dev && a.Ino == b.Ino
 }
 
-// Three nodes, each in its own network namespace with its own address, a scheduler and a
-// gateway as separate processes: creates spread over the nodes and their sandboxes (whose
-// namespaces and bridges the nodes make from inside theirs) answer through the gateway.
-// A node cut off with nftables goes stale: its sandboxes answer 503 and creates go to the
-// others; once the rule is gone it rejoins, its sandboxes answer again and creates come back.
-func TestClusterNetns(t *testing.T) {
-	c := startNetCluster(t, 3, "AENV_CLUSTER_CPU_COUNT=64", "AENV_CLUSTER_MEMORY_MB=65536")
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
-	defer cancel()
-	gw := c.client(t)
-	for id, n := range c.nodes {
-		if !sameNetns(t, n.pid(), c.netns[id]) {
-			t.Fatalf("node %s does not run in namespace %s", id, c.netns[id])
-		}
-	}
-	l, err := c.sched.ListNodes(ctx, &pb.ListNodesRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, st := range l.Nodes {
-		if want := c.nodes[st.Node.Id].url(); st.Node.Endpoint != want {
-			t.Fatalf("node %s registered endpoint %s, want its own address %s", st.Node.Id, st.Node.Endpoint, want)
-		}
-	}
-
-	// Creates per second across the three nodes, 4 at a time.
-	const creates, workers = 18, 4
-	var (
-		mu  sync.Mutex
-		sbs []bench.Sandbox
-		wg  sync.WaitGroup
-	)
-	jobs := make(chan struct{}, creates)
-	for range creates {
-		jobs <- struct{}{}
-	}
-	close(jobs)
-	errs := make(chan error, creates)
-	start := time.Now()
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range jobs {
-				sb, err := gw.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 600})
-				if err != nil {
-					errs <- err
-					continue
-				}
-				mu.Lock()
-				sbs = append(sbs, sb)
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	took := time.Since(start)
-	close(errs)
-	for err := range errs {
-		t.Fatalf("create through the gateway: %v", err)
-	}
-	t.Cleanup(func() {
-		for _, sb := range sbs {
-			_ = gw.Kill(context.Background(), sb.ID)
-		}
-	})
-	perNode := map[string][]bench.Sandbox{}
-	for _, sb := range sbs {
-		n := c.nodeOf(ctx, t, sb.ID)
-		perNode[n] = append(perNode[n], sb)
-	}
-	counts := map[string]int{}
-	for n, s := range perNode {
-		counts[n] = len(s)
-	}
-	t.Logf("%d creates through the gateway, %d at a time, over 3 nodes in their own namespaces: %v (%.1f creates/s); placement %v",
-		creates, workers, took.Round(time.Millisecond), float64(creates)/took.Seconds(), counts)
-	if len(perNode) != 3 {
-		t.Fatalf("%d creates on 3 idle nodes used only %v", creates, counts)
-	}
-	for n, s := range perNode {
-		if got := run(ctx, t, gw, s[0], "echo $((6*7)) from $(hostname)"); !strings.HasPrefix(got, "42 from") {
-			t.Fatalf("a command in %s on %s through the gateway printed %q", s[0].ID, n, got)
-		}
-	}
-
-	// Partition the node of the first sandbox.
-	victim := c.nodeOf(ctx, t, sbs[0].ID)
-	cut := time.Now()
-	heal := c.partition(t, victim)
-	waitNodeState(ctx, t, c.sched, victim, pb.NodeState_NODE_STATE_STALE)
-	stale := time.Since(cut)
-	if code, body, _ := c.get(ctx, t, "/sandboxes/"+sbs[0].ID); code != http.StatusServiceUnavailable {
-		t.Fatalf("GET a sandbox of the partitioned node: %d %s, want 503", code, body)
-	}
-	for range 4 {
-		sb, err := gw.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 600})
-		if err != nil {
-			t.Fatalf("create with %s partitioned: %v", victim, err)
-		}
-		sbs = append(sbs, sb)
-		if n := c.nodeOf(ctx, t, sb.ID); n == victim {
-			t.Fatalf("a create went to the partitioned node %s", victim)
-		}
-	}
-
-	healed := time.Now()
-	heal()
-	waitUntil(t, 90*time.Second, "the healed node is ready again", func() error {
-		l, err := c.sched.ListNodes(ctx, &pb.ListNodesRequest{})
-		if err != nil {
-			return err
-		}
-		for _, st := range l.Nodes {
-			if st.Node.Id == victim && st.State != pb.NodeState_NODE_STATE_READY {
-				return fmt.Errorf("%s is %v", victim, st.State)
-			}
-		}
-		return nil
-	})
-	rejoined := time.Since(healed)
-	waitUntil(t, 30*time.Second, "the sandbox of the healed node answers through the gateway", func() error {
-		res, err := gw.Run(ctx, sbs[0], "echo back")
-		if err != nil || strings.TrimSpace(res.Stdout) != "back" {
-			return fmt.Errorf("%+v, %v", res, err)
-		}
-		return nil
-	})
-	// The healed node is now the least loaded: placements come back to it.
-	back := false
-	for range 6 {
-		sb, err := gw.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 600})
-		if err != nil {
-			t.Fatalf("create after healing: %v", err)
-		}
-		sbs = append(sbs, sb)
-		if c.nodeOf(ctx, t, sb.ID) == victim {
-			back = true
-			break
-		}
-	}
-	if !back {
-		t.Fatalf("no create went to the healed node %s", victim)
-	}
-	t.Logf("partition: stale after %v, ready again %v after the rule was removed", stale.Round(time.Millisecond), rejoined.Round(time.Millisecond))
-}
-
 // A fork through the gateway whose source's node cannot hold every child fans out: the
 // children that fit stay on the source's node, the rest are created on the others from a
 // snapshot the source's node published to the shared repository; every child has the
-// source's files. A fork that fits stays on the source's node.
+// source's files. The gateway deletes that snapshot once the children exist: the children
+// keep working after every node has synced the delete, and once they are gone no node
+// lists it. A fork that fits stays on the source's node.
 func TestForkFanOut(t *testing.T) {
 	repo, err := os.MkdirTemp("", "aenv-it-forkfan-repo-")
 	if err != nil {
@@ -375,6 +231,26 @@ func TestForkFanOut(t *testing.T) {
 	if on[a] != 2 || len(on) < 2 {
 		t.Fatalf("4 children of a sandbox on %s (room for 2 there): placed %v, want 2 on %s and the rest elsewhere", a, on, a)
 	}
+	snapshotsOf := func(base string) string {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/snapshots?sandboxID="+src.ID, nil)
+		req.Header.Set("X-API-Key", c.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s/snapshots: %d %s", base, resp.StatusCode, body)
+		}
+		return strings.TrimSpace(string(body))
+	}
+	if got := snapshotsOf(c.nodes[a].url()); got != "[]" {
+		t.Fatalf("the fork's snapshot is still on the source's node %s: %s", a, got)
+	}
+	// The other nodes sync every second: they learn of the delete and keep the entry
+	// their children use.
+	time.Sleep(2500 * time.Millisecond)
 	for _, k := range kids {
 		if k.Token == "" {
 			t.Fatalf("child %s of a secure sandbox has no envd token", k.ID)
@@ -386,6 +262,12 @@ func TestForkFanOut(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	waitUntil(t, 20*time.Second, "no node lists the fork's snapshot once its children are gone", func() error {
+		if got := snapshotsOf(c.gateway); got != "[]" {
+			return fmt.Errorf("GET /snapshots?sandboxID=%s through the gateway: %s", src.ID, got)
+		}
+		return nil
+	})
 	// Room for both on the source's node again (the kills are seen at the next heartbeat).
 	waitUntil(t, 20*time.Second, "the kills are reported", func() error {
 		l, err := c.sched.ListNodes(ctx, &pb.ListNodesRequest{})

@@ -122,27 +122,12 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 // node could not be reached, was full or did not know the template (then with its 404),
 // so another node can be tried.
 func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, body []byte, t *target, reservation string) (bool, *notFound) {
-	u := *t.base
-	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), bytes.NewReader(body))
-	if err != nil {
-		g.release(reservation)
-		writeError(w, http.StatusInternalServerError, "%v", err)
-		return true, nil
-	}
-	out.Header = r.Header.Clone()
-	resp, err := g.client.Do(out)
-	if err != nil {
-		if r.Context().Err() != nil {
-			return true, nil
+	resp, done := g.sendTo(w, r, body, t, "create", nil)
+	if resp == nil {
+		if done {
+			g.release(reservation)
 		}
-		g.log.Warn("create: node unreachable; trying another", "node", t.node, "err", err)
-		return false, nil
-	}
-	if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests {
-		resp.Body.Close()
-		g.log.Info("create: node full; trying another", "node", t.node, "status", resp.StatusCode)
-		return false, nil
+		return done, nil
 	}
 	if resp.StatusCode == http.StatusNotFound {
 		raw, err := io.ReadAll(io.LimitReader(resp.Body, maxCreateBody))
@@ -175,6 +160,38 @@ func (g *Gateway) createOn(w http.ResponseWriter, r *http.Request, body []byte, 
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(raw)
 	return true, nil
+}
+
+// sendTo sends r's method, path, query and headers (edited by header when not nil)
+// with body to t. A nil answer with done false means t could not be reached or
+// was full, so another node may be tried; with done true the request is over (the
+// caller's client went away, or an error answer was written).
+func (g *Gateway) sendTo(w http.ResponseWriter, r *http.Request, body []byte, t *target, op string, header func(http.Header)) (resp *http.Response, done bool) {
+	u := *t.base
+	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), bytes.NewReader(body))
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "%v", err)
+		return nil, true
+	}
+	out.Header = r.Header.Clone()
+	if header != nil {
+		header(out.Header)
+	}
+	resp, err = g.client.Do(out)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return nil, true
+		}
+		g.log.Warn(op+": node unreachable; trying another", "node", t.node, "err", err)
+		return nil, false
+	}
+	if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests {
+		resp.Body.Close()
+		g.log.Info(op+": node full; trying another", "node", t.node, "status", resp.StatusCode)
+		return nil, false
+	}
+	return resp, true
 }
 
 // bind records a new sandbox's node. A failure is logged, not returned: the node's next

@@ -3,6 +3,8 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -21,8 +23,12 @@ import (
 const (
 	defaultForkTimeout = 15
 	maxForkCount       = 100
-	// headerForkSnapshot names the snapshot a fanned-out fork started its remote children from.
-	headerForkSnapshot = "X-Aenv-Fork-Snapshot"
+	// forkSnapshotPrefix starts the name of the snapshot a fanned-out fork creates its
+	// children from ("fork-of-<source id>-<random>"), so one left behind when its delete
+	// fails (the source's node went away) says what it is in GET /snapshots.
+	forkSnapshotPrefix = "fork-of-"
+	// deleteWait bounds the delete of that snapshot once the children exist.
+	deleteWait = time.Minute
 	// publishWait bounds how long a child on another node waits for the fork's snapshot
 	// to be published; publishPoll is how often it asks.
 	publishWait = 2 * time.Minute
@@ -60,6 +66,8 @@ type forkError struct {
 // shared repository, and every child is created from that snapshot on the node the
 // scheduler placed it on: as many as fit on the source's node, the rest elsewhere, which
 // fetch the snapshot from the repository. Children that no node can take fail on their own.
+// The snapshot is deleted once every child exists: E2B's fork makes no snapshot, and the
+// children do not need it (see deleteForkSnapshot).
 func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, id string) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxCreateBody+1))
 	if err != nil || len(body) > maxCreateBody {
@@ -177,7 +185,11 @@ func (g *Gateway) fanOut(w http.ResponseWriter, r *http.Request, id string, srcN
 		writeError(w, http.StatusBadGateway, "node %s: read sandbox %s: %v", src.node, id, err)
 		return
 	}
-	code, raw := g.call(r, src, http.MethodPost, "/sandboxes/"+id+"/snapshots", []byte("{}"))
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:]) // never fails (crypto/rand)
+	name := forkSnapshotPrefix + id + "-" + hex.EncodeToString(suffix[:])
+	snapReq, _ := json.Marshal(map[string]string{"name": name})
+	code, raw := g.call(r, src, http.MethodPost, "/sandboxes/"+id+"/snapshots", snapReq)
 	var snap struct {
 		ID string `json:"snapshotID"`
 	}
@@ -186,6 +198,10 @@ func (g *Gateway) fanOut(w http.ResponseWriter, r *http.Request, id string, srcN
 		writeRaw(w, code, raw)
 		return
 	}
+	// After the children's creates (they wait for it), before the answer: once the fork
+	// answers, its snapshot is gone from the source's node and the repository.
+	deleteSnap := sync.OnceFunc(func() { g.deleteForkSnapshot(r, src, snap.ID, name) })
+	defer deleteSnap()
 	req := map[string]any{"templateID": snap.ID, "timeout": timeout, "secure": detail.Token != ""}
 	if detail.Metadata != nil {
 		req["metadata"] = detail.Metadata
@@ -215,11 +231,30 @@ func (g *Gateway) fanOut(w http.ResponseWriter, r *http.Request, id string, srcN
 	for i := len(placed); i < count; i++ {
 		out[i].Error = &forkError{Code: http.StatusServiceUnavailable, Message: "no node has room for this fork child"}
 	}
+	deleteSnap()
 	g.log.Info("fork fanned out", "sandbox", id, "node", src.node, "snapshot", snap.ID, "children", count)
-	w.Header().Set(headerForkSnapshot, snap.ID)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	_ = json.NewEncoder(w).Encode(out)
+}
+
+// deleteForkSnapshot deletes a fanned-out fork's snapshot on the source's node, from its
+// catalog and from the shared repository, once every child exists (or failed), even when
+// the client has gone. The children do not need it: on the source's node a sandbox keeps
+// the layers it runs on when its template or snapshot is deleted (the node's DeleteTemplate
+// contract, TestDeleteSnapshotUsedBySandboxes); a node that created children from it pins
+// their layers, keeps their blobs alive in the repository (its keep-alive refreshes them
+// well inside GC's grace) and keeps the synced entry, listed, until they are gone (its
+// sync defers removing entries in use), then drops it. A failed delete leaves the
+// snapshot named fork-of-<source>-<random> for the caller to delete.
+func (g *Gateway) deleteForkSnapshot(r *http.Request, src *target, snapID, name string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), deleteWait)
+	defer cancel()
+	code, raw := g.call(r.WithContext(ctx), src, http.MethodDelete, "/templates/"+snapID, nil)
+	if code != http.StatusNoContent && code != http.StatusNotFound {
+		g.log.Warn("delete a fork's snapshot: it stays", "snapshot", snapID, "name", name, "node", src.node,
+			"status", code, "answer", string(raw))
+	}
 }
 
 // createChild creates one child from the fork's snapshot on the node p placed it on and

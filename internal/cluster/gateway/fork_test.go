@@ -40,36 +40,54 @@ func (f *fixture) fork(t *testing.T, id, body string) (int, []forkChild, http.He
 
 // A fork that fits on the source's node is forwarded there; one that does not is made
 // from a snapshot on the source's node: the children that fit there, the rest elsewhere,
-// each bound to its node; children no node has room for fail on their own.
+// each bound to its node; children no node has room for fail on their own. The snapshot,
+// named after the source, is deleted on the source's node once the children exist; a
+// failed delete fails no child.
 func TestForkFansOut(t *testing.T) {
 	for _, tc := range []struct {
-		name       string
-		body       string
-		code       int
-		onA, onB   int
-		failed     int
-		snapshotOn string
+		name         string
+		body         string
+		deleteStatus int
+		code         int
+		onA, onB     int
+		failed       int
+		fansOut      bool
 	}{
-		{"fits on the source's node", `{"count":2}`, http.StatusOK, 0, 0, 0, ""}, // the recorder's fork answer
-		{"fans out", `{"count":3,"timeout":30}`, http.StatusCreated, 2, 1, 0, "a"},
-		{"more than the cluster holds", `{"count":6}`, http.StatusCreated, 2, 2, 2, "a"},
+		{"fits on the source's node", `{"count":2}`, 0, http.StatusOK, 0, 0, 0, false}, // the recorder's fork answer
+		{"fans out", `{"count":3,"timeout":30}`, 0, http.StatusCreated, 2, 1, 0, true},
+		{"more than the cluster holds", `{"count":6}`, 0, http.StatusCreated, 2, 2, 2, true},
+		{"the snapshot's delete fails", `{"count":3}`, http.StatusInternalServerError, http.StatusCreated, 2, 1, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, "a", "b")
+			f.nodes["a"].deleteStatus = tc.deleteStatus
 			f.beatWithSlots(t, "a", 3, "src")
 			f.beatWithSlots(t, "b", 2)
-			code, kids, hdr := f.fork(t, "src", tc.body)
+			code, kids, _ := f.fork(t, "src", tc.body)
 			if code != tc.code {
 				t.Fatalf("fork = %d %v", code, kids)
 			}
-			if tc.snapshotOn == "" {
-				if hdr.Get(headerForkSnapshot) != "" {
-					t.Fatalf("a fork that fits took a snapshot %s", hdr.Get(headerForkSnapshot))
+			a, b := f.nodes["a"], f.nodes["b"]
+			a.mu.Lock()
+			snaps, deleted := a.snapshots, a.deleted
+			a.mu.Unlock()
+			b.mu.Lock()
+			bSnaps, bDeleted := b.snapshots, b.deleted
+			b.mu.Unlock()
+			if len(bSnaps)+len(bDeleted) > 0 {
+				t.Fatalf("node b took snapshots %v, deleted %v", bSnaps, bDeleted)
+			}
+			if !tc.fansOut {
+				if len(snaps)+len(deleted) > 0 {
+					t.Fatalf("a fork that fits took snapshots %v, deleted %v", snaps, deleted)
 				}
 				return
 			}
-			if snap := hdr.Get(headerForkSnapshot); !strings.HasPrefix(snap, tc.snapshotOn+"-snap") {
-				t.Fatalf("fan-out snapshot %q, want one taken on %s", snap, tc.snapshotOn)
+			if len(snaps) != 1 || !strings.HasPrefix(snaps[0], forkSnapshotPrefix+"src-") {
+				t.Fatalf("fan-out snapshots on the source's node %v, want one named %ssrc-...", snaps, forkSnapshotPrefix)
+			}
+			if len(deleted) != 1 || !strings.HasPrefix(deleted[0], "a-snap") {
+				t.Fatalf("deleted on the source's node %v, want its snapshot", deleted)
 			}
 			on := map[string]int{}
 			failed := 0

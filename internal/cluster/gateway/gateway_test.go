@@ -29,6 +29,10 @@ type recorder struct {
 	n   int
 	// knows, when set, are the only templates its creates find (others: 404).
 	knows map[string]bool
+	// snapshots are the names of the snapshots it took, deleted the templates deleted
+	// (DELETE /templates/{id}), which answer deleteStatus (default 204).
+	snapshots, deleted []string
+	deleteStatus       int
 }
 
 func newRecorder(t testing.TB, id string) *recorder {
@@ -41,6 +45,13 @@ func newRecorder(t testing.TB, id string) *recorder {
 		w.Header().Set("Content-Type", "application/json")
 		switch {
 		case req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/snapshots"):
+			var body struct {
+				Name string `json:"name"`
+			}
+			_ = json.NewDecoder(req.Body).Decode(&body)
+			r.mu.Lock()
+			r.snapshots = append(r.snapshots, body.Name)
+			r.mu.Unlock()
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"snapshotID":"%s-snap%d"}`, id, n)
 		case req.Method == http.MethodPost && (req.URL.Path == "/v2/sandboxes" || req.URL.Path == "/sandboxes"):
@@ -58,6 +69,18 @@ func newRecorder(t testing.TB, id string) *recorder {
 			}
 			w.WriteHeader(http.StatusCreated)
 			fmt.Fprintf(w, `{"sandboxID":"%s-sb%d"}`, id, n)
+		case req.Method == http.MethodDelete && strings.HasPrefix(req.URL.Path, "/templates/"):
+			r.mu.Lock()
+			r.deleted = append(r.deleted, strings.TrimPrefix(req.URL.Path, "/templates/"))
+			code := r.deleteStatus
+			r.mu.Unlock()
+			if code == 0 {
+				code = http.StatusNoContent
+			}
+			w.WriteHeader(code)
+			if code != http.StatusNoContent {
+				fmt.Fprintf(w, `{"code":%d,"message":"delete failed"}`, code)
+			}
 		case req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/fork"):
 			fmt.Fprintf(w, `{"sandboxes":[{"sandboxID":"%s-fork%d"}]}`, id, n)
 		default:

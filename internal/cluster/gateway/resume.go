@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -107,29 +106,14 @@ func (g *Gateway) resume(w http.ResponseWriter, r *http.Request, id string) {
 // having written nothing, when t could not be reached or was full. A resume that
 // succeeded elsewhere binds the sandbox to t with reservation.
 func (g *Gateway) sendResume(w http.ResponseWriter, r *http.Request, body []byte, t *target, reservation string, adopt bool) bool {
-	u := *t.base
-	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), bytes.NewReader(body))
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "%v", err)
-		return true
-	}
-	out.Header = r.Header.Clone()
-	out.Header.Del(headerAdopt)
-	if adopt {
-		out.Header.Set(headerAdopt, "1")
-	}
-	resp, err := g.client.Do(out)
-	if err != nil {
-		if r.Context().Err() != nil {
-			return true
+	resp, done := g.sendTo(w, r, body, t, "resume", func(h http.Header) {
+		h.Del(headerAdopt)
+		if adopt {
+			h.Set(headerAdopt, "1")
 		}
-		g.log.Warn("resume: node unreachable", "node", t.node, "err", err)
-		return false
-	}
-	if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests {
-		resp.Body.Close()
-		return false
+	})
+	if resp == nil {
+		return done
 	}
 	if adopt && resp.StatusCode/100 == 2 {
 		g.bind(r.Context(), t.sandbox, t.node, reservation)

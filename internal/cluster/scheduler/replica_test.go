@@ -9,7 +9,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
@@ -26,17 +25,9 @@ type replicaServer struct {
 func startReplica(t *testing.T) *replicaServer {
 	t.Helper()
 	s, _ := newTestState(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := NewServer(s, nil)
-	g := grpc.NewServer(srv.ServerOptions()...)
-	srv.Register(g)
-	healthpb.RegisterHealthServer(g, health.NewServer())
-	go g.Serve(ln)
-	t.Cleanup(func() { g.Stop(); srv.Close() })
-	return &replicaServer{addr: ln.Addr().String(), srv: srv, state: s}
+	t.Cleanup(srv.Close)
+	return &replicaServer{addr: serveGRPC(t, srv), srv: srv, state: s}
 }
 
 func mustDial(t *testing.T, target string) *grpc.ClientConn {

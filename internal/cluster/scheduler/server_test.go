@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
@@ -22,16 +24,28 @@ import (
 // startServer serves s on a loopback port and returns a client for it.
 func startServer(tb testing.TB, s *State) pb.SchedulerClient {
 	tb.Helper()
+	return dialInsecure(tb, serveGRPC(tb, NewServer(s, nil)))
+}
+
+// serveGRPC serves srv with its production server options (and a health service,
+// which replicas dial) on a loopback port until the test ends, and returns the address.
+func serveGRPC(tb testing.TB, srv *Server) string {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	srv := NewServer(s, nil)
 	g := grpc.NewServer(srv.ServerOptions()...)
 	srv.Register(g)
+	healthpb.RegisterHealthServer(g, health.NewServer())
 	go g.Serve(ln)
 	tb.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return ln.Addr().String()
+}
+
+func dialInsecure(tb testing.TB, addr string) pb.SchedulerClient {
+	tb.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		tb.Fatal(err)
 	}

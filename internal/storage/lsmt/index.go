@@ -53,17 +53,24 @@ func (m Mapping) backwardTo(x uint64) Mapping {
 	return m
 }
 
-// clip restricts m to [lo, hi); m must intersect the range.
-// It uses min and max rather than branches: whether a lookup starts inside a
-// mapping is random, so branches here mispredict about half the time.
-func (m Mapping) clip(lo, hi uint64) Mapping {
+// clip returns m restricted to [lo, hi); m must intersect the range.
+// It builds the result field by field from min and max rather than copying
+// and patching m: whether a lookup starts inside a mapping is random, so
+// branches here mispredict about half the time, and a copied struct is
+// written and re-read through the stack, which costs a store-forwarding
+// stall per field.
+func (m *Mapping) clip(lo, hi uint64) Mapping {
 	s, e := max(m.Offset, lo), min(m.End(), hi)
-	if !m.Zeroed {
-		m.MOffset += s - m.Offset
+	// Zeroed mappings keep their MOffset: the shift is masked to 0.
+	shift := (s - m.Offset) & (uint64(b2u(m.Zeroed)) - 1)
+	return Mapping{Offset: s, MOffset: m.MOffset + shift, Length: uint32(e - s), Zeroed: m.Zeroed, Tag: m.Tag}
+}
+
+func b2u(b bool) uint8 {
+	if b {
+		return 1
 	}
-	m.Offset = s
-	m.Length = uint32(e - s)
-	return m
+	return 0
 }
 
 // EncodeMapping writes m in the 16-byte on-disk form.
@@ -142,11 +149,30 @@ func (ix *Index) first(off uint64) int { return ix.bt.search(off) }
 // It stops early when fn returns false.
 func (ix *Index) Lookup(off, n uint64, fn func(Mapping) bool) {
 	end := off + n
-	for i := ix.first(off); i < len(ix.m) && ix.m[i].Offset < end; i++ {
-		if !fn(ix.m[i].clip(off, end)) {
+	for i := ix.first(off); i < len(ix.m); i++ {
+		p := &ix.m[i]
+		if p.Offset >= end {
+			return
+		}
+		if !fn(p.clip(off, end)) {
 			return
 		}
 	}
+}
+
+// AppendLookup appends the mappings intersecting sectors [off, off+n),
+// clipped to that range, in ascending order, to dst and returns the result:
+// Lookup without a callback, as upstream's lookup(segment, pm, n).
+func (ix *Index) AppendLookup(dst []Mapping, off, n uint64) []Mapping {
+	end := off + n
+	for i := ix.first(off); i < len(ix.m); i++ {
+		p := &ix.m[i]
+		if p.Offset >= end {
+			break
+		}
+		dst = append(dst, p.clip(off, end))
+	}
+	return dst
 }
 
 // Overlay returns the mappings of top over bottom: every top mapping plus the

@@ -1,6 +1,7 @@
 package lsmt
 
 import (
+	"bytes"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -87,61 +88,146 @@ func randomMappings(r *rand.Rand, n int) []Mapping {
 	return ms
 }
 
-// TestIndexLookupDifferential compares Lookup and the tree search with the
-// linear reference on random indexes whose sizes straddle the tree's level
-// boundaries (8 keys a node, 9 children), at every mapping edge and at
-// random points.
+// searchImpls are every node search that can run here for t's key width,
+// so both the vector and the Go descent are checked on an AVX-512 machine.
+func searchImpls(t *stree) map[string]func(uint64) int {
+	impls := map[string]func(uint64) int{"search": t.search}
+	desc := func(f func(uint64) int) func(uint64) int {
+		return func(x uint64) int {
+			if x >= t.maxEnd {
+				return t.n
+			}
+			return f(x)
+		}
+	}
+	switch {
+	case t.k32 != nil:
+		impls["go32"] = desc(func(x uint64) int { return search32Go(t.k32, t.levels, uint32(x)) })
+		if haveAVX512 {
+			impls["avx32"] = desc(func(x uint64) int { return search32AVX512(&t.k32[0], &t.levels[0], len(t.levels), uint32(x)) })
+		}
+	case t.k64 != nil:
+		impls["go64"] = desc(func(x uint64) int { return search64Go(t.k64, t.levels, x) })
+		if haveAVX512 {
+			impls["avx64"] = desc(func(x uint64) int { return search64AVX512(&t.k64[0], &t.levels[0], len(t.levels), x) })
+		}
+	}
+	return impls
+}
+
+// checkQuery compares every search implementation with sort.Search, and
+// Lookup and AppendLookup with the linear reference when full is set.
+func checkQuery(t *testing.T, ix *Index, impls map[string]func(uint64) int, q, l uint64, full bool) {
+	t.Helper()
+	want := sort1(ix.m, q)
+	for name, f := range impls {
+		if got := f(q); got != want {
+			t.Fatalf("n=%d %s(%d) = %d, want %d", len(ix.m), name, q, got, want)
+		}
+	}
+	if !full {
+		return
+	}
+	ref := naiveLookup(ix.m, q, l)
+	if got := collect(ix, q, l); !slices.Equal(got, ref) {
+		t.Fatalf("n=%d Lookup(%d,%d) = %v, want %v", len(ix.m), q, l, got, ref)
+	}
+	if got := ix.AppendLookup(nil, q, l); !slices.Equal(got, ref) {
+		t.Fatalf("n=%d AppendLookup(%d,%d) = %v, want %v", len(ix.m), q, l, got, ref)
+	}
+}
+
+// TestIndexLookupDifferential compares Lookup and the tree searches with
+// the linear reference on random indexes whose sizes straddle the tree's
+// level boundaries (16 keys a node and 17 children for uint32 keys, 8 and 9
+// for uint64), at every mapping edge and at random points. Each index is
+// checked at a low base (uint32 keys) and above 2^32 sectors (uint64 keys).
 func TestIndexLookupDifferential(t *testing.T) {
 	r := rand.New(rand.NewPCG(14, 14))
-	for _, n := range []int{1, 2, 7, 8, 9, 71, 72, 73, 80, 81, 647, 648, 649, 5831, 5833, 60000} {
-		ms := randomMappings(r, n)
+	sizes := []int{1, 2, 7, 8, 9, 15, 16, 17, 71, 72, 73, 80, 81, 271, 272, 273, 288, 289, 647, 648, 649,
+		4623, 4624, 4625, 5831, 5833, 60000, 78609}
+	for _, base := range []uint64{0, 1 << 32, 1<<49 - 1<<30} {
+		for _, n := range sizes {
+			ms := randomMappings(r, n)
+			for i := range ms {
+				ms[i].Offset += base
+			}
+			ix, err := NewIndex(ms)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if wide := ix.bt.k64 != nil; wide != (base > 0) {
+				t.Fatalf("base %d: uint64 keys = %v", base, wide)
+			}
+			impls := searchImpls(&ix.bt)
+			full := n <= 1000 // the linear reference is quadratic; the searches cover the rest
+			last := ms[n-1].End()
+			var qs []uint64
+			for _, i := range []int{0, 1, n / 2, n - 2, n - 1} {
+				if i < 0 || i >= n {
+					continue
+				}
+				m := ms[i]
+				qs = append(qs, m.Offset, m.Offset+1, m.End()-1, m.End(), m.End()+1)
+				if m.Offset > 0 {
+					qs = append(qs, m.Offset-1)
+				}
+			}
+			for range 300 {
+				qs = append(qs, base+r.Uint64N(last-base+40))
+			}
+			qs = append(qs, 0, base/2, last+1000, 1<<49, InvalidOffset, math.MaxUint32-1, math.MaxUint32, math.MaxUint64)
+			for _, q := range qs {
+				for _, l := range []uint64{1, 8, 1 + r.Uint64N(64)} {
+					checkQuery(t, ix, impls, q, l, full && q < math.MaxUint64-64)
+				}
+			}
+			// Every boundary of every mapping, for the large sizes too.
+			for _, m := range ms {
+				for _, q := range []uint64{m.Offset - 1, m.Offset, m.End() - 1, m.End()} {
+					checkQuery(t, ix, impls, q, 8, false)
+				}
+			}
+		}
+	}
+}
+
+// FuzzIndexLookup checks Lookup, AppendLookup and every tree search against
+// the linear reference on indexes built from the input: each 3 bytes give a
+// gap, a length and the zeroed flag of one mapping, base places the index
+// (above 2^32 sectors it takes uint64 keys), and the queries are q and a
+// sweep of the index's span.
+func FuzzIndexLookup(f *testing.F) {
+	f.Add([]byte{0, 7, 0}, uint64(0), uint64(3), uint16(8))
+	f.Add([]byte{3, 7, 1, 0, 2, 0, 9, 63, 0, 0, 0, 1}, uint64(100), uint64(105), uint16(40))
+	f.Add(bytes.Repeat([]byte{1, 5, 0, 0, 9, 1}, 200), uint64(1<<32-600), uint64(1<<32), uint16(16))
+	f.Add(bytes.Repeat([]byte{0, 1, 0}, 400), uint64(1<<40), uint64(1<<40+77), uint16(3))
+	f.Add(bytes.Repeat([]byte{31, 63, 0}, 300), uint64(InvalidOffset-30000), uint64(InvalidOffset-1), uint16(1))
+	f.Fuzz(func(t *testing.T, data []byte, base, q uint64, l uint16) {
+		base %= InvalidOffset
+		var ms []Mapping
+		pos := base
+		for i := 0; i+2 < len(data); i += 3 {
+			pos += uint64(data[i] % 32)
+			m := Mapping{Offset: pos, Length: 1 + uint32(data[i+1]%64), MOffset: uint64(i) * 64, Zeroed: data[i+2]&1 == 1}
+			if m.End() >= InvalidOffset {
+				break
+			}
+			ms = append(ms, m)
+			pos = m.End()
+		}
 		ix, err := NewIndex(ms)
 		if err != nil {
 			t.Fatal(err)
 		}
-		last := ms[n-1].End()
-		var qs []uint64
-		for _, i := range []int{0, 1, n / 2, n - 2, n - 1} {
-			if i < 0 || i >= n {
-				continue
-			}
-			m := ms[i]
-			qs = append(qs, m.Offset, m.Offset+1, m.End()-1, m.End(), m.End()+1)
-			if m.Offset > 0 {
-				qs = append(qs, m.Offset-1)
-			}
+		impls := searchImpls(&ix.bt)
+		n := 1 + uint64(l%4096)
+		checkQuery(t, ix, impls, q%(InvalidOffset+1), n, true)
+		span := pos - base + 2
+		for k := uint64(0); k < 64; k++ {
+			checkQuery(t, ix, impls, base+k*span/64, n, true)
 		}
-		for range 300 {
-			qs = append(qs, r.Uint64N(last+40))
-		}
-		qs = append(qs, last+1000, 1<<49, InvalidOffset)
-		for _, q := range qs {
-			want := sort1(ms, q)
-			if got := ix.first(q); got != want {
-				t.Fatalf("n=%d first(%d) = %d, want %d", n, q, got, want)
-			}
-			if n > 1000 {
-				continue // the linear reference is quadratic; first() covers the rest
-			}
-			for _, l := range []uint64{1, 8, 1 + r.Uint64N(64)} {
-				if got, want := collect(ix, q, l), naiveLookup(ms, q, l); !slices.Equal(got, want) {
-					t.Fatalf("n=%d Lookup(%d,%d) = %v, want %v", n, q, l, got, want)
-				}
-			}
-		}
-		// Every boundary of every mapping, for the large sizes too.
-		for i, m := range ms {
-			if got := ix.first(m.Offset); got != i {
-				t.Fatalf("n=%d first(start of %d) = %d", n, i, got)
-			}
-			if got := ix.first(m.End() - 1); got != i {
-				t.Fatalf("n=%d first(last sector of %d) = %d", n, i, got)
-			}
-			if got, want := ix.first(m.End()), sort1(ms, m.End()); got != want {
-				t.Fatalf("n=%d first(end of %d) = %d, want %d", n, i, got, want)
-			}
-		}
-	}
+	})
 }
 
 // sort1 is the position of the first mapping ending after q, by the standard
