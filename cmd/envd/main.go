@@ -92,6 +92,11 @@ func run() error {
 		SetClock:  *setClock,
 		HostsFile: hostsFile,
 	})
+	if runDir != "" {
+		// Made at start rather than by the first /init: a warm container's envd starts
+		// before the sandbox it becomes is asked for, so this is off the create's path.
+		_ = os.MkdirAll(runDir, 0o755)
+	}
 	var handler http.Handler = srv
 	if *verbose {
 		handler = logRequests(log, srv)

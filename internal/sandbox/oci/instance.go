@@ -24,6 +24,8 @@ type Instance struct {
 	started time.Time
 	// allowInternet is the network policy it was launched with (fork children inherit it).
 	allowInternet bool
+	// running is set on a warm container whose init the pool already started.
+	running bool
 
 	// snapMu serializes snapshots (and a pause to disk) of this sandbox.
 	snapMu sync.Mutex

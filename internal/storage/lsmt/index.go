@@ -54,16 +54,27 @@ func (m Mapping) backwardTo(x uint64) Mapping {
 }
 
 // clip returns m restricted to [lo, hi); m must intersect the range.
-// It builds the result field by field from min and max rather than copying
-// and patching m: whether a lookup starts inside a mapping is random, so
-// branches here mispredict about half the time, and a copied struct is
-// written and re-read through the stack, which costs a store-forwarding
-// stall per field.
+// It uses min and max rather than branches: whether a lookup starts inside
+// a mapping is random, so branches here mispredict about half the time.
 func (m *Mapping) clip(lo, hi uint64) Mapping {
-	s, e := max(m.Offset, lo), min(m.End(), hi)
+	var c Mapping
+	m.clipTo(&c, lo, hi)
+	return c
+}
+
+// clipTo stores m restricted to [lo, hi) in c, one field at a time: the
+// compiler copies a whole Mapping as two overlapping 16-byte moves, and
+// reading a field back from such a copy stalls on store forwarding (perf
+// put half of a lookup's time there).
+func (m *Mapping) clipTo(c *Mapping, lo, hi uint64) {
+	off, end, mo, z := m.Offset, m.End(), m.MOffset, m.Zeroed
+	s, e := max(off, lo), min(end, hi)
 	// Zeroed mappings keep their MOffset: the shift is masked to 0.
-	shift := (s - m.Offset) & (uint64(b2u(m.Zeroed)) - 1)
-	return Mapping{Offset: s, MOffset: m.MOffset + shift, Length: uint32(e - s), Zeroed: m.Zeroed, Tag: m.Tag}
+	c.Offset = s
+	c.MOffset = mo + (s-off)&(uint64(b2u(z))-1)
+	c.Length = uint32(e - s)
+	c.Zeroed = z
+	c.Tag = m.Tag
 }
 
 func b2u(b bool) uint8 {
@@ -149,7 +160,15 @@ func (ix *Index) first(off uint64) int { return ix.bt.search(off) }
 // It stops early when fn returns false.
 func (ix *Index) Lookup(off, n uint64, fn func(Mapping) bool) {
 	end := off + n
-	for i := ix.first(off); i < len(ix.m); i++ {
+	// The common case calls the vector descent directly (search32 inlines,
+	// first cannot): one call per lookup instead of two.
+	i := 0
+	if t := &ix.bt; t.vec32 && off < t.maxEnd {
+		i = t.search32(off)
+	} else {
+		i = t.search(off)
+	}
+	for ; i < len(ix.m); i++ {
 		p := &ix.m[i]
 		if p.Offset >= end {
 			return
@@ -165,12 +184,23 @@ func (ix *Index) Lookup(off, n uint64, fn func(Mapping) bool) {
 // Lookup without a callback, as upstream's lookup(segment, pm, n).
 func (ix *Index) AppendLookup(dst []Mapping, off, n uint64) []Mapping {
 	end := off + n
-	for i := ix.first(off); i < len(ix.m); i++ {
+	i := 0 // as in Lookup
+	if t := &ix.bt; t.vec32 && off < t.maxEnd {
+		i = t.search32(off)
+	} else {
+		i = t.search(off)
+	}
+	for ; i < len(ix.m); i++ {
 		p := &ix.m[i]
 		if p.Offset >= end {
 			break
 		}
-		dst = append(dst, p.clip(off, end))
+		if len(dst) == cap(dst) {
+			dst = append(dst, Mapping{})
+		} else {
+			dst = dst[:len(dst)+1]
+		}
+		p.clipTo(&dst[len(dst)-1], off, end)
 	}
 	return dst
 }

@@ -29,6 +29,12 @@ type stree struct {
 	levels []int
 	n      int    // number of real keys
 	maxEnd uint64 // largest end; queries at or past it skip the descent
+	// ms is the first indexed mapping, which the vector search prefetches
+	// the found leaf's mappings from.
+	ms *Mapping
+	// vec32 marks the common case, a uint32 tree on a CPU with AVX-512,
+	// which Index lookups call straight into (see Index.Lookup).
+	vec32 bool
 }
 
 func newStree(ms []Mapping) stree {
@@ -36,11 +42,12 @@ func newStree(ms []Mapping) stree {
 	if n == 0 {
 		return stree{}
 	}
-	t := stree{n: n, maxEnd: ms[n-1].End()}
+	t := stree{n: n, maxEnd: ms[n-1].End(), ms: &ms[0]}
 	// Strictly below: the padding key (MaxUint32) must exceed every query
 	// that descends, and those are below maxEnd.
 	if t.maxEnd < math.MaxUint32 {
 		t.k32, t.levels = buildStree[uint32](ms)
+		t.vec32 = haveAVX512
 	} else {
 		t.k64, t.levels = buildStree[uint64](ms)
 	}
@@ -112,29 +119,29 @@ func alignedKeys[K uint32 | uint64](n int) []K {
 }
 
 // search returns the number of ends <= x, i.e. the position of the first
-// mapping that ends after sector x (n when none does). It is small enough to
-// inline, so the common case (a uint32 tree on a CPU with AVX-512) costs one
-// call, straight into the vector descent.
+// mapping that ends after sector x (n when none does).
 func (t *stree) search(x uint64) int {
 	if x >= t.maxEnd {
 		// Also keeps the descent away from padding keys, which only a
 		// query of the key type's maximum would count.
 		return t.n
 	}
-	if haveAVX512 && t.k32 != nil {
-		return search32AVX512(&t.k32[0], &t.levels[0], len(t.levels), uint32(x))
+	if t.vec32 {
+		return t.search32(x)
 	}
-	return t.searchOther(x)
-}
-
-func (t *stree) searchOther(x uint64) int {
 	if t.k32 != nil {
 		return search32Go(t.k32, t.levels, uint32(x))
 	}
 	if haveAVX512 {
-		return search64AVX512(&t.k64[0], &t.levels[0], len(t.levels), x)
+		return search64AVX512(&t.k64[0], &t.levels[0], len(t.levels), x, t.ms)
 	}
 	return search64Go(t.k64, t.levels, x)
+}
+
+// search32 is the vector descent of a uint32 tree; t.vec32 must be set and
+// x below t.maxEnd.
+func (t *stree) search32(x uint64) int {
+	return search32AVX512(&t.k32[0], &t.levels[0], len(t.levels), uint32(x), t.ms)
 }
 
 // search32Go descends a uint32 tree: at each level it counts the keys <= x

@@ -2,19 +2,24 @@
 
 #include "textflag.h"
 
-// func search32AVX512(keys *uint32, levels *int, nlevels int, x uint32) int
+// func search32AVX512(keys *uint32, levels *int, nlevels int, x uint32, ms *Mapping) int
 //
 // Per level: K1 = lanes of the node with key <= x (VPCMPUD predicate 5,
 // "not less than": x >= key), c = popcount(K1), parent = k, k = 17k + c.
-// Returns k - parent, the position in the leaf level.
-TEXT ·search32AVX512(SB), NOSPLIT, $0-40
+// At the leaf level the result is 16k + c. Before the leaf's compare it
+// prefetches the 16 mappings that leaf indexes (and the next one): on a
+// large index the leaf line and the mapping the caller reads next are both
+// cache misses, and this way they overlap instead of following each other.
+TEXT ·search32AVX512(SB), NOSPLIT, $0-48
 	MOVQ keys+0(FP), SI
 	MOVQ levels+8(FP), DI
 	MOVQ nlevels+16(FP), CX
 	MOVL x+24(FP), AX
+	MOVQ ms+32(FP), R11
 	VPBROADCASTD AX, Z0
 	XORQ BX, BX
-	XORQ DX, DX
+	DECQ CX
+	JZ   leaf32
 
 loop32:
 	MOVQ    BX, R9
@@ -31,22 +36,43 @@ loop32:
 	DECQ    CX
 	JNZ     loop32
 
-	SUBQ DX, BX
-	MOVQ BX, ret+32(FP)
+leaf32:
+	// 16 mappings of 24 bytes: 384 bytes from ms + 384k, plus one more.
+	IMUL3Q     $384, BX, R12
+	ADDQ       R11, R12
+	PREFETCHT0 (R12)
+	PREFETCHT0 64(R12)
+	PREFETCHT0 128(R12)
+	PREFETCHT0 192(R12)
+	PREFETCHT0 256(R12)
+	PREFETCHT0 320(R12)
+	PREFETCHT0 384(R12)
+	MOVQ       BX, R9
+	SHLQ       $4, R9
+	ADDQ       (DI), R9
+	VPCMPUD    $5, (SI)(R9*4), Z0, K1
+	KMOVW      K1, R10
+	POPCNTL    R10, R10
+	SHLQ       $4, BX
+	ADDQ       R10, BX
+	MOVQ       BX, ret+40(FP)
 	VZEROUPPER
 	RET
 
-// func search64AVX512(keys *uint64, levels *int, nlevels int, x uint64) int
+// func search64AVX512(keys *uint64, levels *int, nlevels int, x uint64, ms *Mapping) int
 //
-// As search32AVX512 with 8 lanes: k = 9k + c.
-TEXT ·search64AVX512(SB), NOSPLIT, $0-40
+// As search32AVX512 with 8 lanes: k = 9k + c, leaf result 8k + c, and the
+// leaf's 8 mappings are 192 bytes.
+TEXT ·search64AVX512(SB), NOSPLIT, $0-48
 	MOVQ keys+0(FP), SI
 	MOVQ levels+8(FP), DI
 	MOVQ nlevels+16(FP), CX
 	MOVQ x+24(FP), AX
+	MOVQ ms+32(FP), R11
 	VPBROADCASTQ AX, Z0
 	XORQ BX, BX
-	XORQ DX, DX
+	DECQ CX
+	JZ   leaf64
 
 loop64:
 	MOVQ    BX, R9
@@ -63,7 +89,21 @@ loop64:
 	DECQ    CX
 	JNZ     loop64
 
-	SUBQ DX, BX
-	MOVQ BX, ret+32(FP)
+leaf64:
+	IMUL3Q     $192, BX, R12
+	ADDQ       R11, R12
+	PREFETCHT0 (R12)
+	PREFETCHT0 64(R12)
+	PREFETCHT0 128(R12)
+	PREFETCHT0 192(R12)
+	MOVQ       BX, R9
+	SHLQ       $3, R9
+	ADDQ       (DI), R9
+	VPCMPUQ    $5, (SI)(R9*8), Z0, K1
+	KMOVW      K1, R10
+	POPCNTL    R10, R10
+	SHLQ       $3, BX
+	ADDQ       R10, BX
+	MOVQ       BX, ret+40(FP)
 	VZEROUPPER
 	RET

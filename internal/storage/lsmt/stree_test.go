@@ -104,12 +104,12 @@ func searchImpls(t *stree) map[string]func(uint64) int {
 	case t.k32 != nil:
 		impls["go32"] = desc(func(x uint64) int { return search32Go(t.k32, t.levels, uint32(x)) })
 		if haveAVX512 {
-			impls["avx32"] = desc(func(x uint64) int { return search32AVX512(&t.k32[0], &t.levels[0], len(t.levels), uint32(x)) })
+			impls["avx32"] = desc(func(x uint64) int { return search32AVX512(&t.k32[0], &t.levels[0], len(t.levels), uint32(x), t.ms) })
 		}
 	case t.k64 != nil:
 		impls["go64"] = desc(func(x uint64) int { return search64Go(t.k64, t.levels, x) })
 		if haveAVX512 {
-			impls["avx64"] = desc(func(x uint64) int { return search64AVX512(&t.k64[0], &t.levels[0], len(t.levels), x) })
+			impls["avx64"] = desc(func(x uint64) int { return search64AVX512(&t.k64[0], &t.levels[0], len(t.levels), x, t.ms) })
 		}
 	}
 	return impls
@@ -134,6 +134,12 @@ func checkQuery(t *testing.T, ix *Index, impls map[string]func(uint64) int, q, l
 	}
 	if got := ix.AppendLookup(nil, q, l); !slices.Equal(got, ref) {
 		t.Fatalf("n=%d AppendLookup(%d,%d) = %v, want %v", len(ix.m), q, l, got, ref)
+	}
+	// The Go descent behind Lookup, as on a CPU without AVX-512.
+	noVec := *ix
+	noVec.bt.vec32 = false
+	if got := noVec.AppendLookup(nil, q, l); !slices.Equal(got, ref) {
+		t.Fatalf("n=%d AppendLookup without vectors (%d,%d) = %v, want %v", len(ix.m), q, l, got, ref)
 	}
 }
 
