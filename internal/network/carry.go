@@ -3,16 +3,14 @@ package network
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"slices"
 	"strings"
 )
 
-// A start replaces the tables (the redirect rule names the egress proxy's port, new with
-// every start), which empties their sets. The sandboxes a restart adopts would then run
+// A start that replaces the tables (tables.go: they are not what it would install, or
+// the egress proxy's port changed) empties their sets. The sandboxes a restart adopts would then run
 // without their internet block, their deny destinations and their proxy redirect until
 // their backend re-applies them: a window in which a sandbox cut off from the internet is
 // not. So the start reads the elements the surviving slots hold and puts them back in the
@@ -35,21 +33,43 @@ type nftSetJSON struct {
 	} `json:"set"`
 }
 
-// readCarried returns the set elements of the existing inet table whose source is one of
-// ips (the slots an earlier run left), by source. No table: nothing.
-func (p *Pool) readCarried(ctx context.Context, ips map[netip.Addr]bool) (map[netip.Addr]*carriedSlot, error) {
-	out, err := exec.CommandContext(ctx, "nft", "-j", "list", "table", "inet", p.cfg.Bridge).Output()
+// openTables lists the tables an earlier run left, starts the egress proxy (on the port
+// they name when it is free) and installs the rules, unless the installed tables are
+// already these rules (tables.go): then they stay, and the set elements of every source
+// are carried (Reconcile removes those of slots it does not keep). Replaced tables get
+// back the elements whose source is one of ips (the slots an earlier run left).
+func (p *Pool) openTables(ctx context.Context, ips map[netip.Addr]bool) (map[netip.Addr]*carriedSlot, bool, error) {
+	inet, bridge, err := p.listTables(ctx)
 	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) && strings.Contains(string(ee.Stderr), "No such file") {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("network: read the sets of table inet %s: %w", p.cfg.Bridge, err)
+		// Still start: the backends re-apply every adopted sandbox's policy, only later.
+		p.cfg.Logger.Warn("network: the surviving sandboxes' egress rules are not carried over; they are re-applied when adopted", "err", err)
+		inet, bridge = installed{}, installed{}
 	}
-	return parseCarried(out, ips)
+	if err := p.startEgressProxy(fingerprintPort(inet.comment)); err != nil {
+		return nil, false, err
+	}
+	inetText, bridgeText := p.tables()
+	keep := tablesMatch(inet, bridge, inetText, bridgeText)
+	var carried map[netip.Addr]*carriedSlot
+	if inet.raw != nil {
+		only := ips
+		if keep {
+			only = nil
+		}
+		if carried, err = parseCarried(inet.raw, only); err != nil {
+			p.cfg.Logger.Warn("network: the surviving sandboxes' egress rules are not carried over; they are re-applied when adopted", "err", err)
+			carried, keep = nil, false
+		}
+	}
+	if err := p.installRules(ctx, carried, keep); err != nil {
+		p.stopEgressProxy()
+		return nil, false, err
+	}
+	return carried, keep, nil
 }
 
-// parseCarried reads the output of `nft -j list table inet <bridge>`.
+// parseCarried reads the set elements of the output of `nft -j list table inet <bridge>`
+// whose source is one of ips (nil: every source).
 func parseCarried(out []byte, ips map[netip.Addr]bool) (map[netip.Addr]*carriedSlot, error) {
 	var doc struct {
 		Nftables []nftSetJSON `json:"nftables"`
@@ -79,7 +99,7 @@ func parseCarried(out []byte, ips map[netip.Addr]bool) (map[netip.Addr]*carriedS
 			if err != nil {
 				return nil, fmt.Errorf("network: set %s: %w", name, err)
 			}
-			if !ips[src] {
+			if ips != nil && !ips[src] {
 				continue
 			}
 			switch name {
@@ -174,9 +194,9 @@ func (p *Pool) writeCarried(b *strings.Builder, op string, a netip.Addr, c *carr
 }
 
 // settleCarried runs after Reconcile has chosen the slots to keep: the elements of
-// slots it removed go, a kept slot allowed the internet leaves the blocked set, and every
-// kept slot starts from the destinations and redirect it holds. Kept slots not allowed
-// the internet are added to the blocked set by the caller.
+// slots it removed go, a kept slot allowed the internet leaves the blocked set and one
+// not allowed it joins it, and every kept slot starts from the destinations and redirect
+// it holds. One nft run for all, none when the sets already are as they should.
 func (p *Pool) settleCarried(ctx context.Context, carried map[netip.Addr]*carriedSlot, kept map[int]*Slot) error {
 	keptBy := map[netip.Addr]*Slot{}
 	for _, s := range kept {
@@ -194,6 +214,16 @@ func (p *Pool) settleCarried(ctx context.Context, carried map[netip.Addr]*carrie
 		if c.blocked && s.AllowInternet {
 			fmt.Fprintf(&b, "delete element inet %s blocked { %s }\n", p.cfg.Bridge, a)
 		}
+	}
+	var blocked []string
+	for _, s := range kept {
+		if c := carried[s.IP]; !s.AllowInternet && (c == nil || !c.blocked) {
+			blocked = append(blocked, s.IP.String())
+		}
+	}
+	if len(blocked) > 0 {
+		slices.Sort(blocked)
+		fmt.Fprintf(&b, "add element inet %s blocked { %s }\n", p.cfg.Bridge, strings.Join(blocked, ", "))
 	}
 	if b.Len() == 0 {
 		return nil

@@ -158,6 +158,8 @@ type Pool struct {
 	proxy     *egressproxy.Proxy
 	proxyLn   net.Listener
 	proxyPort int
+	// tablesKept: New found the tables already as it would install them (tables.go).
+	tablesKept bool
 }
 
 // New creates (or adopts) the bridge and nftables rules. Slots found from an earlier run
@@ -193,24 +195,17 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	if err := p.ensureBridgeNamed(p.cfg.Bridge, subnet.Bits()); err != nil {
 		return nil, err
 	}
-	if err := p.startEgressProxy(); err != nil {
-		return nil, err
-	}
 	existing := p.existingIndexes()
 	ips := make(map[netip.Addr]bool, len(existing))
 	for _, i := range existing {
 		ips[p.slotFor(i).IP] = true
 	}
-	carried, err := p.readCarried(ctx, ips)
+	carried, keep, err := p.openTables(ctx, ips)
 	if err != nil {
-		// Still start: the backends re-apply every adopted sandbox's policy, only later.
-		cfg.Logger.Warn("network: the surviving sandboxes' egress rules are not carried over; they are re-applied when adopted", "err", err)
-	}
-	if err := p.installRules(ctx, carried); err != nil {
-		p.stopEgressProxy()
 		return nil, err
 	}
-	p.carried = carried
+	p.carried, p.tablesKept = carried, keep
+	p.cfg.Logger.Info("network: nftables", "kept", keep, "carried_sources", len(carried), "egress_proxy_port", p.proxyPort)
 	for _, i := range existing {
 		p.used[i] = true
 		p.reserved[i] = true
@@ -365,14 +360,10 @@ func (p *Pool) Reconcile(ctx context.Context, keep map[int]bool) (map[int]*Slot,
 		}
 	}
 	p.mu.Unlock()
-	var blocked []string // kept slots without internet: one nft transaction for all
 	for i := range reserved {
 		if allow, ok := keep[i]; ok {
 			s := p.slotFor(i)
 			s.AllowInternet = allow
-			if !allow {
-				blocked = append(blocked, s.IP.String())
-			}
 			kept[i] = s
 			p.mu.Lock()
 			p.used[i] = true
@@ -386,15 +377,9 @@ func (p *Pool) Reconcile(ctx context.Context, keep map[int]bool) (map[int]*Slot,
 		delete(p.used, i)
 		p.mu.Unlock()
 	}
+	// One nft run for all kept slots, and none when the sets already hold what they need.
 	if err := p.settleCarried(ctx, carried, kept); err != nil {
 		errs = append(errs, err)
-	}
-	if len(blocked) > 0 {
-		// Each nft run costs ~0.1 s of CPU whatever it does: a restart with hundreds of
-		// such sandboxes must not pay it per sandbox.
-		if err := nft(ctx, fmt.Sprintf("add element inet %s blocked { %s }\n", p.cfg.Bridge, strings.Join(blocked, ", "))); err != nil {
-			errs = append(errs, fmt.Errorf("network: block internet for %d kept slots: %w", len(blocked), err))
-		}
 	}
 	p.startFiller()
 	return kept, errors.Join(errs...)

@@ -23,13 +23,28 @@ import (
 //   - bridge: forward drops frames between two sandbox ports, in addition to the kernel's
 //     isolated-port flag set on each veth.
 func (p *Pool) rules() string {
+	inet, bridge := p.tables()
+	return fmt.Sprintf("table inet %[1]s {}\ndelete table inet %[1]s\ntable bridge %[1]s {}\ndelete table bridge %[1]s\n", p.cfg.Bridge) +
+		inet + bridge
+}
+
+// tables are the two tables' definitions, each holding the rules' fingerprint
+// (tables.go) as a rule comment.
+func (p *Pool) tables() (inet, bridge string) {
+	bridges := p.bridgesSet() // lists the host's links: once
+	inet, bridge = p.tableText(bridges, "")
+	return p.tableText(bridges, fingerprint(p.proxyPort, inet+bridge))
+}
+
+// tableText writes the two tables, with the set of bridges bridges and comment on their
+// last rule.
+func (p *Pool) tableText(bridges, comment string) (inet, bridge string) {
 	br, sub, pre := p.cfg.Bridge, p.subnet.String(), p.cfg.Prefix
 	sets, prerouting, input, fwd := p.proxyRules()
-	return fmt.Sprintf(`table inet %[1]s {}
-delete table inet %[1]s
-table bridge %[1]s {}
-delete table bridge %[1]s
-table inet %[1]s {
+	if comment != "" {
+		comment = fmt.Sprintf(" comment %q", comment)
+	}
+	inet = fmt.Sprintf(`table inet %[1]s {
 %[9]s	set blocked { type ipv4_addr; }
 	set egress_allow { type ipv4_addr . ipv4_addr; flags interval; }
 	set egress_deny { type ipv4_addr . ipv4_addr; flags interval; }
@@ -52,23 +67,28 @@ table inet %[1]s {
 	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
-		ip saddr %[2]s oifname != @bridges masquerade
+		ip saddr %[2]s oifname != @bridges masquerade%[10]s
 	}
 }
-table bridge %[1]s {
+`, br, sub, pre, p.infraRules(), sets, prerouting, input, fwd, bridges, comment)
+	bridge = fmt.Sprintf(`table bridge %[1]s {
 	chain forward {
 		type filter hook forward priority filter; policy accept;
-		iifname "%[3]sh*" oifname "%[3]sh*" drop
+		iifname "%[2]sh*" oifname "%[2]sh*" drop%[3]s
 	}
 }
-`, br, sub, pre, p.infraRules(), sets, prerouting, input, fwd, p.bridgesSet())
+`, br, pre, comment)
+	return inet, bridge
 }
 
 // installRules replaces the tables and, in the same transaction, puts back the set
-// elements of the slots an earlier run left (carry.go).
-func (p *Pool) installRules(ctx context.Context, carried map[netip.Addr]*carriedSlot) error {
-	if err := nft(ctx, p.rules()+p.carriedScript(carried)); err != nil {
-		return fmt.Errorf("network: install nftables rules: %w", err)
+// elements of the slots an earlier run left (carry.go); keep: the installed tables are
+// already these rules (tables.go) and stay, elements and all.
+func (p *Pool) installRules(ctx context.Context, carried map[netip.Addr]*carriedSlot, keep bool) error {
+	if !keep {
+		if err := nft(ctx, p.rules()+p.carriedScript(carried)); err != nil {
+			return fmt.Errorf("network: install nftables rules: %w", err)
+		}
 	}
 	// Forwarding is needed for outbound NAT; it is what every container engine sets.
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {

@@ -40,12 +40,19 @@ func (m proxyMode) set() string {
 	return "egress_proxy_web"
 }
 
-// startEgressProxy listens on the bridge address (an ephemeral port, put into the rules)
-// and serves the proxy until Close.
-func (p *Pool) startEgressProxy() error {
-	l, err := net.Listen("tcp4", netip.AddrPortFrom(p.gateway, 0).String())
-	if err != nil {
-		return fmt.Errorf("network: egress proxy listener on %s: %w", p.gateway, err)
+// startEgressProxy listens on the bridge address and serves the proxy until Close. The
+// port is put into the rules: port (the one the installed rules name, tables.go) when
+// it is free, so those rules can stay, else an ephemeral one.
+func (p *Pool) startEgressProxy(port int) error {
+	var l net.Listener
+	if port > 0 {
+		l, _ = net.Listen("tcp4", netip.AddrPortFrom(p.gateway, uint16(port)).String()) // taken: a new port
+	}
+	if l == nil {
+		var err error
+		if l, err = net.Listen("tcp4", netip.AddrPortFrom(p.gateway, 0).String()); err != nil {
+			return fmt.Errorf("network: egress proxy listener on %s: %w", p.gateway, err)
+		}
 	}
 	cfg := egressproxy.Config{
 		Deny: DefaultDenyRanges, Allow: p.cfg.AllowRanges, Subnet: p.subnet,

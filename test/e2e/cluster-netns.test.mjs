@@ -131,7 +131,8 @@ test('SDK through the gateway to nodes in their own network namespaces', { timeo
     const before = (await a.getInfo()).endAt.getTime()
     await a.setTimeout(600_000)
     const endAt = (await a.getInfo()).endAt.getTime()
-    assert.ok(endAt > before && endAt <= Date.now() + 600_000, `endAt ${new Date(endAt).toISOString()} after setTimeout(600 s)`)
+    // (a second of slack: the node may round the end to its clock's second)
+    assert.ok(endAt > before && endAt <= Date.now() + 601_000, `endAt ${new Date(endAt).toISOString()} after setTimeout(600 s)`)
 
     // Pause, then connect resumes it (on whichever node the gateway picks) with its files.
     await a.files.write('/home/user/kept.txt', 'kept')

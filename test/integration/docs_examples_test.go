@@ -129,7 +129,7 @@ var notRun = []struct {
 	{"cluster.md", "aenv nodes drain NODE --url http://gateway:8080      # POST /nodes/NODE/drain at the gateway", true,
 		"needs a cluster (scheduler, gateway, two nodes); TestDrainNode runs `aenv nodes drain` and `undrain` through a gateway"},
 	{"cluster.md", "AENV_CLUSTER_P2P_ENABLED=true AENV_CLUSTER_P2P_LISTEN=10.0.0.11:7070 AENV_CLUSTER_P2P_TOKEN=$PEER_SECRET  aenv serve --scheduler 10.0.0.5:9090 --listen 10.0.0.11:8000", false,
-		"a daemon on each node host of a cluster; TestP2PLayers runs nodes with these settings"},
+		"a daemon on each node host of a cluster; TestClusterNetns runs nodes with these settings"},
 	{"configuration.md", "aenv serve --config /etc/aenv/config.toml", false,
 		"a daemon on 0.0.0.0:8000; this test loads the TOML block above it with config.Load"},
 	{"configuration.md", "AENV_SANDBOX_MAX_SANDBOXES=50 aenv serve --config /etc/aenv/config.toml   # env beats the file", false,

@@ -51,7 +51,6 @@ import (
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/steptime"
-	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 )
 
@@ -229,8 +228,6 @@ type Backend struct {
 	log      *slog.Logger
 	// usernsFDs are the user namespaces id-mapped mounts are made for.
 	usernsFDs *usernsCache
-	// blockedAtStart receives the threads blocked on FUSE when New ran (see Reconcile).
-	blockedAtStart chan []blockdev.Task
 
 	mu        sync.Mutex
 	instances map[string]*Instance
@@ -287,15 +284,6 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	cfg.UIDBase = base
 	b := &Backend{cfg: cfg, v2: unifiedOnly(), log: cfg.Logger, instances: map[string]*Instance{}, tearing: map[string]int{}, usernsFDs: newUsernsCache()}
 	b.memsw = hostAccountsSwap(b.v2)
-	// Reconcile reports the threads blocked on FUSE before its sweep. The scan reads every
-	// task of the host (~0.1-0.3 s on a busy one), so it runs while the runtime probe and
-	// the network are set up rather than on the restart's critical path.
-	// The goroutine sends on its own copy: Reconcile sets the field to nil once it took the
-	// channel, and a send that read the field after that would block on nil for ever (and
-	// Reconcile with it), which happened when the scan outlasted the setup.
-	scan := make(chan []blockdev.Task, 1)
-	b.blockedAtStart = scan
-	go func() { scan <- blockdev.BlockedOnFUSE() }()
 	if mb, err := exec.LookPath("mount"); err == nil {
 		b.mountBin = mb
 	} else {

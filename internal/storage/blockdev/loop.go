@@ -185,3 +185,22 @@ func (ms Mounts) Device(dir string) (string, error) {
 	}
 	return "", fmt.Errorf("blockdev: nothing mounted at %s", dir)
 }
+
+// FUSEUnder lists the mount points of this package's FUSE files under root that are not
+// under one of keep: the connections a sweep of root (SweepLoops) would abort.
+func (ms Mounts) FUSEUnder(root string, keep ...string) []string {
+	var out []string
+	for _, m := range ms.entries {
+		if m.fstype != fsType || m.source != fsName || !under(m.dir, root) {
+			continue
+		}
+		kept := false
+		for _, k := range keep {
+			kept = kept || under(m.dir, k)
+		}
+		if !kept {
+			out = append(out, m.dir)
+		}
+	}
+	return out
+}
