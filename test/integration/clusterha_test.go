@@ -132,7 +132,9 @@ func (c *haCluster) leader(ctx context.Context) string {
 // TestClusterNetns runs the cluster of the issue as separate processes (three nodes, each
 // in its own network namespace with its own address, two schedulers electing a leader
 // through a Lease on a real API server, a gateway) and, one after the other on it:
-//   - creates through the gateway spread over the nodes, whose sandboxes answer;
+//   - creates through the gateway spread over the nodes, whose sandboxes answer; `aenv
+//     nodes` lists the nodes and the merged list pages correctly through the gateway (the
+//     gateway's overhead per call is logged);
 //   - P2P: a layer published on one node is read by the other two from it, and a chunk
 //     corrupted in its copy is detected and read from the repository instead;
 //   - the scheduler leader is killed: the other replica takes the Lease and routing
@@ -140,6 +142,7 @@ func (c *haCluster) leader(ctx context.Context) string {
 //   - a node cut off with nftables goes stale (its sandboxes answer 503, creates go
 //     elsewhere) and rejoins once the rule is gone;
 //   - a node is killed with SIGKILL: its sandboxes are reported lost, creates go elsewhere,
+//     the list still answers, an unknown sandbox is a 404,
 //     a sandbox it paused to disk resumes on another node through the gateway, and the
 //     node, restarted, forgets that sandbox and serves the ones that survived.
 func TestClusterNetns(t *testing.T) {
@@ -304,6 +307,13 @@ func (c *haCluster) spread(ctx context.Context, t *testing.T, gw *bench.Client, 
 			t.Fatalf("a command in %s on %s through the gateway printed %q", s[0].ID, n, got)
 		}
 	}
+	checkNodesCLI(ctx, t, c.cluster, 3)
+	ids := make([]string, len(made))
+	for i, sb := range made {
+		ids[i] = sb.ID
+	}
+	checkPages(ctx, t, c.cluster, ids)
+	measureOverhead(ctx, t, c.cluster, made[1])
 }
 
 // gwStatus is the HTTP status and body of GET /sandboxes/{id} through the gateway.
