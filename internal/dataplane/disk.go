@@ -97,13 +97,22 @@ type Disk struct {
 	closeErr  error
 }
 
+// Options are what OpenDisk takes besides the spec.
+type Options struct {
+	// Resolver opens lowers that have no path; it may be nil when all have one.
+	Resolver stack.Resolver
+	// Lowers, when set, shares the lower layers with the other disks opened with it.
+	Lowers *stack.Lowers
+	Log    *slog.Logger
+}
+
 // OpenDisk opens the stack of spec (creating an empty upper in spec.Dir when there is
-// none), serves it through FUSE at FilePath(spec.Dir) and starts its flusher. res opens
-// lowers that have no path; it may be nil when all have one.
-func OpenDisk(ctx context.Context, spec Spec, res stack.Resolver, log *slog.Logger) (d *Disk, err error) {
+// none), serves it through FUSE at FilePath(spec.Dir) and starts its flusher.
+func OpenDisk(ctx context.Context, spec Spec, o Options) (d *Disk, err error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
+	log := o.Log
 	if log == nil {
 		log = slog.Default()
 	}
@@ -116,7 +125,7 @@ func OpenDisk(ctx context.Context, spec Spec, res stack.Resolver, log *slog.Logg
 		Lowers:      append([]stack.LayerRef(nil), spec.Lowers...),
 		Upper:       &stack.Upper{Data: upperData, Index: upperIndex},
 	}
-	st, err := stack.Open(ctx, m, stack.Options{Resolver: res})
+	st, err := stack.Open(ctx, m, stack.Options{Resolver: o.Resolver, Lowers: o.Lowers})
 	if err != nil {
 		return nil, fmt.Errorf("dataplane: open stack: %w", err)
 	}
@@ -366,5 +375,5 @@ type Local struct {
 
 // OpenDisk implements rootfs's disk opener.
 func (l Local) OpenDisk(ctx context.Context, spec Spec) (*Disk, error) {
-	return OpenDisk(ctx, spec, l.Resolver, l.Logger)
+	return OpenDisk(ctx, spec, Options{Resolver: l.Resolver, Log: l.Logger})
 }

@@ -80,6 +80,9 @@ type Stats struct {
 	Disks      int       `json:"disks"`
 	// RSSBytes is the process's resident memory (VmRSS).
 	RSSBytes int64 `json:"rssBytes"`
+	// Layers is how many distinct lower layers are open: disks on the same layers share
+	// them (an older data plane leaves it 0).
+	Layers int `json:"layers,omitempty"`
 	// CPU is the process's user plus system CPU time since it started.
 	CPU time.Duration `json:"cpu"`
 }

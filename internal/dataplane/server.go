@@ -26,6 +26,9 @@ type Server struct {
 	Build string
 	Log   *slog.Logger
 
+	// lowers are the lower layers open, shared by the disks using them.
+	lowers *stack.Lowers
+
 	mu      sync.Mutex
 	disks   map[string]*served // by dir
 	opening map[string]bool
@@ -44,7 +47,7 @@ func NewServer(build string, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Server{Build: build, Log: log, disks: map[string]*served{}, opening: map[string]bool{},
+	return &Server{Build: build, Log: log, lowers: stack.NewLowers(), disks: map[string]*served{}, opening: map[string]bool{},
 		started: time.Now(), stop: make(chan struct{})}
 }
 
@@ -218,7 +221,7 @@ func (s *Server) open(spec Spec) (Info, error) {
 	s.opening[spec.Dir] = true
 	s.mu.Unlock()
 	// Not bound to the request: a node that dies meanwhile finds the disk in the list.
-	d, err := OpenDisk(context.Background(), spec, nil, s.Log)
+	d, err := OpenDisk(context.Background(), spec, Options{Lowers: s.lowers, Log: s.Log})
 	s.mu.Lock()
 	delete(s.opening, spec.Dir)
 	var sv *served
@@ -314,6 +317,7 @@ func (s *Server) snapshotOp(snap *Snapshot, snapDir *string, req request) respon
 func (s *Server) stats() Stats {
 	st := Stats{PID: os.Getpid(), APIVersion: APIVersion, Build: s.Build, Started: s.started, Disks: s.NumDisks()}
 	st.RSSBytes = selfRSS()
+	st.Layers = s.lowers.Stats().Layers
 	var ru unix.Rusage
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
 		st.CPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())

@@ -6,6 +6,7 @@ import {
   mkdtempSync, mkdirSync, writeFileSync, chmodSync, chownSync, rmSync, existsSync, readFileSync,
   readdirSync, rmdirSync, statSync,
 } from 'node:fs'
+import { rm } from 'node:fs/promises'
 import { createHash, randomInt } from 'node:crypto'
 import { createServer } from 'node:net'
 import { tmpdir, userInfo, networkInterfaces } from 'node:os'
@@ -190,7 +191,7 @@ export async function startNode({
     if (exited()) {
       await sleep(100) // the last of its output
       const status = JSON.stringify({ code: proc.exitCode, signal: proc.signalCode })
-      cleanupNode(node)
+      await cleanupNode(node)
       if (/no OCI runtime/i.test(log)) {
         return { skip: 'no OCI runtime works on this host: ' + log.trim().split('\n').pop() }
       }
@@ -234,13 +235,14 @@ export async function stopNode(node, { keepDataDir = false } = {}) {
     }
   }
   if (node.logFile) writeFileSync(node.logFile, node.log())
-  cleanupNode(node, keepDataDir)
+  await cleanupNode(node, keepDataDir)
 }
 
 // cleanupNode removes the host resources of a node that is no longer running, all named
 // after its own bridge, prefix and cgroup parent (nothing another node uses), then its data
-// dir. What it finds besides the bridge and nftables tables is reported on stderr.
-function cleanupNode({ net, dataDir, netns }, keepDataDir = false) {
+// dir, asynchronously (hundreds of MB: the nodes of a cluster remove theirs at once).
+// What it finds besides the bridge and nftables tables is reported on stderr.
+async function cleanupNode({ net, dataDir, netns }, keepDataDir = false) {
   const found = []
   // Processes first (only after a SIGKILL are there any): the sandboxes' processes in the
   // node's cgroups, and the node's own helpers that outlived it (an orphaned `runc create`
@@ -357,7 +359,7 @@ function cleanupNode({ net, dataDir, netns }, keepDataDir = false) {
     }
   }
   if (found.length) console.error(`aenv e2e: removed what node ${net.bridge} left behind:\n  ` + found.join('\n  '))
-  if (!keepDataDir) rmSync(dataDir, { recursive: true, force: true })
+  if (!keepDataDir) await rm(dataDir, { recursive: true, force: true })
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/aenv-dev/aenv/internal/bench"
 	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
 	"github.com/aenv-dev/aenv/internal/repository"
@@ -224,6 +226,14 @@ func (c *haCluster) killNode(ctx context.Context, t *testing.T, gw *bench.Client
 		if n := c.nodeOf(ctx, t, c.createVia(ctx, t, gw, sbs, false).ID); n == v {
 			t.Fatalf("a create went to the killed node %s", v)
 		}
+	}
+	// The list covers the live nodes and still works; an unknown sandbox is a 404.
+	if code, body, _ := c.get(ctx, t, "/v2/sandboxes"); code != http.StatusOK {
+		t.Fatalf("list with a node gone: %d %s", code, body)
+	}
+	waitLookup(ctx, t, c.sched, "no-such-sandbox", codes.NotFound, "")
+	if code, body := c.gwStatus(ctx, t, "no-such-sandbox"); code != http.StatusNotFound {
+		t.Fatalf("unknown sandbox through the gateway: %d %s, want 404", code, body)
 	}
 	start = time.Now()
 	res, err := gw.Connect(ctx, sb.ID, 120)

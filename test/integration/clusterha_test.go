@@ -41,7 +41,6 @@ const haP2PPort = 7070
 func startHACluster(t *testing.T) *haCluster {
 	t.Helper()
 	bins := needNode(t)
-	kc := kubetest.Start(t)
 	repo, err := os.MkdirTemp("", "aenv-it-ha-repo-")
 	if err != nil {
 		t.Fatal(err)
@@ -49,16 +48,8 @@ func startHACluster(t *testing.T) *haCluster {
 	// Registered before the nodes, so it runs after they are gone.
 	t.Cleanup(func() { os.RemoveAll(repo) })
 	br := newTestBridge(t)
-	c := &haCluster{kube: kc, lease: "aenv-it-ha", scheds: map[string]*daemon{}, repo: repo}
-	for i := range 3 {
-		c.ids = append(c.ids, fmt.Sprintf("it-ha-%d", i))
-	}
-	var addrs []string
-	for range 2 {
-		addr := fmt.Sprintf("%s:%d", br.hostIP(), freePort(t))
-		c.scheds[addr] = startHAScheduler(t, bins, kc, addr, c.lease, c.ids)
-		addrs = append(addrs, addr)
-	}
+	c := &haCluster{lease: "aenv-it-ha", scheds: map[string]*daemon{}, repo: repo}
+	addrs := []string{fmt.Sprintf("%s:%d", br.hostIP(), freePort(t)), fmt.Sprintf("%s:%d", br.hostIP(), freePort(t))}
 	both := strings.Join(addrs, ",")
 	conn, err := scheduler.Dial(both)
 	if err != nil {
@@ -67,8 +58,12 @@ func startHACluster(t *testing.T) *haCluster {
 	t.Cleanup(func() { conn.Close() })
 	c.netCluster = &netCluster{cluster: &cluster{sched: pb.NewSchedulerClient(conn), nodes: map[string]*node{},
 		key: "e2b_" + randHex(20), bins: bins}, netns: map[string]string{}}
+
+	// The nodes start side by side, and meanwhile the API server and the schedulers (a
+	// node retries its heartbeats until a scheduler answers).
 	token := randHex(16)
-	for i, id := range c.ids {
+	for i := range 3 {
+		id := fmt.Sprintf("it-ha-%d", i)
 		ns, ip := br.addNetns(t, i)
 		n := newNode(t, "AENV_CLUSTER_SCHEDULER="+both, "AENV_CLUSTER_NODE_ID="+id,
 			"AENV_CLUSTER_CPU_COUNT=64", "AENV_CLUSTER_MEMORY_MB=65536",
@@ -77,8 +72,16 @@ func startHACluster(t *testing.T) *haCluster {
 			"AENV_CLUSTER_P2P_ENABLED=true", "AENV_CLUSTER_P2P_TOKEN="+token, "AENV_CLUSTER_P2P_TIMEOUT=30s",
 			fmt.Sprintf("AENV_CLUSTER_P2P_LISTEN=%s:%d", ip, haP2PPort))
 		n.key, n.netns, n.addr = c.key, ns, ip+":3000" // the same port on every node: each has its own address
-		n.start()
+		n.launch()
+		c.ids = append(c.ids, id)
 		c.nodes[id], c.netns[id] = n, ns
+	}
+	c.kube = kubetest.Start(t)
+	for _, addr := range addrs {
+		c.scheds[addr] = startHAScheduler(t, bins, c.kube, addr, c.lease, c.ids)
+	}
+	for _, id := range c.ids {
+		c.nodes[id].waitHealthy()
 	}
 	c.gateway = startGateway(t, bins, c.key, both)
 	waitUntil(t, 30*time.Second, "a leader and every node registered", func() error {
@@ -129,7 +132,9 @@ func (c *haCluster) leader(ctx context.Context) string {
 // TestClusterNetns runs the cluster of the issue as separate processes (three nodes, each
 // in its own network namespace with its own address, two schedulers electing a leader
 // through a Lease on a real API server, a gateway) and, one after the other on it:
-//   - creates through the gateway spread over the nodes, whose sandboxes answer;
+//   - creates through the gateway spread over the nodes, whose sandboxes answer; `aenv
+//     nodes` lists the nodes and the merged list pages correctly through the gateway (the
+//     gateway's overhead per call is logged);
 //   - P2P: a layer published on one node is read by the other two from it, and a chunk
 //     corrupted in its copy is detected and read from the repository instead;
 //   - the scheduler leader is killed: the other replica takes the Lease and routing
@@ -137,6 +142,7 @@ func (c *haCluster) leader(ctx context.Context) string {
 //   - a node cut off with nftables goes stale (its sandboxes answer 503, creates go
 //     elsewhere) and rejoins once the rule is gone;
 //   - a node is killed with SIGKILL: its sandboxes are reported lost, creates go elsewhere,
+//     the list still answers, an unknown sandbox is a 404,
 //     a sandbox it paused to disk resumes on another node through the gateway, and the
 //     node, restarted, forgets that sandbox and serves the ones that survived.
 func TestClusterNetns(t *testing.T) {
@@ -174,6 +180,20 @@ func TestClusterNetns(t *testing.T) {
 	step("scheduler failover", func() { c.failover(ctx, t, gw, sbs) })
 	step("partition", func() { c.partitionNode(ctx, t, gw, sbs) })
 	step("kill -9 a node", func() { c.killNode(ctx, t, gw, sbs) })
+	step("teardown", func() { c.teardown(ctx, t, gw, sbs) })
+}
+
+// teardown kills every sandbox and stops every node gracefully: each leaves nothing behind
+// (containers, mounts, loop devices, namespaces, cgroups), the one restarted after its
+// SIGKILL included.
+func (c *haCluster) teardown(ctx context.Context, t *testing.T, gw *bench.Client, sbs *sandboxSet) {
+	sbs.killAll(gw)
+	for _, id := range c.ids {
+		n := c.nodes[id]
+		killAll(ctx, t, n.client())
+		n.stop()
+		requireNoLeftovers(t, n, nil)
+	}
 }
 
 // sandboxSet is what the test created, killed through the gateway when it ends.
@@ -194,11 +214,16 @@ func (s *sandboxSet) list() []bench.Sandbox {
 	return append([]bench.Sandbox(nil), s.all...)
 }
 
-// killAll kills every sandbox, four at a time (errors are ignored: some are gone).
+// killAll kills every sandbox, four at a time (errors are ignored: some are gone), and
+// empties the set.
 func (s *sandboxSet) killAll(gw *bench.Client) {
+	s.mu.Lock()
+	all := s.all
+	s.all = nil
+	s.mu.Unlock()
 	sem := make(chan struct{}, 4)
 	var wg sync.WaitGroup
-	for _, sb := range s.list() {
+	for _, sb := range all {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -282,6 +307,13 @@ func (c *haCluster) spread(ctx context.Context, t *testing.T, gw *bench.Client, 
 			t.Fatalf("a command in %s on %s through the gateway printed %q", s[0].ID, n, got)
 		}
 	}
+	checkNodesCLI(ctx, t, c.cluster, 3)
+	ids := make([]string, len(made))
+	for i, sb := range made {
+		ids[i] = sb.ID
+	}
+	checkPages(ctx, t, c.cluster, ids)
+	measureOverhead(ctx, t, c.cluster, made[1])
 }
 
 // gwStatus is the HTTP status and body of GET /sandboxes/{id} through the gateway.
@@ -345,4 +377,20 @@ func (c *haCluster) failover(ctx context.Context, t *testing.T, gw *bench.Client
 	}
 	t.Logf("leader killed: Lease taken over after %v, routing to %d sandboxes on 3 nodes recovered after %v (lease duration 4 s)",
 		took.Round(time.Millisecond), len(before), recovered.Round(time.Millisecond))
+}
+
+// waitUntil polls cond until it succeeds or d passes.
+func waitUntil(t *testing.T, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -136,6 +136,14 @@ func freePort(t testing.TB) int {
 // GET /health to answer 204.
 func (n *node) start() {
 	n.t.Helper()
+	n.launch()
+	n.waitHealthy()
+}
+
+// launch starts `aenv serve` without waiting for it: nodes started with launch one after
+// the other and then waited for with waitHealthy start side by side.
+func (n *node) launch() {
+	n.t.Helper()
 	n.mu.Lock()
 	if n.cmd != nil {
 		n.mu.Unlock()
@@ -163,7 +171,17 @@ func (n *node) start() {
 	go func() { _ = cmd.Wait(); close(done) }()
 	n.cmd, n.done = cmd, done
 	n.mu.Unlock()
+}
 
+// waitHealthy waits until the launched node's GET /health answers 204.
+func (n *node) waitHealthy() {
+	n.t.Helper()
+	n.mu.Lock()
+	cmd, done := n.cmd, n.done
+	n.mu.Unlock()
+	if cmd == nil {
+		n.t.Fatal("node not running")
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		select {

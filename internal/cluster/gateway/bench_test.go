@@ -11,7 +11,7 @@ import (
 // BenchmarkOverhead measures GET /sandboxes/{id} straight to a node endpoint and through
 // the gateway (scheduler lookup over gRPC on loopback, route cache, one more HTTP hop),
 // reporting both medians; the difference is the gateway's cost per call. The whole-node
-// figure comes from test/integration TestGatewayCluster.
+// figure comes from test/integration TestClusterNetns.
 func BenchmarkOverhead(b *testing.B) {
 	f := newFixture(b, "a")
 	f.beat(b, "a", "sb")

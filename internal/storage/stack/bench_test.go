@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/storage/lsmt"
+	"github.com/aenv-dev/aenv/internal/storage/zfile"
 )
 
 // benchStack builds a stack whose lower holds size bytes of data and whose
@@ -101,6 +104,103 @@ func BenchmarkSealAndRestack(b *testing.B) {
 				os.Remove(out) // bound the disk footprint; the open lower keeps its data
 			}
 			b.ReportMetric(float64(restack.Microseconds())/1000/float64(b.N), "ms/restack")
+		})
+	}
+}
+
+// zfileLower writes a ZFile-compressed (LZ4, 4 KiB blocks, as templates are) sealed layer
+// of size bytes of compressible data into dir.
+func zfileLower(b *testing.B, dir string, size int64) LayerRef {
+	b.Helper()
+	raw := filepath.Join(dir, "raw.img")
+	data := make([]byte, size)
+	r := rand.New(rand.NewPCG(4, 4))
+	for i := 0; i < len(data); i += 64 {
+		if r.IntN(3) > 0 { // two thirds text-like, a third zeros
+			for k := range 64 {
+				data[i+k] = byte('a' + r.IntN(8))
+			}
+		}
+	}
+	if err := os.WriteFile(raw, data, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	src, err := os.Open(raw)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Close()
+	out := filepath.Join(dir, "lower.zfile")
+	f, err := os.Create(out)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	z, err := zfile.NewWriter(f, zfile.WriterOptions{Algo: zfile.AlgoLZ4})
+	if err != nil {
+		b.Fatal(err)
+	}
+	info, err := lsmt.Import(z, src, lsmt.CommitOptions{})
+	if err == nil {
+		err = z.Close()
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return LayerRef{Path: out, Size: info.Size, UUID: info.UUID}
+}
+
+// BenchmarkZFileLowerRead: random reads of a sandbox disk's sizes (FUSE sends up to
+// 256 KiB) through a stack whose lower is a ZFile in the page cache and whose upper is
+// empty, as a new sandbox reads its template; allocs/op is the read path's garbage.
+func BenchmarkZFileLowerRead(b *testing.B) {
+	const size = 64 << 20
+	dir := b.TempDir()
+	lower := zfileLower(b, dir, size)
+	s, err := Open(context.Background(), &Manifest{Dir: dir, Lowers: []LayerRef{lower}, Upper: &Upper{Data: "u.data", Index: "u.index"}}, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	for _, n := range []int{4 << 10, 64 << 10, 256 << 10} {
+		b.Run(fmt.Sprintf("size=%dK", n>>10), func(b *testing.B) {
+			buf := make([]byte, n)
+			r := rand.New(rand.NewPCG(5, 5))
+			b.SetBytes(int64(n))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := s.ReadAt(buf, r.Int64N(size/int64(n))*int64(n)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkOpenShared: opening a stack over a ZFile lower that other stacks hold open
+// (shared) against opening it anew each time, as each sandbox of a template does.
+func BenchmarkOpenShared(b *testing.B) {
+	dir := b.TempDir()
+	lower := zfileLower(b, dir, 256<<20)
+	for _, shared := range []bool{false, true} {
+		b.Run(fmt.Sprintf("shared=%v", shared), func(b *testing.B) {
+			o := Options{}
+			if shared {
+				o.Lowers = NewLowers()
+				hold, err := Open(context.Background(), &Manifest{Dir: b.TempDir(), Lowers: []LayerRef{lower}}, o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer hold.Close()
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				s, err := Open(context.Background(), &Manifest{Dir: dir, Lowers: []LayerRef{lower}}, o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				s.Close()
+			}
 		})
 	}
 }

@@ -185,8 +185,7 @@ func (s *Stack) Restack(ctx context.Context, output string) (LayerRef, error) {
 	}
 	up, err := lsmt.CreateRW(dataPath, indexPath, lsmt.CreateOptions{VirtualSize: s.vsize, ParentUUID: info.UUID, Sparse: u.Sparse, Hybrid: u.Hybrid, NoSync: true})
 	if err != nil {
-		lw.l.Close()
-		lw.src.Close()
+		lw.close(s.opts.Lowers)
 		return fail(err)
 	}
 	// Shift the merged tags down one layer and overlay the new lower as tag 0.
@@ -200,6 +199,7 @@ func (s *Stack) Restack(ctx context.Context, output string) (LayerRef, error) {
 	if err != nil {
 		return fail(err)
 	}
+	s.dropMerged()
 	s.merged = merged
 	s.byTag = append([]*lower{lw}, s.byTag...)
 	s.lowers = append(s.lowers, lw)
@@ -272,8 +272,7 @@ func (s *Stack) Compact(ctx context.Context, output string, n int) (LayerRef, er
 		base--
 	}
 	if base < 0 || s.usable() != nil {
-		lw.l.Close()
-		lw.src.Close()
+		lw.close(s.opts.Lowers)
 		os.Remove(output)
 		return LayerRef{}, fmt.Errorf("stack: compact: stack changed underneath")
 	}
@@ -283,8 +282,7 @@ func (s *Stack) Compact(ctx context.Context, output string, n int) (LayerRef, er
 	s.m.Lowers = append(append(s.m.Lowers[:base:base], ref), refs...)
 	s.rebuild()
 	for _, v := range victims {
-		v.l.Close()
-		if err := v.src.Close(); err != nil {
+		if err := v.close(s.opts.Lowers); err != nil {
 			slog.Warn("stack: close compacted lower", "layer", v.ref.Path, "err", err)
 		}
 	}

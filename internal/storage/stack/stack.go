@@ -47,12 +47,16 @@ type Options struct {
 	// ReadOnly opens the stack without changing any file: an existing upper is
 	// opened read-only (writes fail), a missing one is not created.
 	ReadOnly bool
+	// Lowers, when set, shares the opened lowers (and their merged index) with the
+	// other stacks opened with it.
+	Lowers *Lowers
 }
 
 type lower struct {
 	ref LayerRef
 	l   *blob.Layer
 	src Source
+	sh  *sharedLayer // set when the layer is Options.Lowers'
 }
 
 // Stack is a virtual block device of N sealed lowers and an optional
@@ -63,13 +67,16 @@ type Stack struct {
 
 	mu     sync.RWMutex
 	m      Manifest
-	lowers []*lower      // bottom first
-	merged *lsmt.Index   // tag 0 = newest lower
-	byTag  []*lower      // byTag[tag]
-	upper  *lsmt.RWLayer // nil when read-only
-	vsize  uint64
-	broken error
-	closed bool
+	lowers []*lower    // bottom first
+	merged *lsmt.Index // tag 0 = newest lower
+	// mergedKey names merged in opts.Lowers when it is shared ("" when it is this
+	// stack's own).
+	mergedKey string
+	byTag     []*lower      // byTag[tag]
+	upper     *lsmt.RWLayer // nil when read-only
+	vsize     uint64
+	broken    error
+	closed    bool
 
 	rmw     sync.Mutex // serializes unaligned read-modify-write
 	compact sync.Mutex // one compaction at a time
@@ -161,6 +168,24 @@ func (s *Stack) topUUID() string {
 }
 
 func (s *Stack) openLower(ctx context.Context, ref LayerRef) (*lower, error) {
+	if s.opts.Lowers == nil {
+		l, src, err := s.openLayer(ctx, ref)
+		if err != nil {
+			return nil, err
+		}
+		return &lower{ref: ref, l: l, src: src}, nil
+	}
+	sh, err := s.opts.Lowers.acquire(ctx, s.m.abs(ref.Path), ref.Digest, func(ctx context.Context) (*blob.Layer, Source, error) {
+		return s.openLayer(ctx, ref)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &lower{ref: ref, l: sh.l, src: sh.src, sh: sh}, nil
+}
+
+// openLayer opens and parses the layer ref names.
+func (s *Stack) openLayer(ctx context.Context, ref LayerRef) (*blob.Layer, Source, error) {
 	var src Source
 	var err error
 	if ref.Path != "" {
@@ -171,7 +196,7 @@ func (s *Stack) openLower(ctx context.Context, ref LayerRef) (*lower, error) {
 		err = fmt.Errorf("stack: lower %s has no path and no resolver is configured", ref.Digest)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	name := ref.Path
 	if name == "" {
@@ -180,21 +205,55 @@ func (s *Stack) openLower(ctx context.Context, ref LayerRef) (*lower, error) {
 	l, err := blob.Open(src, src.Size(), name)
 	if err != nil {
 		src.Close()
-		return nil, fmt.Errorf("stack lower: %w", err)
+		return nil, nil, fmt.Errorf("stack lower: %w", err)
 	}
-	return &lower{ref: ref, l: l, src: src}, nil
+	return l, src, nil
 }
 
-// rebuild recomputes the merged lower index from scratch.
+// close lets go of the layer: closes it, or drops this stack's reference to a shared one.
+func (lw *lower) close(ls *Lowers) error {
+	if lw.sh != nil {
+		return ls.release(lw.sh)
+	}
+	lw.l.Close()
+	return lw.src.Close()
+}
+
+// rebuild recomputes the merged lower index from scratch (or takes the one shared by
+// the stacks with the same lowers); s.mu is held or s is not yet shared.
 func (s *Stack) rebuild() {
 	idx := make([]*lsmt.Index, len(s.lowers))
 	s.byTag = make([]*lower, len(s.lowers))
+	ids := make([]uint64, 0, len(s.lowers))
 	for i, lw := range s.lowers {
 		t := len(s.lowers) - 1 - i
 		idx[t] = lw.l.Index()
 		s.byTag[t] = lw
+		if lw.sh != nil {
+			ids = append(ids, lw.sh.id)
+		}
 	}
-	s.merged = lsmt.Merge(idx)
+	s.dropMerged()
+	build := func() *lsmt.Index {
+		if len(idx) == 1 {
+			// A layer's own index has tag 0 already: merging one would copy it.
+			return idx[0]
+		}
+		return lsmt.Merge(idx)
+	}
+	if s.opts.Lowers != nil && len(ids) == len(s.lowers) {
+		s.merged, s.mergedKey = s.opts.Lowers.acquireMerged(ids, build)
+		return
+	}
+	s.merged = build()
+}
+
+// dropMerged lets go of a shared merged index before s.merged is replaced.
+func (s *Stack) dropMerged() {
+	if s.mergedKey != "" {
+		s.opts.Lowers.releaseMerged(s.mergedKey)
+		s.mergedKey = ""
+	}
 }
 
 // Size is the virtual device size in bytes.
@@ -480,9 +539,9 @@ func (s *Stack) closeLayers() error {
 	if s.upper != nil {
 		err = s.upper.Close()
 	}
+	s.dropMerged()
 	for _, lw := range s.lowers {
-		lw.l.Close()
-		if e := lw.src.Close(); err == nil {
+		if e := lw.close(s.opts.Lowers); err == nil {
 			err = e
 		}
 	}

@@ -33,7 +33,9 @@ type Reader struct {
 	h       Header  // effective fields (trailer, or header when overwritten)
 	trl     *Header // the trailer block, when it parses
 	offs    []uint64
-	scratch sync.Pool
+	scratch sync.Pool // one decompressed block
+	raw     sync.Pool // one batch of compressed blocks (rawCap bytes)
+	rawCap  int
 	zdec    *zstd.Decoder
 }
 
@@ -104,6 +106,9 @@ func Open(r io.ReaderAt, size int64, name string) (*Reader, error) {
 	}
 	bs := int(h.BlockSize)
 	z.scratch.New = func() any { b := make([]byte, bs); return &b }
+	// A batch is at most maxBatch bytes, or one block longer than that.
+	z.rawCap = max(maxBatch, 2*bs+64)
+	z.raw.New = func() any { b := make([]byte, z.rawCap); return &b }
 	if h.Algo == AlgoZstd {
 		z.zdec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(1<<20))
 		if err != nil {
@@ -197,7 +202,15 @@ func (z *Reader) ReadAt(p []byte, off int64) (int, error) {
 
 // readBlocks decodes blocks [b0, b1) and copies the part from off on into p.
 func (z *Reader) readBlocks(p []byte, off int64, b0, b1 int) (int, error) {
-	raw := make([]byte, z.offs[b1]-z.offs[b0])
+	n := int(z.offs[b1] - z.offs[b0])
+	var raw []byte
+	if n <= z.rawCap {
+		rp := z.raw.Get().(*[]byte)
+		defer z.raw.Put(rp)
+		raw = (*rp)[:n]
+	} else {
+		raw = make([]byte, n)
+	}
 	var err error
 	for try := 0; ; try++ {
 		if err = readFull(z.r, raw, int64(z.offs[b0])); err != nil {
