@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -203,5 +205,47 @@ func waitWarm(t *testing.T, b *Backend, lower string, n int) {
 			t.Fatalf("%d of %d warm containers after 20s", got, n)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestWarmContainerDiedInPool: warm containers run their init while they wait in the
+// pool; one whose init died there is not handed out, the launch gets a fresh container.
+func TestWarmContainerDiedInPool(t *testing.T) {
+	e := newTestBackend(t, func(c *Config) { c.WarmContainers = 1 })
+	e.launch(t, "wd0", sandbox.Resources{})
+	waitWarm(t, e.b, e.template, 1)
+	e.b.warm.mu.Lock()
+	w := e.b.warm.ready[e.template][0]
+	e.b.warm.mu.Unlock()
+	if !w.running {
+		t.Fatalf("warm container %s in the pool without its init started", w.cid)
+	}
+	raw, err := os.ReadFile(w.l.pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.b.initAlive(w.cid, pid) {
+		t.Fatalf("init %d of warm container %s not seen alive", pid, w.cid)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for e.b.initAlive(w.cid, pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("init %d still alive 10s after SIGKILL", pid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	i := e.launch(t, "wd1", sandbox.Resources{})
+	if i.cid == w.cid {
+		t.Fatalf("launch was handed warm container %s, whose init is dead", w.cid)
+	}
+	if out, code := e.sh(t, i, "hostname"); code != 0 || out != "wd1\n" {
+		t.Fatalf("hostname inside: %q (exit %d)", out, code)
 	}
 }

@@ -2,6 +2,7 @@ package oci
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -308,6 +309,11 @@ func (b *Backend) startWarm(ctx context.Context, w *Instance, plan sandbox.Launc
 	if err != nil {
 		return fmt.Errorf("oci: warm container pid %q: %w", raw, err)
 	}
+	if w.running && !b.initAlive(w.cid, pid) {
+		// Its envd ran unsupervised in the pool and died there (killed, or crashed): handed
+		// out, the launch would only learn it when envd never answered.
+		return fmt.Errorf("%w: warm container %s", errInitGone, w.cid)
+	}
 	if err := setHostname(pid, hostname(plan.SandboxID)); err != nil {
 		return err
 	}
@@ -315,6 +321,24 @@ func (b *Backend) startWarm(ctx context.Context, w *Instance, plan sandbox.Launc
 		return nil
 	}
 	return b.rt.start(ctx, w.cid)
+}
+
+// initAlive reports whether the init of started container cid (pid, from its pid file)
+// still runs: for runc, the process runc recorded, with its start time (as runc itself
+// checks); for other runtimes, a process with that pid.
+func (b *Backend) initAlive(cid string, pid int) bool {
+	if b.rt.name != "runc" {
+		return unix.Kill(pid, 0) == nil
+	}
+	raw, err := os.ReadFile(filepath.Join(b.rt.root, cid, "state.json"))
+	if err != nil {
+		return false
+	}
+	var st runcState
+	if err := json.Unmarshal(raw, &st); err != nil || st.InitPid == nil || st.InitStart == nil || *st.InitPid != pid {
+		return false
+	}
+	return alive("/proc", pid, *st.InitStart)
 }
 
 // setLimits writes a sandbox's cpu and memory limits into its (created) cgroup, the same
