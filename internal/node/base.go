@@ -93,6 +93,21 @@ func ensureBaseTemplate(ctx context.Context, cat *catalog.Catalog, cfg config.Co
 	return nil
 }
 
+// builtinsInstalled reports whether the catalog has both built-in templates installed by
+// an earlier start: a finished tree, and its layered form when templates.layered_base.
+func builtinsInstalled(cat *catalog.Catalog, cfg config.Config) bool {
+	for _, b := range []struct {
+		id    string
+		built func(string) bool
+	}{{MinimalTemplateID, base.Built}, {BaseTemplateID, base.DebianBuilt}} {
+		t, err := cat.Templates().Get(b.id)
+		if err != nil || !b.built(t.RootFSDir) || cfg.Templates.LayeredBase && len(t.Artifact) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // installedBuiltin returns the rootfs directory of built-in template id and whether the
 // catalog has a finished build of it there.
 func installedBuiltin(cat *catalog.Catalog, cfg config.Config, id string, built func(string) bool, log *slog.Logger) (string, bool, error) {

@@ -185,12 +185,26 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 
 	// The built-in templates and the sandboxes of the previous run do not depend on each
 	// other: they are checked at once, so a restart waits for the longer of the two (the
-	// templates' check walks the base tree, ~0.5 s on a busy host), not for their sum.
+	// templates' check walks the base tree, ~0.15 s of CPU), not for their sum. When the
+	// catalog already has both built-in templates installed (any restart), the API does
+	// not wait for the check at all: creates use the installed templates meanwhile, and
+	// the check updates them only if their tree changed while the node was down.
+	installed := builtinsInstalled(n.Catalog, cfg)
 	baseDone := make(chan error, 1)
 	go func() { baseDone <- ensureBaseTemplates(ctx, n.Catalog, cfg, n.Log, n.baseBuild) }()
 	err = n.startSandboxes(ctx, repo)
 	lap("sandboxes")
-	if berr := <-baseDone; err == nil {
+	if installed {
+		checked := make(chan struct{})
+		go func() {
+			defer close(checked)
+			if err := <-baseDone; err != nil {
+				n.Log.Error("check the built-in templates", "err", err)
+			}
+		}()
+		// Before the catalog closes.
+		n.onClose(func(context.Context) { <-checked })
+	} else if berr := <-baseDone; err == nil {
 		err = berr
 	}
 	lap("templates")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -51,12 +52,8 @@ func readRuncStates(root, proc string) (sts []containerState, ok bool) {
 			continue // runc keeps nothing but container directories here
 		}
 		dir := filepath.Join(root, e.Name())
-		raw, err := os.ReadFile(filepath.Join(dir, "state.json"))
-		if err != nil {
-			return nil, false
-		}
-		var st runcState
-		if json.Unmarshal(raw, &st) != nil || st.ID != e.Name() || st.InitPid == nil || st.InitStart == nil {
+		st, err := readRuncState(filepath.Join(dir, "state.json"))
+		if err != nil || st.ID != e.Name() || st.InitPid == nil || st.InitStart == nil {
 			return nil, false
 		}
 		c := containerState{ID: st.ID, Status: "stopped"}
@@ -69,6 +66,44 @@ func readRuncStates(root, proc string) (sts []containerState, ok bool) {
 		sts = append(sts, c)
 	}
 	return sts, true
+}
+
+// readRuncState reads the fields of runcState from a state file. runc writes them first
+// (libcontainer's BaseState), before the container's whole config (~12 KB): decoding
+// stops once it has them, so a restart with hundreds of containers reads and parses a
+// few hundred bytes of each. Keys in another order are still found, further on.
+func readRuncState(path string) (runcState, error) {
+	var st runcState
+	f, err := os.Open(path)
+	if err != nil {
+		return st, err
+	}
+	defer f.Close()
+	dec := json.NewDecoder(f)
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return st, fmt.Errorf("%s: not a JSON object", path)
+	}
+	for dec.More() && (st.ID == "" || st.InitPid == nil || st.InitStart == nil) {
+		t, err := dec.Token()
+		if err != nil {
+			return st, fmt.Errorf("%s: %w", path, err)
+		}
+		var v any
+		switch t {
+		case "id":
+			v = &st.ID
+		case "init_process_pid":
+			v = &st.InitPid
+		case "init_process_start":
+			v = &st.InitStart
+		default:
+			v = &json.RawMessage{}
+		}
+		if err := dec.Decode(v); err != nil {
+			return st, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	return st, nil
 }
 
 // alive reports whether pid is a live (not zombie, not dead) process that started at

@@ -50,6 +50,13 @@ func TestReadRuncStates(t *testing.T) {
 			"a": `{"id":"a","init_process_pid":10,"init_process_start":500}`,
 			"b": `{"id":"b","init_process_pid":99,"init_process_start":1}`}, nil,
 			[]containerState{{ID: "a", Pid: 10, Status: "running"}, {ID: "b", Status: "stopped"}}, true},
+		{"fields after the config", map[string]string{"a": `{"config":{"x":[1,{"y":"}"}]},"init_process_start":500,"id":"a","init_process_pid":10}`}, nil,
+			[]containerState{{ID: "a", Pid: 10, Status: "running"}}, true},
+		// Decoding stops at the fields it needs (runc writes the file whole, by rename).
+		{"config not read", map[string]string{"a": `{"id":"a","init_process_pid":10,"init_process_start":500,"config":{`}, nil,
+			[]containerState{{ID: "a", Pid: 10, Status: "running"}}, true},
+		{"null pid", map[string]string{"a": `{"id":"a","init_process_pid":null,"init_process_start":500}`}, nil, nil, false},
+		{"not an object", map[string]string{"a": `[1]`}, nil, nil, false},
 		{"no state file", map[string]string{"a": ""}, nil, nil, false},
 		{"garbage", map[string]string{"a": `{"id":`}, nil, nil, false},
 		{"no start time", map[string]string{"a": `{"id":"a","init_process_pid":10}`}, nil, nil, false},
