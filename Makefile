@@ -58,7 +58,9 @@ unit:
 k8s-test-bins:
 	@scripts/k8s-test-bins.sh
 
+# kubeapi-test: a test Kubernetes API server the SDK cluster tests elect scheduler leaders on.
 e2e: build
+	$(GO) build -o $(BIN)/kubeapi-test ./test/kubeapi
 	@test/e2e/run.sh
 
 # scripts/deps.sh, the build and the generated-code check in a fresh minimal Debian root

@@ -1,13 +1,13 @@
 // SDK end-to-end test of a cluster whose nodes each run in a network namespace of their own:
-// the pinned e2b JS SDK against `aenv gateway` (on loopback) in front of `aenv scheduler`
-// (on a test bridge) and three `aenv serve --scheduler` nodes, each in its own namespace
-// with its own address on the bridge, every one a process of its own started from ../../bin.
-// The SDK is configured exactly as for one node (E2B_API_URL = E2B_SANDBOX_URL = the
-// gateway), so its envd traffic (commands, streams, files, watches) reaches the nodes only
-// through the gateway. One scheduler: leader election between two replicas needs a
-// Kubernetes API server, which test/integration (TestSchedulerFailover and the netns
-// cluster tests) starts. It reports (t.diagnostic) the cluster's start and the scenario's
-// steps. Skips, saying why, when not root or when a node cannot run here.
+// the pinned e2b JS SDK against `aenv gateway` (on loopback) in front of two `aenv scheduler`
+// replicas (on a test bridge, electing a leader through a Lease on a test Kubernetes API
+// server, bin/kubeapi-test) and three `aenv serve --scheduler` nodes, each in its own
+// namespace with its own address on the bridge, every one a process of its own started from
+// ../../bin. The SDK is configured exactly as for one node (E2B_API_URL = E2B_SANDBOX_URL =
+// the gateway), so its envd traffic (commands, streams, files, watches) reaches the nodes
+// only through the gateway. It reports (t.diagnostic) the cluster's start and the scenario's
+// steps. Skips, saying why, when not root or when a node cannot run here; without the
+// Kubernetes test binaries it runs with one scheduler and skips the leader-kill test.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
@@ -17,7 +17,7 @@ import { join } from 'node:path'
 
 import { Sandbox, NotFoundError, AuthenticationError, FilesystemEventType } from 'e2b'
 
-import { startCluster, inNetns, sleep } from './lib.mjs'
+import { startCluster, inNetns, sleep, leaderOf } from './lib.mjs'
 
 const apiKey = 'e2b_' + randomBytes(20).toString('hex')
 const runId = randomBytes(4).toString('hex')
@@ -32,7 +32,7 @@ const repoDir = mkdtempSync(join(tmpdir(), 'aenv-e2e-nscluster-repo-'))
 before(async () => {
   const start = Date.now()
   cluster = await startCluster({
-    apiKey, repoDir, netns: true, parallel: true,
+    apiKey, repoDir, netns: true, parallel: true, schedulers: 2,
     nodes: ids.map((id) => ({ id, tag: 'aenv-e2e-nscluster-' })),
   })
   startMs = Date.now() - start
@@ -145,6 +145,50 @@ test('SDK through the gateway to nodes in their own network namespaces', { timeo
     await assert.rejects(Sandbox.connect(b.sandboxId), NotFoundError)
     const left = await Sandbox.list({ query: { metadata } }).nextItems()
     assert.ok(!left.some((s) => s.sandboxId === b.sandboxId), 'a killed sandbox is still listed')
+  } finally {
+    for (const s of sbxs) await Sandbox.kill(s.sandboxId).catch(() => {})
+  }
+})
+
+// The scheduler leader dies (SIGKILL: it cannot release its Lease). The other replica
+// takes the Lease and rebuilds its state from the nodes' heartbeats; meanwhile and after,
+// the SDK reaches a sandbox made before the kill and creates new ones through the gateway.
+test('SDK through the gateway survives the scheduler leader being killed', { timeout: 180_000 }, async (t) => {
+  if (skipReason) return t.skip(skipReason)
+  if (cluster.schedulersSkip) return t.skip(cluster.schedulersSkip)
+  const metadata = { suite: runId, step: 'failover' }
+  const sbxs = []
+  try {
+    const old = await Sandbox.create({ metadata, timeoutMs: 120_000 })
+    sbxs.push(old)
+    await old.files.write('/home/user/before.txt', 'before the kill')
+    let leader = null
+    for (let i = 0; i < 100 && !leader; i++) {
+      leader = await leaderOf(cluster)
+      if (!leader) await sleep(100)
+    }
+    assert.ok(leader, 'no scheduler replica reports itself leader')
+    const start = Date.now()
+    leader.proc.kill('SIGKILL')
+    let next = null
+    while (Date.now() - start < 30_000) {
+      next = await leaderOf(cluster)
+      if (next) break
+      await sleep(100)
+    }
+    assert.ok(next && next !== leader, 'no other replica took the Lease within 30 s')
+    t.diagnostic(`leader killed: the other replica leads after ${Date.now() - start} ms (lease 4 s)`)
+
+    // A sandbox made before the kill: found, and its envd answers, through the gateway.
+    const again = await step(t, 'connect to a sandbox made before the kill', () => Sandbox.connect(old.sandboxId))
+    assert.equal(await again.files.read('/home/user/before.txt'), 'before the kill')
+    assert.equal((await again.commands.run('echo still here')).stdout, 'still here\n')
+    // New creates are placed by the new leader.
+    const fresh = await step(t, 'Sandbox.create after the kill', () => Sandbox.create({ metadata, timeoutMs: 120_000 }))
+    sbxs.push(fresh)
+    assert.equal((await fresh.commands.run('echo new')).stdout, 'new\n')
+    const listed = (await Sandbox.list({ query: { metadata } }).nextItems()).map((s) => s.sandboxId).sort()
+    assert.deepEqual(listed, sbxs.map((s) => s.sandboxId).sort())
   } finally {
     for (const s of sbxs) await Sandbox.kill(s.sandboxId).catch(() => {})
   }

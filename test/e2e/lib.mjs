@@ -385,6 +385,99 @@ export async function startDaemon(args, env, ready) {
   throw new Error(`aenv ${args[0]} not ready within 30 s:\n${log}`)
 }
 
+// A test Kubernetes API server (bin/kubeapi-test: etcd and kube-apiserver from
+// scripts/k8s-test-bins.sh) for scheduler replicas to elect a leader on.
+const kubeAPIBin = join(binDir, 'kubeapi-test')
+const repoRoot = resolve(here, '../..')
+
+function kubeAssets() {
+  try {
+    return execFileSync(join(repoRoot, 'scripts', 'k8s-test-bins.sh'), ['dir'], { encoding: 'utf8' }).trim()
+  } catch {
+    return ''
+  }
+}
+
+/** Why a test API server cannot run here, or ''. */
+export function kubeAPIMissing() {
+  if (!existsSync(kubeAPIBin)) return `no ${kubeAPIBin}: build it with \`make e2e\``
+  const dir = kubeAssets()
+  if (!dir || !existsSync(join(dir, 'kube-apiserver')) || !existsSync(join(dir, 'etcd'))) {
+    return `no etcd and kube-apiserver in ${dir || 'the k8s assets dir'}: build them with \`make k8s-test-bins\``
+  }
+  return ''
+}
+
+/**
+ * Start bin/kubeapi-test. Resolves {kubeconfig, proc, stop()} once its kubeconfig is
+ * written. It stops its servers when its stdin closes, so a test process that dies takes
+ * them with it.
+ */
+function startKubeAPI() {
+  const dir = mkdtempSync(join(tmpdir(), 'aenv-e2e-kubeapi-'))
+  const kubeconfig = join(dir, 'kubeconfig')
+  let log = ''
+  const proc = spawn(kubeAPIBin, ['-assets', kubeAssets(), '-write-kubeconfig', kubeconfig],
+    { stdio: ['pipe', 'pipe', 'pipe'] })
+  proc.stdout.on('data', (d) => { log += d })
+  proc.stderr.on('data', (d) => { log += d })
+  const k = {
+    kubeconfig, proc, log: () => log,
+    stop: async () => {
+      if (proc.exitCode === null && proc.signalCode === null) {
+        const exited = new Promise((res) => proc.once('exit', res))
+        proc.stdin.end()
+        const timer = setTimeout(() => proc.kill('SIGKILL'), 40_000)
+        await exited
+        clearTimeout(timer)
+      }
+      rmSync(dir, { recursive: true, force: true })
+    },
+  }
+  k.ready = (async () => {
+    const deadline = Date.now() + 120_000
+    while (!existsSync(kubeconfig)) {
+      if (proc.exitCode !== null) throw new Error(`kubeapi-test exited:\n${log}`)
+      if (Date.now() > deadline) throw new Error(`kubeapi-test: no API server within 120 s:\n${log}`)
+      await sleep(100)
+    }
+  })()
+  k.ready.catch(() => {}) // awaited by the caller; this only keeps an early failure from being "unhandled"
+  return k
+}
+
+/**
+ * Start n `aenv scheduler` replicas on host electing a leader through a Lease on kube (the
+ * lease short, so a killed leader is replaced within seconds), each with its metrics on
+ * loopback: leaderOf tells which one leads. Each replica is {proc, log(), addr, metrics}.
+ */
+async function startSchedulerReplicas(kube, host, heartbeat, nodeIDs, n) {
+  await kube.ready
+  const lease = `aenv-e2e-${randomInt(1e9)}`
+  const out = []
+  for (let i = 0; i < n; i++) {
+    const addr = `${host}:${await freePort()}`
+    const metrics = `http://127.0.0.1:${await freePort()}/metrics`
+    const d = await startDaemon(['scheduler', '--listen', addr, '--heartbeat-interval', heartbeat,
+      '--kubeconfig', kube.kubeconfig, '--namespace', 'default', '--lease', lease,
+      '--lease-duration', '4s', '--renew-deadline', '3s', '--retry-period', '250ms',
+      '--nodes', nodeIDs.join(','), '--metrics-listen', new URL(metrics).host], {},
+    async () => (await fetch(metrics)).ok)
+    out.push(Object.assign(d, { addr, metrics }))
+  }
+  return out
+}
+
+/** The scheduler replica of c that reports itself leader, or null. */
+export async function leaderOf(c) {
+  for (const d of c.schedulers ?? []) {
+    if (d.proc.exitCode !== null || d.proc.signalCode !== null) continue
+    const text = await fetch(d.metrics).then((r) => r.text()).catch(() => '')
+    if (/^aenv_scheduler_leader 1$/m.test(text)) return d
+  }
+  return null
+}
+
 /**
  * Start a scheduler (heartbeats every 500 ms: a node is stale 2.5 s after its last), a
  * gateway in front of it, and one node per entry of nodes ({id, tag, env, healthTimeoutMs}),
@@ -400,7 +493,7 @@ export async function startDaemon(args, env, ready) {
  * a partial cluster).
  */
 export async function startCluster({
-  apiKey, repoDir, nodes: specs, heartbeat = '500ms', netns = false, parallel = false,
+  apiKey, repoDir, nodes: specs, heartbeat = '500ms', netns = false, parallel = false, schedulers = 1,
 }) {
   if (netns) {
     const missing = netnsMissing()
@@ -441,24 +534,39 @@ export async function startCluster({
     if (parallel) await Promise.all(c.nodes.map((n) => stopNode(n)))
     else for (const n of c.nodes) await stopNode(n)
     for (const d of c.daemons) d.proc.kill('SIGKILL')
+    await c.kube?.stop()
     c.bridge?.remove()
   }
   try {
     if (netns) c.bridge = testBridge()
-    return await startClusterProcesses(c, { apiKey, repoDir, specs, heartbeat, parallel })
+    if (schedulers > 1) {
+      const missing = kubeAPIMissing()
+      if (missing) c.schedulersSkip = missing
+      else c.kube = startKubeAPI()
+    }
+    return await startClusterProcesses(c, { apiKey, repoDir, specs, heartbeat, parallel, schedulers })
   } catch (err) {
     await c.stop()
     throw err
   }
 }
 
-async function startClusterProcesses(c, { apiKey, repoDir, specs, heartbeat, parallel }) {
-  const schedulerAddr = `${c.bridge ? c.bridge.hostIP : '127.0.0.1'}:${await freePort()}`
+async function startClusterProcesses(c, { apiKey, repoDir, specs, heartbeat, parallel, schedulers }) {
+  const host = c.bridge ? c.bridge.hostIP : '127.0.0.1'
   const gp = await freePort()
   c.gateway = `http://127.0.0.1:${gp}`
-  // The scheduler has no HTTP endpoint: it is ready once the gateway's /health answers.
-  c.daemons.push(await startDaemon(['scheduler', '--listen', schedulerAddr, '--heartbeat-interval', heartbeat], {},
-    async () => true))
+  let schedulerAddr
+  if (c.kube) {
+    // Replicas electing a leader through a Lease; nodes and the gateway are given all of them.
+    c.schedulers = await startSchedulerReplicas(c.kube, host, heartbeat, specs.map((s) => s.id), schedulers)
+    c.daemons.push(...c.schedulers)
+    schedulerAddr = c.schedulers.map((d) => d.addr).join(',')
+  } else {
+    schedulerAddr = `${host}:${await freePort()}`
+    // The scheduler has no HTTP endpoint: it is ready once the gateway's /health answers.
+    c.daemons.push(await startDaemon(['scheduler', '--listen', schedulerAddr, '--heartbeat-interval', heartbeat], {},
+      async () => true))
+  }
   c.daemons.push(await startDaemon(['gateway', '--listen', `127.0.0.1:${gp}`, '--scheduler', schedulerAddr],
     { AENV_API_KEY: apiKey }, async () => (await fetch(c.gateway + '/health')).status === 204))
   const startOne = async ({ id, tag, env = {}, healthTimeoutMs, logFile }, i) => {

@@ -98,9 +98,7 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, id string) {
 		passOn()
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), schedulerTimeout)
-	l, err := g.sched.Lookup(ctx, &pb.LookupRequest{SandboxId: id})
-	cancel()
+	l, err := g.lookup(r.Context(), id)
 	if err != nil || l.State == pb.NodeState_NODE_STATE_STALE {
 		passOn() // unknown or lost: toSandbox says so
 		return

@@ -52,9 +52,7 @@ func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 		g.forward(w, r, t)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), schedulerTimeout)
-	l, err := g.sched.Lookup(ctx, &pb.LookupRequest{SandboxId: id})
-	cancel()
+	l, err := g.lookup(r.Context(), id)
 	switch status.Code(err) {
 	case codes.OK:
 	case codes.NotFound:
@@ -78,6 +76,28 @@ func (g *Gateway) toSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	t.sandbox = id
 	g.routes.put(id, t, now)
 	g.forward(w, r, t)
+}
+
+// lookup asks the scheduler which node holds sandbox id. A scheduler that cannot answer
+// yet says Unavailable: a new leader learning the cluster from the nodes' heartbeats (it
+// knows every live node's sandboxes after one heartbeat), or the replica the gateway
+// spoke to has just died. Such answers are retried until another comes or
+// schedulerTimeout passes, so a scheduler failover shows to users as a call slower by a
+// heartbeat or two, not as an error.
+func (g *Gateway) lookup(ctx context.Context, id string) (*pb.LookupResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, schedulerTimeout)
+	defer cancel()
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		l, err := g.sched.Lookup(ctx, &pb.LookupRequest{SandboxId: id})
+		if status.Code(err) != codes.Unavailable {
+			return l, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+	}
 }
 
 // liveNodes lists the nodes with fresh heartbeats (ready or draining), ordered by id.

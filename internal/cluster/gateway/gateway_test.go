@@ -263,6 +263,21 @@ func TestSchedulerWarmingUp(t *testing.T) {
 	if code != 503 || !strings.Contains(fmt.Sprint(body["message"]), "started moments ago") {
 		t.Fatalf("lookup miss while the scheduler warms up = %d %v; want 503", code, body)
 	}
+
+	// A sandbox whose node reports it during the warm-up (a new leader learning the
+	// cluster) is served once the heartbeat comes: the gateway waits for it.
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		err := f.state.Heartbeat(&pb.HeartbeatRequest{Node: &pb.NodeInfo{Id: "a", Endpoint: f.nodes["a"].srv.URL, Backend: "oci"},
+			Sandboxes: []*pb.SandboxReport{{Id: "sb-late", State: "running"}}})
+		if err != nil {
+			t.Error(err)
+		}
+	}()
+	code, body = f.do(t, "GET", "/sandboxes/sb-late", map[string]string{"X-API-Key": "k1"})
+	if code != 200 || body["node"] != "a" {
+		t.Fatalf("lookup of a sandbox reported during the warm-up = %d %v; want node a's 200", code, body)
+	}
 }
 
 func TestStaleNode(t *testing.T) {

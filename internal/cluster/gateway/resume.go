@@ -43,9 +43,7 @@ func (g *Gateway) resume(w http.ResponseWriter, r *http.Request, id string) {
 		writeError(w, http.StatusBadRequest, "read the request: body unreadable or larger than %d bytes", maxCreateBody)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), schedulerTimeout)
-	l, err := g.sched.Lookup(ctx, &pb.LookupRequest{SandboxId: id})
-	cancel()
+	l, err := g.lookup(r.Context(), id)
 	place := &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: defaultCPU, MemoryMb: defaultMemoryMB}}
 	switch status.Code(err) {
 	case codes.OK:

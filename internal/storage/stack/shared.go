@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -93,36 +94,49 @@ func (ls *Lowers) acquire(ctx context.Context, path, digest string, open func(co
 	if err != nil {
 		return nil, err
 	}
-	ls.mu.Lock()
-	if e := ls.layers[key]; e != nil {
-		e.refs++
+	for try := 0; ; try++ {
+		ls.mu.Lock()
+		if e := ls.layers[key]; e != nil {
+			e.refs++
+			ls.mu.Unlock()
+			<-e.ready
+			if e.err == nil {
+				return e, nil
+			}
+			ls.release(e)
+			// The opener's own context ended: that is no reason to fail this open.
+			if ctx.Err() == nil && try < 3 && (errors.Is(e.err, context.Canceled) || errors.Is(e.err, context.DeadlineExceeded)) {
+				continue
+			}
+			return nil, e.err
+		}
+		ls.nextID++
+		e := &sharedLayer{key: key, id: ls.nextID, refs: 1, ready: make(chan struct{})}
+		ls.layers[key] = e
 		ls.mu.Unlock()
-		<-e.ready
+		e.l, e.src, e.err = open(ctx)
+		if e.err == nil && path != "" {
+			if e.err = sameFile(e.src, key); e.err != nil {
+				e.l.Close()
+				e.src.Close()
+				e.l, e.src = nil, nil
+			}
+		}
+		if e.err != nil {
+			// Out of the map before the waiters wake, so a retry opens anew.
+			ls.mu.Lock()
+			if ls.layers[key] == e {
+				delete(ls.layers, key)
+			}
+			ls.mu.Unlock()
+		}
+		close(e.ready)
 		if e.err != nil {
 			ls.release(e)
 			return nil, e.err
 		}
 		return e, nil
 	}
-	ls.nextID++
-	e := &sharedLayer{key: key, id: ls.nextID, refs: 1, ready: make(chan struct{})}
-	ls.layers[key] = e
-	ls.mu.Unlock()
-	e.l, e.src, e.err = open(ctx)
-	if e.err == nil && path != "" {
-		e.err = sameFile(e.src, key)
-		if e.err != nil {
-			e.l.Close()
-			e.src.Close()
-			e.l, e.src = nil, nil
-		}
-	}
-	close(e.ready)
-	if e.err != nil {
-		ls.release(e)
-		return nil, e.err
-	}
-	return e, nil
 }
 
 // sameFile checks that src is the file key was made from: one replaced at its path

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 )
 
 // sealedLayers writes n sealed layers into dir (layer i sets the first 64 KiB of its
@@ -199,5 +200,72 @@ func TestSharedLowersConcurrent(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
+	wantStats(t, ls, LowersStats{})
+}
+
+// slowResolver opens layers by digest from files; its first open waits for its context.
+type slowResolver struct {
+	paths   map[string]string
+	started chan struct{}
+	mu      sync.Mutex
+	calls   int
+}
+
+func (r *slowResolver) OpenLayer(ctx context.Context, ref LayerRef) (Source, error) {
+	r.mu.Lock()
+	r.calls++
+	first := r.calls == 1
+	r.mu.Unlock()
+	if first {
+		close(r.started)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return openFileSource(r.paths[ref.Digest])
+}
+
+// TestSharedLowersOpenerCanceled: a stack waiting for a layer another stack is opening
+// does not fail because the other's context ended; it opens the layer itself.
+func TestSharedLowersOpenerCanceled(t *testing.T) {
+	refs, model := sealedLayers(t, t.TempDir(), 1)
+	res := &slowResolver{paths: map[string]string{"sha256:l0": refs[0].Path}, started: make(chan struct{})}
+	ls := NewLowers()
+	byDigest := []LayerRef{{Digest: "sha256:l0"}}
+	open := func(ctx context.Context) (*Stack, error) {
+		return Open(ctx, &Manifest{Dir: t.TempDir(), Lowers: byDigest, Upper: &Upper{Data: "u.data", Index: "u.index"}}, Options{Lowers: ls, Resolver: res})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() {
+		s, err := open(ctx)
+		if err == nil {
+			s.Close()
+		}
+		first <- err
+	}()
+	<-res.started
+	second := make(chan *Stack, 1)
+	go func() {
+		s, err := open(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		second <- s
+	}()
+	// Let the second open find the first's entry before the first fails.
+	for ls.Stats().Refs < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-first; err == nil {
+		t.Fatal("the canceled open succeeded")
+	}
+	s := <-second
+	if s == nil {
+		t.FailNow()
+	}
+	compare(t, s, model, 0)
+	wantStats(t, ls, LowersStats{Layers: 1, Refs: 1, Merged: 1})
+	s.Close()
 	wantStats(t, ls, LowersStats{})
 }

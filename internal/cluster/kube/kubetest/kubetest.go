@@ -6,6 +6,7 @@ package kubetest
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,11 +62,49 @@ func repoRoot(t testing.TB) string {
 func Start(t testing.TB) *Cluster {
 	t.Helper()
 	dir := AssetsDir(t)
+	if missing := Missing(dir); missing != "" {
+		t.Skip(missing)
+	}
+	env, err := Up(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Errorf("stop the test API server: %v", err)
+		}
+	})
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, env.KubeConfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &Cluster{Config: env.Config, Kubeconfig: kc, Client: cs}
+}
+
+// Missing says what is missing to run an API server from the binaries in dir, or "".
+func Missing(dir string) string {
 	for _, bin := range []string{"etcd", "kube-apiserver"} {
 		if fi, err := os.Stat(filepath.Join(dir, bin)); err != nil || fi.Mode()&0o111 == 0 {
-			t.Skipf("no %s in %s: build the Kubernetes test binaries with `make k8s-test-bins` (or set KUBEBUILDER_ASSETS)", bin, dir)
+			return fmt.Sprintf("no %s in %s: build the Kubernetes test binaries with `make k8s-test-bins` (or set KUBEBUILDER_ASSETS)", bin, dir)
 		}
 	}
+	return ""
+}
+
+// Env is a running API server; Stop ends it.
+type Env struct {
+	*envtest.Environment
+	// Config reaches it as an admin.
+	Config *rest.Config
+}
+
+// Up starts etcd and kube-apiserver from the binaries in dir. Processes other than Go
+// tests (the SDK end-to-end tests, through cmd kubeapi-test) use it directly.
+func Up(dir string) (*Env, error) {
 	env := &envtest.Environment{BinaryAssetsDirectory: dir, ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout: 30 * time.Second}
 	api := env.ControlPlane.GetAPIServer()
@@ -74,20 +113,7 @@ func Start(t testing.TB) *Cluster {
 	api.Configure().Set("endpoint-reconciler-type", "none")
 	cfg, err := env.Start()
 	if err != nil {
-		t.Fatalf("start the test API server (%s): %v", dir, err)
+		return nil, fmt.Errorf("start the test API server (%s): %w", dir, err)
 	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("stop the test API server: %v", err)
-		}
-	})
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kc, env.KubeConfig, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return &Cluster{Config: cfg, Kubeconfig: kc, Client: cs}
+	return &Env{Environment: env, Config: cfg}, nil
 }
