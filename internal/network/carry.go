@@ -61,7 +61,7 @@ func (p *Pool) openTables(ctx context.Context, ips map[netip.Addr]bool) (map[net
 			carried, keep = nil, false
 		}
 	}
-	if err := p.installRules(ctx, carried, keep); err != nil {
+	if err := p.installRules(ctx, inetText, bridgeText, carried, keep); err != nil {
 		p.stopEgressProxy()
 		return nil, false, err
 	}

@@ -22,8 +22,9 @@ import (
 //     egress proxy, which input lets in (proxied.go).
 //   - bridge: forward drops frames between two sandbox ports, in addition to the kernel's
 //     isolated-port flag set on each veth.
-func (p *Pool) rules() string {
-	inet, bridge := p.tables()
+//
+// rules is the transaction that replaces both tables with inet and bridge (p.tables).
+func (p *Pool) rules(inet, bridge string) string {
 	return fmt.Sprintf("table inet %[1]s {}\ndelete table inet %[1]s\ntable bridge %[1]s {}\ndelete table bridge %[1]s\n", p.cfg.Bridge) +
 		inet + bridge
 }
@@ -81,12 +82,12 @@ func (p *Pool) tableText(bridges, comment string) (inet, bridge string) {
 	return inet, bridge
 }
 
-// installRules replaces the tables and, in the same transaction, puts back the set
-// elements of the slots an earlier run left (carry.go); keep: the installed tables are
-// already these rules (tables.go) and stay, elements and all.
-func (p *Pool) installRules(ctx context.Context, carried map[netip.Addr]*carriedSlot, keep bool) error {
+// installRules replaces the tables with inet and bridge (p.tables) and, in the same
+// transaction, puts back the set elements of the slots an earlier run left (carry.go);
+// keep: the installed tables are already these rules (tables.go) and stay, elements and all.
+func (p *Pool) installRules(ctx context.Context, inet, bridge string, carried map[netip.Addr]*carriedSlot, keep bool) error {
 	if !keep {
-		if err := nft(ctx, p.rules()+p.carriedScript(carried)); err != nil {
+		if err := nft(ctx, p.rules(inet, bridge)+p.carriedScript(carried)); err != nil {
 			return fmt.Errorf("network: install nftables rules: %w", err)
 		}
 	}
