@@ -2,7 +2,6 @@ package oci
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -330,12 +329,8 @@ func (b *Backend) initAlive(cid string, pid int) bool {
 	if b.rt.name != "runc" {
 		return unix.Kill(pid, 0) == nil
 	}
-	raw, err := os.ReadFile(filepath.Join(b.rt.root, cid, "state.json"))
-	if err != nil {
-		return false
-	}
-	var st runcState
-	if err := json.Unmarshal(raw, &st); err != nil || st.InitPid == nil || st.InitStart == nil || *st.InitPid != pid {
+	st, err := readRuncState(filepath.Join(b.rt.root, cid, "state.json"))
+	if err != nil || st.InitPid == nil || st.InitStart == nil || *st.InitPid != pid {
 		return false
 	}
 	return alive("/proc", pid, *st.InitStart)
