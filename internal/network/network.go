@@ -23,6 +23,7 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/aenv-dev/aenv/internal/egressproxy"
 )
@@ -195,12 +196,15 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	if err := p.ensureBridgeNamed(p.cfg.Bridge, subnet.Bits()); err != nil {
 		return nil, err
 	}
-	existing := p.existingIndexes()
+	// One listing of the host's links (hundreds with as many sandboxes) for the slots an
+	// earlier run left and for the extra bridges the rules name.
+	links, _ := netlink.LinkList()
+	existing := p.existingIndexesIn(links)
 	ips := make(map[netip.Addr]bool, len(existing))
 	for _, i := range existing {
 		ips[p.slotFor(i).IP] = true
 	}
-	carried, keep, err := p.openTables(ctx, ips)
+	carried, keep, err := p.openTables(ctx, ips, links)
 	if err != nil {
 		return nil, err
 	}
@@ -299,6 +303,12 @@ func macPinned(name string) bool {
 
 // existingIndexes finds slots of this prefix left by an earlier run (netns or host veth).
 func (p *Pool) existingIndexes() []int {
+	links, _ := netlink.LinkList()
+	return p.existingIndexesIn(links)
+}
+
+// existingIndexesIn is existingIndexes with the host's links already listed.
+func (p *Pool) existingIndexesIn(links []netlink.Link) []int {
 	seen := map[int]bool{}
 	if ents, err := os.ReadDir("/run/netns"); err == nil {
 		for _, e := range ents {
@@ -307,11 +317,9 @@ func (p *Pool) existingIndexes() []int {
 			}
 		}
 	}
-	if links, err := netlink.LinkList(); err == nil {
-		for _, l := range links {
-			if i, ok := p.parseIndex(l.Attrs().Name, p.cfg.Prefix+"h"); ok {
-				seen[i] = true
-			}
+	for _, l := range links {
+		if i, ok := p.parseIndex(l.Attrs().Name, p.cfg.Prefix+"h"); ok {
+			seen[i] = true
 		}
 	}
 	out := make([]int, 0, len(seen))
@@ -360,6 +368,7 @@ func (p *Pool) Reconcile(ctx context.Context, keep map[int]bool) (map[int]*Slot,
 		}
 	}
 	p.mu.Unlock()
+	var gone []int
 	for i := range reserved {
 		if allow, ok := keep[i]; ok {
 			s := p.slotFor(i)
@@ -370,13 +379,26 @@ func (p *Pool) Reconcile(ctx context.Context, keep map[int]bool) (map[int]*Slot,
 			p.mu.Unlock()
 			continue
 		}
-		if err := p.destroy(p.slotFor(i)); err != nil {
-			errs = append(errs, err)
-		}
-		p.mu.Lock()
-		delete(p.used, i)
-		p.mu.Unlock()
+		gone = append(gone, i)
 	}
+	// Side by side: deleting a veth and a namespace is mostly the kernel waiting (RCU),
+	// and a restart finds the previous run's warm slots besides the dead sandboxes'.
+	var mu sync.Mutex
+	var g errgroup.Group
+	g.SetLimit(8)
+	for _, i := range gone {
+		g.Go(func() error {
+			err := p.destroy(p.slotFor(i))
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+			p.mu.Lock()
+			delete(p.used, i)
+			p.mu.Unlock()
+			return nil
+		})
+	}
+	_ = g.Wait()
 	// One nft run for all kept slots, and none when the sets already hold what they need.
 	if err := p.settleCarried(ctx, carried, kept); err != nil {
 		errs = append(errs, err)

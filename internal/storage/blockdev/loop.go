@@ -190,15 +190,12 @@ func (ms Mounts) Device(dir string) (string, error) {
 // under one of keep: the connections a sweep of root (SweepLoops) would abort.
 func (ms Mounts) FUSEUnder(root string, keep ...string) []string {
 	var out []string
+	kept := newDirSet(keep)
 	for _, m := range ms.entries {
 		if m.fstype != fsType || m.source != fsName || !under(m.dir, root) {
 			continue
 		}
-		kept := false
-		for _, k := range keep {
-			kept = kept || under(m.dir, k)
-		}
-		if !kept {
+		if !kept.holds(m.dir) {
 			out = append(out, m.dir)
 		}
 	}
