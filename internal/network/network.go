@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/aenv-dev/aenv/internal/egressproxy"
+	"github.com/aenv-dev/aenv/internal/steptime"
 )
 
 // ErrExhausted means every address of the subnet is allocated.
@@ -188,6 +189,7 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 		used: map[int]bool{}, reserved: map[int]bool{}, shards: map[string]bool{},
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
+	laps := steptime.Start()
 	if err := prepareNetnsDir(netnsDir); errors.Is(err, errNetnsDirBusy) {
 		cfg.Logger.Warn("network: an `ip netns add` on this host would hide the sandboxes' namespaces", "err", err)
 	} else if err != nil {
@@ -198,8 +200,10 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	}
 	// One listing of the host's links (hundreds with as many sandboxes) for the slots an
 	// earlier run left and for the extra bridges the rules name.
+	laps.Lap("bridge")
 	links, _ := netlink.LinkList()
 	existing := p.existingIndexesIn(links)
+	laps.Lap("links")
 	ips := make(map[netip.Addr]bool, len(existing))
 	for _, i := range existing {
 		ips[p.slotFor(i).IP] = true
@@ -209,7 +213,9 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 		return nil, err
 	}
 	p.carried, p.tablesKept = carried, keep
-	p.cfg.Logger.Info("network: nftables", "kept", keep, "carried_sources", len(carried), "egress_proxy_port", p.proxyPort)
+	laps.Lap("tables")
+	p.cfg.Logger.Info("network: nftables", append([]any{"kept", keep, "carried_sources", len(carried), "egress_proxy_port", p.proxyPort},
+		laps.Attrs()...)...)
 	for _, i := range existing {
 		p.used[i] = true
 		p.reserved[i] = true
