@@ -43,6 +43,8 @@ func run() error {
 		subreaper   = flag.Bool("subreaper", true, "when not PID 1, adopt and reap orphaned descendants (PR_SET_CHILD_SUBREAPER)")
 		setClock    = flag.Bool("set-clock", false, "let POST /init set the system clock forward from its timestamp (VM guests)")
 		idleTrim    = flag.Duration("idle-trim", 10*time.Second, "after a burst of requests, return freed memory to the OS once this long passes without one (0: never; VM guests, where the OS keeps it anyway)")
+		trimMin     = flag.Int("idle-trim-min-kb", 0, "with -idle-trim: trim only when the heap grew by at least this many KiB since the last trim (a trim is a collection, whose first one leaves ~1.1 MiB of the collector's memory resident)")
+		gcLimit     = flag.Int("gc-limit-mb", 0, "collect only when the Go runtime's memory reaches this many MiB, switching to Go's default collector while the live heap is above a quarter of it (0: Go's default collector; containers, where an idle envd that never collects keeps ~1.1 MiB less)")
 		verbose     = flag.Bool("v", false, "log every request")
 		version     = flag.Bool("version", false, "print the envd protocol version and exit")
 	)
@@ -51,6 +53,7 @@ func run() error {
 		fmt.Println(envd.Version)
 		return nil
 	}
+	envd.NewLazyGC(int64(*gcLimit) << 20)
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug
@@ -123,7 +126,7 @@ func run() error {
 	log.Info("envd listening", "addr", ln.Addr().String(), "socket", *socket, "version", envd.Version, "pid1", pid1)
 
 	if *idleTrim > 0 {
-		go srv.TrimWhenIdle(*idleTrim, make(chan struct{}))
+		go srv.TrimWhenIdle(*idleTrim, int64(*trimMin)<<10, make(chan struct{}))
 	}
 
 	errc := make(chan error, len(listeners))

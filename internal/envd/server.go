@@ -100,10 +100,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // TrimWhenIdle returns freed memory to the OS once a burst of requests is over (checked every
 // interval), so that an idle sandbox keeps a small RSS. It returns when stop is closed.
-func (s *Server) TrimWhenIdle(interval time.Duration, stop <-chan struct{}) {
+//
+// A trim is a full collection, and an envd's first one leaves about 1.1 MiB of the
+// collector's own memory resident (see LazyGC), so it trims only when the heap's objects,
+// live or garbage, grew by at least minGrowth bytes since the last trim (or the start): a
+// burst that left less garbage than that would cost more than it returns. 0: after every
+// burst.
+func (s *Server) TrimWhenIdle(interval time.Duration, minGrowth int64, stop <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var seen, trimmed int64
+	base := heapObjects()
 	for {
 		select {
 		case <-stop:
@@ -111,7 +118,10 @@ func (s *Server) TrimWhenIdle(interval time.Duration, stop <-chan struct{}) {
 		case <-t.C:
 			n := s.requests.Load()
 			if n == seen && n != trimmed { // quiet for a whole interval since the last burst
-				debug.FreeOSMemory()
+				if heapObjects()-base >= minGrowth {
+					debug.FreeOSMemory()
+					base = heapObjects()
+				}
 				trimmed = n
 			}
 			seen = n

@@ -1,0 +1,111 @@
+package envd
+
+import (
+	"math"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"testing"
+	"time"
+)
+
+// restoreGC puts Go's default collector back after a test that changed it.
+func restoreGC(t *testing.T) {
+	t.Cleanup(func() {
+		debug.SetGCPercent(100)
+		debug.SetMemoryLimit(math.MaxInt64)
+	})
+}
+
+func gcSettings() (percent int, limit int64) {
+	percent = debug.SetGCPercent(-1)
+	debug.SetGCPercent(percent)
+	return percent, debug.SetMemoryLimit(-1) // a negative limit only reads it
+}
+
+func gcCycles() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// waitNormal runs collections until the hook has seen one and says want.
+func waitNormal(t *testing.T, g *LazyGC, want bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for g.Normal() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("Normal() stayed %v after collections (live heap %d)", !want, liveHeap())
+		}
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+var sink []byte
+
+func TestLazyGC(t *testing.T) {
+	restoreGC(t)
+	if NewLazyGC(0) != nil {
+		t.Fatal("NewLazyGC(0) is not nil: it must leave Go's default collector")
+	}
+	const limit = 32 << 20
+	g := NewLazyGC(limit)
+	if p, l := gcSettings(); p != -1 || l != limit {
+		t.Fatalf("after NewLazyGC: GOGC %d, limit %d; want off and %d", p, l, limit)
+	}
+	// A live heap above a quarter of the limit: the default collector, no limit.
+	sink = make([]byte, limit/2)
+	for i := range sink {
+		sink[i] = 1
+	}
+	waitNormal(t, g, true)
+	if p, l := gcSettings(); p != 100 || l != math.MaxInt64 {
+		t.Fatalf("with a large live heap: GOGC %d, limit %d; want 100 and none", p, l)
+	}
+	// Back under an eighth: off again.
+	sink = nil
+	waitNormal(t, g, false)
+	if p, l := gcSettings(); p != -1 || l != limit {
+		t.Fatalf("after the heap shrank: GOGC %d, limit %d; want off and %d", p, l, limit)
+	}
+	g.Close()
+	if p, _ := gcSettings(); p != 100 {
+		t.Fatalf("after Close: GOGC %d, want 100", p)
+	}
+}
+
+func TestTrimWhenIdleMinGrowth(t *testing.T) {
+	restoreGC(t)
+	debug.SetGCPercent(-1) // only TrimWhenIdle collects
+	for _, tc := range []struct {
+		name      string
+		minGrowth int64
+		garbage   int
+		trims     bool
+	}{
+		{"every burst", 0, 0, true},
+		{"less garbage than the minimum", 64 << 20, 1 << 20, false},
+		{"more garbage than the minimum", 1 << 20, 4 << 20, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Server{}
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() { s.TrimWhenIdle(20*time.Millisecond, tc.minGrowth, stop); close(done) }()
+			time.Sleep(5 * time.Millisecond) // let it read its base
+			for i := 0; i < tc.garbage/4096; i++ {
+				sink = make([]byte, 4096)
+			}
+			sink = nil
+			before := gcCycles()
+			s.requests.Add(1)                  // a burst...
+			time.Sleep(200 * time.Millisecond) // ...then quiet for several intervals
+			close(stop)
+			<-done
+			if trimmed := gcCycles() > before; trimmed != tc.trims {
+				t.Fatalf("trimmed %v, want %v", trimmed, tc.trims)
+			}
+		})
+	}
+}
