@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -106,7 +107,9 @@ func serve(ctx context.Context, cfg config.Config) error {
 		defer stop()
 	}
 
+	gcBack := openingGC()
 	n, err := node.Open(ctx, cfg, node.Options{Logger: log})
+	gcBack()
 	if err != nil {
 		return err
 	}
@@ -154,6 +157,24 @@ func serve(ctx context.Context, cfg config.Config) error {
 		httpSrv.Close()
 	}
 	return nil
+}
+
+// openingHeap is the heap below which no garbage is collected while the node opens.
+const openingHeap = 256 << 20
+
+// openingGC makes the garbage collector wait for openingHeap (or the operator's lower
+// GOMEMLIMIT) while the node opens: a restart that adopts hundreds of sandboxes grows its
+// heap from nothing, which with the default settings is a collection every few MB, CPU
+// taken from the adoption on a host whose CPUs the sandboxes share. The returned func puts
+// the settings back.
+func openingGC() (restore func()) {
+	limit := debug.SetMemoryLimit(-1) // reads it
+	pct := debug.SetGCPercent(-1)
+	debug.SetMemoryLimit(min(limit, openingHeap))
+	return func() {
+		debug.SetMemoryLimit(limit)
+		debug.SetGCPercent(pct)
+	}
 }
 
 // announceAPIKey tells the operator where the admin API key is.

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/vishvananda/netlink"
 )
 
 // A start that replaces the tables (tables.go: they are not what it would install, or
@@ -38,7 +40,7 @@ type nftSetJSON struct {
 // already these rules (tables.go): then they stay, and the set elements of every source
 // are carried (Reconcile removes those of slots it does not keep). Replaced tables get
 // back the elements whose source is one of ips (the slots an earlier run left).
-func (p *Pool) openTables(ctx context.Context, ips map[netip.Addr]bool) (map[netip.Addr]*carriedSlot, bool, error) {
+func (p *Pool) openTables(ctx context.Context, ips map[netip.Addr]bool, links []netlink.Link) (map[netip.Addr]*carriedSlot, bool, error) {
 	inet, bridge, err := p.listTables(ctx)
 	if err != nil {
 		// Still start: the backends re-apply every adopted sandbox's policy, only later.
@@ -48,7 +50,7 @@ func (p *Pool) openTables(ctx context.Context, ips map[netip.Addr]bool) (map[net
 	if err := p.startEgressProxy(fingerprintPort(inet.comment)); err != nil {
 		return nil, false, err
 	}
-	inetText, bridgeText := p.tables()
+	inetText, bridgeText := p.tables(links)
 	keep := tablesMatch(inet, bridge, inetText, bridgeText)
 	var carried map[netip.Addr]*carriedSlot
 	if inet.raw != nil {

@@ -23,8 +23,10 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/aenv-dev/aenv/internal/egressproxy"
+	"github.com/aenv-dev/aenv/internal/steptime"
 )
 
 // ErrExhausted means every address of the subnet is allocated.
@@ -187,6 +189,7 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 		used: map[int]bool{}, reserved: map[int]bool{}, shards: map[string]bool{},
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
+	laps := steptime.Start()
 	if err := prepareNetnsDir(netnsDir); errors.Is(err, errNetnsDirBusy) {
 		cfg.Logger.Warn("network: an `ip netns add` on this host would hide the sandboxes' namespaces", "err", err)
 	} else if err != nil {
@@ -195,17 +198,24 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	if err := p.ensureBridgeNamed(p.cfg.Bridge, subnet.Bits()); err != nil {
 		return nil, err
 	}
-	existing := p.existingIndexes()
+	// One listing of the host's links (hundreds with as many sandboxes) for the slots an
+	// earlier run left and for the extra bridges the rules name.
+	laps.Lap("bridge")
+	links, _ := netlink.LinkList()
+	existing := p.existingIndexesIn(links)
+	laps.Lap("links")
 	ips := make(map[netip.Addr]bool, len(existing))
 	for _, i := range existing {
 		ips[p.slotFor(i).IP] = true
 	}
-	carried, keep, err := p.openTables(ctx, ips)
+	carried, keep, err := p.openTables(ctx, ips, links)
 	if err != nil {
 		return nil, err
 	}
 	p.carried, p.tablesKept = carried, keep
-	p.cfg.Logger.Info("network: nftables", "kept", keep, "carried_sources", len(carried), "egress_proxy_port", p.proxyPort)
+	laps.Lap("tables")
+	p.cfg.Logger.Info("network: nftables", append([]any{"kept", keep, "carried_sources", len(carried), "egress_proxy_port", p.proxyPort},
+		laps.Attrs()...)...)
 	for _, i := range existing {
 		p.used[i] = true
 		p.reserved[i] = true
@@ -299,6 +309,12 @@ func macPinned(name string) bool {
 
 // existingIndexes finds slots of this prefix left by an earlier run (netns or host veth).
 func (p *Pool) existingIndexes() []int {
+	links, _ := netlink.LinkList()
+	return p.existingIndexesIn(links)
+}
+
+// existingIndexesIn is existingIndexes with the host's links already listed.
+func (p *Pool) existingIndexesIn(links []netlink.Link) []int {
 	seen := map[int]bool{}
 	if ents, err := os.ReadDir("/run/netns"); err == nil {
 		for _, e := range ents {
@@ -307,11 +323,9 @@ func (p *Pool) existingIndexes() []int {
 			}
 		}
 	}
-	if links, err := netlink.LinkList(); err == nil {
-		for _, l := range links {
-			if i, ok := p.parseIndex(l.Attrs().Name, p.cfg.Prefix+"h"); ok {
-				seen[i] = true
-			}
+	for _, l := range links {
+		if i, ok := p.parseIndex(l.Attrs().Name, p.cfg.Prefix+"h"); ok {
+			seen[i] = true
 		}
 	}
 	out := make([]int, 0, len(seen))
@@ -360,6 +374,7 @@ func (p *Pool) Reconcile(ctx context.Context, keep map[int]bool) (map[int]*Slot,
 		}
 	}
 	p.mu.Unlock()
+	var gone []int
 	for i := range reserved {
 		if allow, ok := keep[i]; ok {
 			s := p.slotFor(i)
@@ -370,13 +385,26 @@ func (p *Pool) Reconcile(ctx context.Context, keep map[int]bool) (map[int]*Slot,
 			p.mu.Unlock()
 			continue
 		}
-		if err := p.destroy(p.slotFor(i)); err != nil {
-			errs = append(errs, err)
-		}
-		p.mu.Lock()
-		delete(p.used, i)
-		p.mu.Unlock()
+		gone = append(gone, i)
 	}
+	// Side by side: deleting a veth and a namespace is mostly the kernel waiting (RCU),
+	// and a restart finds the previous run's warm slots besides the dead sandboxes'.
+	var mu sync.Mutex
+	var g errgroup.Group
+	g.SetLimit(8)
+	for _, i := range gone {
+		g.Go(func() error {
+			err := p.destroy(p.slotFor(i))
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+			p.mu.Lock()
+			delete(p.used, i)
+			p.mu.Unlock()
+			return nil
+		})
+	}
+	_ = g.Wait()
 	// One nft run for all kept slots, and none when the sets already hold what they need.
 	if err := p.settleCarried(ctx, carried, kept); err != nil {
 		errs = append(errs, err)

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+
+	"github.com/vishvananda/netlink"
 )
 
 // The rules live in two tables named after the bridge, replaced atomically in one nft
@@ -30,9 +32,9 @@ func (p *Pool) rules(inet, bridge string) string {
 }
 
 // tables are the two tables' definitions, each holding the rules' fingerprint
-// (tables.go) as a rule comment.
-func (p *Pool) tables() (inet, bridge string) {
-	bridges := p.bridgesSet() // lists the host's links: once
+// (tables.go) as a rule comment; links are the host's links (for the extra bridges).
+func (p *Pool) tables(links []netlink.Link) (inet, bridge string) {
+	bridges := p.bridgesSet(links)
 	inet, bridge = p.tableText(bridges, "")
 	return p.tableText(bridges, fingerprint(p.proxyPort, inet+bridge))
 }

@@ -59,6 +59,11 @@ func (p *Pool) shardBridges() []string {
 	if err != nil {
 		return nil
 	}
+	return p.shardBridgesIn(links)
+}
+
+// shardBridgesIn is shardBridges with the host's links already listed.
+func (p *Pool) shardBridgesIn(links []netlink.Link) []string {
 	var out []string
 	for _, l := range links {
 		if _, ok := p.parseIndex(l.Attrs().Name, p.cfg.Bridge+"-"); ok && l.Type() == "bridge" {
@@ -69,9 +74,9 @@ func (p *Pool) shardBridges() []string {
 	return out
 }
 
-// bridgesSet is the nftables set of the pool's bridges, for the rules.
-func (p *Pool) bridgesSet() string {
-	names := append([]string{p.cfg.Bridge}, p.shardBridges()...)
+// bridgesSet is the nftables set of the pool's bridges (of links, the host's), for the rules.
+func (p *Pool) bridgesSet(links []netlink.Link) string {
+	names := append([]string{p.cfg.Bridge}, p.shardBridgesIn(links)...)
 	for i, n := range names {
 		names[i] = strconv.Quote(n)
 	}

@@ -11,7 +11,7 @@ import (
 func TestCountRulesAndSets(t *testing.T) {
 	p := &Pool{cfg: Config{Bridge: "x0", Prefix: "x"}, subnet: netip.MustParsePrefix("10.1.0.0/24"),
 		gateway: netip.MustParseAddr("10.1.0.1"), proxyPort: 4242}
-	inet, bridge := p.tables()
+	inet, bridge := p.tables(nil)
 	for _, c := range []struct {
 		name  string
 		text  string
@@ -34,7 +34,7 @@ func TestCountRulesAndSets(t *testing.T) {
 	}
 	// Another port is another fingerprint.
 	p.proxyPort = 4243
-	if inet2, _ := p.tables(); lastComment(inet2) == lastComment(inet) {
+	if inet2, _ := p.tables(nil); lastComment(inet2) == lastComment(inet) {
 		t.Error("the fingerprint does not change with the egress proxy's port")
 	}
 	if fingerprintPort("a comment of someone else") != 0 {

@@ -42,6 +42,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/egressproxy"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/sandboxconn"
 	"github.com/aenv-dev/aenv/internal/secret"
 	"github.com/aenv-dev/aenv/internal/server"
 	"github.com/aenv-dev/aenv/internal/snapshot"
@@ -90,6 +91,9 @@ type Node struct {
 	baseBuild *baseBuild
 	// egressCA is the egress proxy's CA, given to sandboxes with network.rules.
 	egressCA *egressproxy.CA
+	// sandboxConns are the connections into sandboxes, shared by the orchestrator (envd
+	// /health, /init) and the proxy, so a create's /init connection carries the first command.
+	sandboxConns sandboxconn.Pools
 	// closers undo Open, in reverse order.
 	closers []func(ctx context.Context)
 }
@@ -113,7 +117,9 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{Config: cfg, Log: o.Logger, Metrics: prometheus.NewRegistry(), baseBuild: newBaseBuild(o.Logger)}
+	n := &Node{Config: cfg, Log: o.Logger, Metrics: prometheus.NewRegistry(), baseBuild: newBaseBuild(o.Logger),
+		sandboxConns: sandboxconn.New()}
+	n.onClose(func(context.Context) { n.sandboxConns.CloseIdleConnections() })
 	defer func() {
 		if err != nil {
 			n.Close(context.WithoutCancel(ctx))
@@ -184,32 +190,33 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	})
 
 	// The built-in templates and the sandboxes of the previous run do not depend on each
-	// other: they are checked at once, so a restart waits for the longer of the two (the
-	// templates' check walks the base tree, ~0.15 s of CPU), not for their sum. When the
-	// catalog already has both built-in templates installed (any restart), the API does
-	// not wait for the check at all: creates use the installed templates meanwhile, and
-	// the check updates them only if their tree changed while the node was down.
+	// other. When the catalog already has both built-in templates installed (any
+	// restart), the API does not wait for their check at all: creates use the installed
+	// templates meanwhile, and the check (a walk of the base tree, ~0.15 s of CPU) runs
+	// settleDelay after the node opened, so that it does not compete with adopting the
+	// sandboxes and answering their first requests; it updates the templates only if
+	// their tree changed while the node was down. On a first start both are checked at
+	// once, and the API waits for the longer of the two.
 	installed := builtinsInstalled(n.Catalog, cfg)
-	baseDone := make(chan error, 1)
-	go func() { baseDone <- ensureBaseTemplates(ctx, n.Catalog, cfg, n.Log, n.baseBuild) }()
+	var baseDone chan error
+	if !installed {
+		baseDone = make(chan error, 1)
+		go func() { baseDone <- ensureBaseTemplates(ctx, n.Catalog, cfg, n.Log, n.baseBuild) }()
+	}
 	err = n.startSandboxes(ctx, repo)
 	lap("sandboxes")
-	if installed {
-		checked := make(chan struct{})
-		go func() {
-			defer close(checked)
-			if err := <-baseDone; err != nil {
-				n.Log.Error("check the built-in templates", "err", err)
-			}
-		}()
-		// Before the catalog closes.
-		n.onClose(func(context.Context) { <-checked })
-	} else if berr := <-baseDone; err == nil {
-		err = berr
+	if !installed {
+		if berr := <-baseDone; err == nil {
+			err = berr
+		}
 	}
 	lap("templates")
 	// First to stop on Close: a base build still running is cancelled and cleaned up.
 	n.onClose(func(context.Context) { n.baseBuild.stop() })
+	if installed {
+		// Before the base build stops and the catalog closes.
+		n.onClose(n.checkBaseLater(ctx))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -222,6 +229,38 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	lap("api")
 	n.Log.Info("node open", laps.Attrs()...)
 	return n, nil
+}
+
+// settleDelay is how long a start's background work (the built-in templates' check, the
+// template builder's garbage collection) waits after the node opened: a restart first
+// adopts its sandboxes and answers their first requests, on a host whose CPUs the
+// sandboxes share.
+const settleDelay = 2 * time.Second
+
+// checkBaseLater checks the installed built-in templates settleDelay from now, in the
+// background. The returned func, for Close, ends the wait (the check then runs at the
+// next start) or waits for a check in progress.
+func (n *Node) checkBaseLater(ctx context.Context) func(context.Context) {
+	stop, checked := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(checked)
+		t := time.NewTimer(settleDelay)
+		defer t.Stop()
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := ensureBaseTemplates(ctx, n.Catalog, n.Config, n.Log, n.baseBuild); err != nil {
+			n.Log.Error("check the built-in templates", "err", err)
+		}
+	}()
+	return func(context.Context) {
+		close(stop)
+		<-checked
+	}
 }
 
 // openCatalog opens the catalog and makes sure an admin API key exists.
@@ -278,7 +317,8 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 		TemplateFetch:    pub.Fetch,
 		EgressCA:         n.egressCA.CertPEM(),
 	}, n.Backend, n.Catalog, orchestrator.WithPublisher(pub, repo.cache),
-		orchestrator.WithVolumes(n.Volumes), orchestrator.WithSecrets(n.Secrets))
+		orchestrator.WithVolumes(n.Volumes), orchestrator.WithSecrets(n.Secrets),
+		orchestrator.WithEnvdClient(orchestrator.NewEnvdClient(n.sandboxConns)))
 	if err != nil {
 		return err
 	}
@@ -305,7 +345,8 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 func (n *Node) openAPI() error {
 	cfg, cat, orch := n.Config, n.Catalog, n.Orchestrator
 	// Builds run in sandboxes of this node; Close cancels running ones (they end in error).
-	builds, err := build.New(build.Config{DataDir: cfg.DataDir, Publisher: n.Publisher, Logger: n.Log, Registerer: n.Metrics},
+	builds, err := build.New(build.Config{DataDir: cfg.DataDir, Publisher: n.Publisher, Logger: n.Log, Registerer: n.Metrics,
+		StartupGCDelay: settleDelay},
 		orch, cat.Templates())
 	if err != nil {
 		return fmt.Errorf("start the template builder: %w", err)
@@ -335,6 +376,7 @@ func (n *Node) openAPI() error {
 		MaxTimeout:       cfg.Sandbox.MaxTimeout.Duration,
 		Capacity:         n.Capacity,
 		Logger:           n.Log,
+		Transport:        n.sandboxConns,
 	})
 	if err != nil {
 		return err

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/aenv-dev/aenv/internal/dataplane"
 	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/steptime"
@@ -41,20 +41,30 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	// How long each step took, logged at the end: a restart's time is mostly here.
 	laps := steptime.Start()
 	lap := laps.Lap
-	containers, err := b.rt.liveContainers(ctx)
-	if err != nil {
+	// The runtime's containers, the data plane's disks and the mount table, side by side
+	// (the data plane answers from its own process).
+	var containers []containerState
+	var disks map[string]dataplane.Info
+	var mounts blockdev.Mounts
+	var lg errgroup.Group
+	lg.Go(func() (err error) { containers, err = b.rt.liveContainers(ctx); return err })
+	lg.Go(func() (err error) {
+		if disks, err = b.dataPlaneDisks(ctx); err != nil {
+			// Without the list no root can be adopted, and none may be swept either: its
+			// disk may still be served. Fail the start rather than lose the sandboxes.
+			return fmt.Errorf("oci: reconcile: list the data plane's disks: %w", err)
+		}
+		return nil
+	})
+	lg.Go(func() (err error) {
+		// One read of the mount table for every root adopted (see blockdev.Mounts).
+		if mounts, err = blockdev.ReadMounts(); err != nil {
+			return fmt.Errorf("oci: reconcile: %w", err)
+		}
+		return nil
+	})
+	if err := lg.Wait(); err != nil {
 		return nil, err
-	}
-	disks, err := b.dataPlaneDisks(ctx)
-	if err != nil {
-		// Without the list no root can be adopted, and none may be swept either: its
-		// disk may still be served. Fail the start rather than lose the sandboxes.
-		return nil, fmt.Errorf("oci: reconcile: list the data plane's disks: %w", err)
-	}
-	// One read of the mount table for every root adopted (see blockdev.Mounts).
-	mounts, err := blockdev.ReadMounts()
-	if err != nil {
-		return nil, fmt.Errorf("oci: reconcile: %w", err)
 	}
 	lap("list")
 	var keepDirs []string // bundle dirs of adopted block roots
@@ -63,37 +73,18 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	states := map[string]savedState{} // by sandbox id
 	cids := map[string]bool{}         // container ids of adopted sandboxes
 	var stale []string                // containers to delete
-	for _, c := range containers {
-		if c.Status == "running" || c.Status == "paused" {
-			l := b.layout(c.ID)
-			st, err := readState(l.state())
-			if st.ContainerID == "" {
-				st.ContainerID = st.ID
-			}
-			if err == nil && st.ID != "" && want[st.ID] && st.ContainerID == c.ID && adopt[st.ID] == nil {
-				inst := &Instance{b: b, id: st.ID, cid: c.ID, l: l, res: st.Resources, started: st.Created, idmap: st.IDMap}
-				if st.Block {
-					info, ok := disks[absDir(l.dir)]
-					if !ok {
-						b.log.Warn("oci: reconcile: sandbox on a block root whose disk nobody serves any more; removing it", "id", st.ID)
-						stale = append(stale, c.ID)
-						continue
-					}
-					if err := b.adoptBlock(inst, info, mounts); err != nil {
-						b.log.Warn("oci: reconcile: cannot adopt block root; removing the sandbox", "id", st.ID, "err", err)
-						stale = append(stale, c.ID)
-						continue
-					}
-					keepDirs = append(keepDirs, info.Dir)
-				}
-				adopt[st.ID] = inst
-				states[st.ID] = st
-				cids[c.ID] = true
-				continue
-			}
+	for _, c := range b.adoptable(containers, want, disks, mounts) {
+		if c.inst == nil {
+			// Unknown, dead, or a warm container of the previous run (never started).
+			stale = append(stale, c.id)
+			continue
 		}
-		// Unknown, dead, or a warm container of the previous run (never started).
-		stale = append(stale, c.ID)
+		if c.info != nil {
+			keepDirs = append(keepDirs, c.info.Dir)
+		}
+		adopt[c.st.ID] = c.inst
+		states[c.st.ID] = c.st
+		cids[c.id] = true
 	}
 	// Kill every process of what is not adopted before the sweep below unmounts roots
 	// under them: SIGKILL is queued even to a process stuck on a block root whose FUSE
@@ -101,8 +92,12 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	lap("adopt")
 	b.killCgroups(cids)
 	var gone []string
+	kept := make(map[string]bool, len(keepDirs))
+	for _, d := range keepDirs {
+		kept[d] = true
+	}
 	for dir := range disks {
-		if !slices.Contains(keepDirs, dir) {
+		if !kept[dir] {
 			gone = append(gone, dir)
 		}
 	}
@@ -171,6 +166,77 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	lap("layers")
 	b.log.Info("oci: reconciled", append([]any{"adopted", len(alive), "removed", len(stale)}, laps.Attrs()...)...)
 	return alive, errors.Join(errs...)
+}
+
+// candidate is one container of the runtime as Reconcile finds it: inst is nil when it
+// is not adopted (its container is removed).
+type candidate struct {
+	id   string
+	st   savedState
+	inst *Instance
+	info *dataplane.Info // the data plane's disk of an adopted block root
+}
+
+// adoptable decides, for each container, whether it is adopted: running or paused, its
+// saved state names a known sandbox that no earlier container claimed, and, on a block
+// root, the data plane serves its disk and the root's mount is that disk's. Reading the
+// saved states and checking the roots (a few sysfs reads and opens each) run a few at a
+// time: a restart does it for every sandbox before any is served.
+func (b *Backend) adoptable(containers []containerState, want map[string]bool, disks map[string]dataplane.Info,
+	mounts blockdev.Mounts) []candidate {
+	cands := make([]candidate, len(containers))
+	var g errgroup.Group
+	g.SetLimit(8)
+	for i, c := range containers {
+		cands[i].id = c.ID
+		if c.Status != "running" && c.Status != "paused" {
+			continue
+		}
+		g.Go(func() error {
+			st, err := readState(b.layout(c.ID).state())
+			if st.ContainerID == "" {
+				st.ContainerID = st.ID
+			}
+			if err == nil && st.ID != "" && want[st.ID] && st.ContainerID == c.ID {
+				cands[i].st = st
+				cands[i].inst = &Instance{b: b, id: st.ID, cid: c.ID, l: b.layout(c.ID), res: st.Resources, started: st.Created, idmap: st.IDMap}
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	// The first container of a sandbox id is its own; a second one is stale.
+	seen := map[string]bool{}
+	for i := range cands {
+		c := &cands[i]
+		if c.inst == nil {
+			continue
+		}
+		if seen[c.st.ID] {
+			c.inst = nil
+			continue
+		}
+		seen[c.st.ID] = true
+		if !c.st.Block {
+			continue
+		}
+		info, ok := disks[absDir(c.inst.l.dir)]
+		if !ok {
+			b.log.Warn("oci: reconcile: sandbox on a block root whose disk nobody serves any more; removing it", "id", c.st.ID)
+			c.inst = nil
+			continue
+		}
+		c.info = &info
+		g.Go(func() error {
+			if err := b.adoptBlock(c.inst, info, mounts); err != nil {
+				b.log.Warn("oci: reconcile: cannot adopt block root; removing the sandbox", "id", c.st.ID, "err", err)
+				c.inst, c.info = nil, nil
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	return cands
 }
 
 // removeContainers deletes the runtime state of containers whose processes are already

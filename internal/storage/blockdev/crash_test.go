@@ -220,7 +220,7 @@ type testLoop struct {
 func loopsOf(t *testing.T, dir string) []testLoop {
 	t.Helper()
 	var out []testLoop
-	for _, l := range listLoops() {
+	for _, l := range listLoops(func(string) bool { return false }) {
 		if !under(l.backing, dir) && l.backing != "/"+FileName {
 			continue
 		}

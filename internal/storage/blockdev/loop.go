@@ -172,16 +172,18 @@ func (ms Mounts) Device(dir string) (string, error) {
 		if m.dir != dir {
 			continue
 		}
-		raw, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/uevent", unix.Major(m.dev), unix.Minor(m.dev)))
+		// The link's last element is the device's kernel name (DEVNAME), with '!' for '/':
+		// one readlink, where its uevent file takes an open, a stat, two reads and a close
+		// (a restart does it for every root it adopts).
+		link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(m.dev), unix.Minor(m.dev)))
 		if err != nil {
 			return "", fmt.Errorf("blockdev: %s is not mounted from a block device: %w", dir, err)
 		}
-		for _, line := range strings.Split(string(raw), "\n") {
-			if name, ok := strings.CutPrefix(line, "DEVNAME="); ok {
-				return "/dev/" + name, nil
-			}
+		name := strings.ReplaceAll(filepath.Base(link), "!", "/")
+		if name == "" || name == "." || name == "/" {
+			return "", fmt.Errorf("blockdev: no device name for the mount at %s", dir)
 		}
-		return "", fmt.Errorf("blockdev: no device name for the mount at %s", dir)
+		return "/dev/" + name, nil
 	}
 	return "", fmt.Errorf("blockdev: nothing mounted at %s", dir)
 }
@@ -190,15 +192,12 @@ func (ms Mounts) Device(dir string) (string, error) {
 // under one of keep: the connections a sweep of root (SweepLoops) would abort.
 func (ms Mounts) FUSEUnder(root string, keep ...string) []string {
 	var out []string
+	kept := newDirSet(keep)
 	for _, m := range ms.entries {
 		if m.fstype != fsType || m.source != fsName || !under(m.dir, root) {
 			continue
 		}
-		kept := false
-		for _, k := range keep {
-			kept = kept || under(m.dir, k)
-		}
-		if !kept {
+		if !kept.holds(m.dir) {
 			out = append(out, m.dir)
 		}
 	}

@@ -1,8 +1,13 @@
 package blockdev
 
 import (
+	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestFUSEUnder(t *testing.T) {
@@ -26,4 +31,54 @@ func TestFUSEUnder(t *testing.T) {
 			t.Errorf("FUSEUnder(keep %v) = %v, want %v", c.keep, got, c.want)
 		}
 	}
+}
+
+// TestMountsDevice checks the device name of every block-device mount of this host against
+// the kernel's DEVNAME in its uevent file.
+func TestMountsDevice(t *testing.T) {
+	ms, err := ReadMounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, m := range ms.entries {
+		raw, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/uevent", unix.Major(m.dev), unix.Minor(m.dev)))
+		if err != nil {
+			continue // not a block device (tmpfs, overlay, proc...)
+		}
+		var want string
+		for _, line := range strings.Split(string(raw), "\n") {
+			if name, ok := strings.CutPrefix(line, "DEVNAME="); ok {
+				want = "/dev/" + name
+			}
+		}
+		if top := ms.top(m.dir); top != m {
+			continue // another mount is on top of this one
+		}
+		got, err := ms.Device(m.dir)
+		if err != nil {
+			t.Errorf("Device(%s): %v", m.dir, err)
+			continue
+		}
+		if got != want {
+			t.Errorf("Device(%s) = %s, want %s", m.dir, got, want)
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Skip("no filesystem on this host is mounted from a block device")
+	}
+	if _, err := ms.Device("/no/such/mount"); err == nil {
+		t.Error("Device of a directory with nothing mounted: no error")
+	}
+}
+
+// top is the topmost mount at dir.
+func (ms Mounts) top(dir string) mountEntry {
+	for i := len(ms.entries) - 1; i >= 0; i-- {
+		if ms.entries[i].dir == dir {
+			return ms.entries[i]
+		}
+	}
+	return mountEntry{}
 }

@@ -59,14 +59,7 @@ func SweepLoops(ctx context.Context, root string, keep ...string) ([]string, err
 	if err != nil {
 		return nil, err
 	}
-	kept := func(p string) bool {
-		for _, k := range keep {
-			if under(p, k) {
-				return true
-			}
-		}
-		return false
-	}
+	kept := newDirSet(keep).holds
 	keptDevs := map[uint64]bool{}
 	var mounts []mountEntry
 	for _, m := range all {
@@ -103,8 +96,8 @@ func SweepLoops(ctx context.Context, root string, keep ...string) ([]string, err
 	abort()
 
 	var ours []loopDev
-	for _, l := range listLoops() {
-		if kept(l.backing) || keptDevs[l.dev] {
+	for _, l := range listLoops(kept) {
+		if keptDevs[l.dev] {
 			continue
 		}
 		mine := under(l.backing, root)
@@ -285,17 +278,27 @@ type loopDev struct {
 	backing string // its backing file as sysfs shows it
 }
 
-// listLoops lists the attached loop devices from sysfs, without opening them.
-func listLoops() []loopDev {
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+// listLoops lists the attached loop devices from sysfs, without opening them, except
+// those whose backing file skip accepts (a restart keeps hundreds of them: only their
+// backing file is read).
+func listLoops(skip func(backing string) bool) []loopDev {
+	ents, _ := os.ReadDir("/sys/block")
 	var out []loopDev
-	for _, bf := range files {
-		b, err := os.ReadFile(bf)
-		if err != nil {
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasPrefix(name, "loop") {
 			continue
 		}
-		sys := filepath.Dir(filepath.Dir(bf))
-		raw, err := os.ReadFile(filepath.Join(sys, "dev"))
+		sys := "/sys/block/" + name
+		b, err := os.ReadFile(sys + "/loop/backing_file")
+		if err != nil {
+			continue // not attached
+		}
+		backing := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), " (deleted)")
+		if skip(backing) {
+			continue
+		}
+		raw, err := os.ReadFile(sys + "/dev")
 		if err != nil {
 			continue
 		}
@@ -303,17 +306,51 @@ func listLoops() []loopDev {
 		if !ok {
 			continue
 		}
-		out = append(out, loopDev{
-			path:    "/dev/" + filepath.Base(sys),
-			dev:     dev,
-			backing: strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), " (deleted)"),
-		})
+		out = append(out, loopDev{path: "/dev/" + name, dev: dev, backing: backing})
 	}
 	return out
 }
 
+// under reports whether p is root or a path below it (without allocating: sweeps compare
+// every mount with every kept directory).
 func under(p, root string) bool {
-	return p == root || strings.HasPrefix(p, root+string(filepath.Separator))
+	return p == root || len(p) > len(root) && p[len(root)] == filepath.Separator && strings.HasPrefix(p, root)
+}
+
+// dirSet answers whether a path is one of its directories or below one, in as many map
+// lookups as the path has parents, however many directories the set holds (a restart
+// keeps hundreds, and the mount table and the loop devices grow with them).
+type dirSet map[string]struct{}
+
+func newDirSet(dirs []string) dirSet {
+	s := make(dirSet, len(dirs))
+	for _, d := range dirs {
+		s[filepath.Clean(d)] = struct{}{}
+	}
+	return s
+}
+
+func (s dirSet) holds(p string) bool {
+	if len(s) == 0 {
+		return false
+	}
+	for {
+		if _, ok := s[p]; ok {
+			return true
+		}
+		i := strings.LastIndexByte(p, filepath.Separator)
+		if i < 0 {
+			return false
+		}
+		if i == 0 {
+			if p == "/" {
+				return false
+			}
+			p = "/"
+			continue
+		}
+		p = p[:i]
+	}
 }
 
 // mountEntry is one line of /proc/self/mountinfo.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,6 +38,20 @@ type RWLayer struct {
 	readOnly bool
 	// torn lists the index entries (by number) whose data never reached the data file.
 	torn []int
+
+	// A guest's filesystem flushes its device far more often than it writes to it
+	// (journal commits, unmounts, loop detaches, closes of the device file): about half
+	// of those Syncs would fsync files that no write touched since the previous fsync.
+	// Such a Sync may return at once, but only when that is provably true, so gen counts
+	// every change to the files (bumped when a WriteAt or Discard returns, after its data
+	// and index entry are written or queued) and syncedGen is the gen a successful Sync
+	// read before it flushed the queued entries and fsynced: every write that had
+	// returned by then is durable. A write that returns during a Sync bumps gen past what
+	// that Sync records, so the next Sync fsyncs again. A freshly opened layer starts
+	// dirty: what a previous process wrote may be only in the page cache.
+	gen, syncedGen atomic.Uint64
+	// syncFile fsyncs one of the layer's files (tests count the calls).
+	syncFile func(*os.File) error
 }
 
 // CreateOptions describe a new writable layer.
@@ -87,7 +102,8 @@ func CreateRW(dataPath, indexPath string, o CreateOptions) (*RWLayer, error) {
 		return nil, fmt.Errorf("create layer: %w", err)
 	}
 	l := &RWLayer{name: dataPath, dataPath: dataPath, indexPath: indexPath, data: data, header: h,
-		index: NewMutableIndex(), eof: HeaderSize, idxEOF: HeaderSize}
+		index: NewMutableIndex(), eof: HeaderSize, idxEOF: HeaderSize, syncFile: (*os.File).Sync}
+	l.gen.Store(1) // the headers are not durable yet
 	fail := func(err error) (*RWLayer, error) {
 		data.Close()
 		os.Remove(dataPath)
@@ -121,6 +137,7 @@ func CreateRW(dataPath, indexPath string, o CreateOptions) (*RWLayer, error) {
 		if err := l.syncFiles(); err != nil {
 			return fail(err)
 		}
+		l.syncedGen.Store(1)
 	}
 	return l, nil
 }
@@ -195,7 +212,9 @@ func openRW(data *os.File, dataPath, indexPath string, readOnly bool) (*RWLayer,
 			}
 		}
 	}
-	l := &RWLayer{name: dataPath, dataPath: dataPath, data: data, header: h, index: NewMutableIndex(), readOnly: readOnly}
+	l := &RWLayer{name: dataPath, dataPath: dataPath, data: data, header: h, index: NewMutableIndex(), readOnly: readOnly,
+		syncFile: (*os.File).Sync}
+	l.gen.Store(1) // a crashed writer's last writes may be only in the page cache
 	if h.IsSparse() {
 		return l, l.rebuildSparse(st.Size())
 	}
@@ -405,6 +424,8 @@ func (l *RWLayer) WriteAt(p []byte, off int64) (int, error) {
 	if vs := l.VirtualSize(); uint64(off)+uint64(len(p)) > vs {
 		return 0, fmt.Errorf("%s: write [%d, %d) beyond virtual size %d: %w", l.name, off, off+int64(len(p)), vs, io.ErrShortWrite)
 	}
+	// Even a failed write may have changed the data file (a hybrid overwrite in place).
+	defer l.gen.Add(1)
 	done := 0
 	for done < len(p) {
 		k := min(len(p)-done, MaxIOSize)
@@ -517,6 +538,7 @@ func (l *RWLayer) Discard(off, n int64) error {
 	if vs := l.VirtualSize(); uint64(off+n) > vs {
 		return fmt.Errorf("%s: discard [%d, %d) beyond virtual size %d: %w", l.name, off, off+n, vs, io.ErrShortWrite)
 	}
+	defer l.gen.Add(1)
 	sparse := l.indexPath == ""
 	if sparse {
 		if err := unix.Fallocate(int(l.data.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, HeaderSize+off, n); err != nil {
@@ -550,12 +572,28 @@ func (l *RWLayer) Sync() error {
 		l.mu.Unlock()
 		return fmt.Errorf("%s: %w", l.name, ErrClosed)
 	}
+	// Read under mu, before the flush: every write that returned before this point
+	// queued its index entry before bumping gen, so the flush below writes it.
+	g := l.gen.Load()
+	if g == l.syncedGen.Load() {
+		l.mu.Unlock()
+		return nil
+	}
 	err := l.flushLocked()
 	l.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	return l.syncFiles()
+	if err := l.syncFiles(); err != nil {
+		return err
+	}
+	// Concurrent Syncs finish in any order: keep the newest gen one of them covered.
+	for {
+		s := l.syncedGen.Load()
+		if s >= g || l.syncedGen.CompareAndSwap(s, g) {
+			return nil
+		}
+	}
 }
 
 // Flush writes buffered index entries to the index file without syncing it: a
@@ -584,11 +622,11 @@ func (l *RWLayer) StartWriteback() error {
 }
 
 func (l *RWLayer) syncFiles() error {
-	if err := l.data.Sync(); err != nil {
+	if err := l.syncFile(l.data); err != nil {
 		return fmt.Errorf("%s: fsync: %w", l.name, err)
 	}
 	if l.idx != nil {
-		if err := l.idx.Sync(); err != nil {
+		if err := l.syncFile(l.idx); err != nil {
 			return fmt.Errorf("%s: fsync: %w", l.indexPath, err)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/image/install"
@@ -29,10 +30,23 @@ func (s *Service) Retired(ctx context.Context, t catalog.Template) {
 }
 
 // gcAsync runs CollectGarbage in the background; Close waits for it.
-func (s *Service) gcAsync() {
+func (s *Service) gcAsync() { s.gcAfter(0) }
+
+// gcAfter runs CollectGarbage in the background once delay has passed; Close waits for
+// it, or ends the wait (nothing is collected then: the next start does it).
+func (s *Service) gcAfter(delay time.Duration) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			defer t.Stop()
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
 		s.CollectGarbage(s.ctx)
 	}()
 }

@@ -77,6 +77,10 @@ type Config struct {
 	// GCGrace spares image data changed more recently than this from CollectGarbage
 	// (default install.DefaultGCGrace).
 	GCGrace time.Duration
+	// StartupGCDelay is how long the collection New starts waits first (default none):
+	// a node's restart lets its own work (adopting sandboxes, answering their first
+	// requests) go before a collection that decodes every sandbox record.
+	StartupGCDelay time.Duration
 	// Publisher, when set, publishes each built template to the repository.
 	Publisher Publisher
 	Logger    *slog.Logger
@@ -172,7 +176,7 @@ func New(cfg Config, sbx Sandboxes, tpls Templates) (*Service, error) {
 		}
 	}
 	// Collect what deletes before a crash or on another node left behind.
-	s.gcAsync()
+	s.gcAfter(cfg.StartupGCDelay)
 	return s, nil
 }
 
