@@ -88,9 +88,9 @@ func TestParseMemAvailable(t *testing.T) {
 
 func TestSummarizeRun(t *testing.T) {
 	samples := []sample{
-		{create: 10 * time.Millisecond, command: 5 * time.Millisecond},
+		{create: 10 * time.Millisecond, command: 5 * time.Millisecond, client: 2 * time.Millisecond},
 		{err: errors.New("create sandbox: HTTP 503: full")},
-		{create: 20 * time.Millisecond, command: 10 * time.Millisecond},
+		{create: 20 * time.Millisecond, command: 10 * time.Millisecond, client: 4 * time.Millisecond},
 		{err: errors.New("create sandbox: HTTP 503: full")},
 		{create: 30 * time.Millisecond, command: 15 * time.Millisecond},
 	}
@@ -100,6 +100,9 @@ func TestSummarizeRun(t *testing.T) {
 	}
 	if r.Total.P50 != 30*time.Millisecond || r.Create.P50 != 20*time.Millisecond || r.Command.Max != 15*time.Millisecond {
 		t.Errorf("summaries: total p50 %v, create p50 %v, command max %v", r.Total.P50, r.Create.P50, r.Command.Max)
+	}
+	if r.Client.N != 2 || r.Client.P50 != 2*time.Millisecond || r.Client.Max != 4*time.Millisecond {
+		t.Errorf("client: %+v, want the two measured samples only", r.Client)
 	}
 	if len(r.Errors) != 1 {
 		t.Errorf("repeated errors should be kept once, got %q", r.Errors)
@@ -134,11 +137,16 @@ func TestParseSDKOutput(t *testing.T) {
 		wantN     int
 		wantFails int
 		wantP50   time.Duration
+		wantCli   Summary
+		wantCPU   time.Duration
 	}{
 		{"samples", `{"mode":"sdk","concurrency":16,"wallMs":1000,"samples":[{"createMs":20,"commandMs":10},{"createMs":0,"commandMs":0,"error":"boom"},{"createMs":40,"commandMs":10}]}`,
-			false, 3, 1, 30 * time.Millisecond},
-		{"no samples", `{"mode":"sdk","samples":[]}`, true, 0, 0, 0},
-		{"not json", "Error: E2B_API_URL is not set", true, 0, 0, 0},
+			false, 3, 1, 30 * time.Millisecond, Summary{}, 0},
+		{"client split", `{"mode":"sdk","concurrency":16,"wallMs":1000,"clientCpuMs":7.5,"samples":[{"createMs":20,"commandMs":10,"clientMs":3},{"createMs":40,"commandMs":10,"clientMs":5}]}`,
+			false, 2, 0, 30 * time.Millisecond, Summary{N: 2, Min: 3 * time.Millisecond, P50: 3 * time.Millisecond, P95: 5 * time.Millisecond,
+				P99: 5 * time.Millisecond, Max: 5 * time.Millisecond, Mean: 4 * time.Millisecond}, 7500 * time.Microsecond},
+		{"no samples", `{"mode":"sdk","samples":[]}`, true, 0, 0, 0, Summary{}, 0},
+		{"not json", "Error: E2B_API_URL is not set", true, 0, 0, 0, Summary{}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -152,19 +160,25 @@ func TestParseSDKOutput(t *testing.T) {
 			if r.Mode != "sdk" || r.N != tt.wantN || r.Failures != tt.wantFails || r.Total.P50 != tt.wantP50 || r.Concurrency != 16 {
 				t.Errorf("got %+v", r)
 			}
+			if r.Client != tt.wantCli || r.ClientCPU != tt.wantCPU {
+				t.Errorf("client %+v cpu %v, want %+v %v", r.Client, r.ClientCPU, tt.wantCli, tt.wantCPU)
+			}
 		})
 	}
 }
 
 func TestReportWrite(t *testing.T) {
 	runs := [][]Result{{{Mode: "rest", Concurrency: 1, N: 2, Failures: 1, Errors: []string{"kill x: HTTP 500: oops"},
-		Total: Summary{N: 1, P50: 42 * time.Millisecond}}}}
+		Total: Summary{N: 1, P50: 42 * time.Millisecond}}},
+		{{Mode: "sdk", Concurrency: 1, N: 1, Total: Summary{N: 1, P50: 50 * time.Millisecond},
+			Client: Summary{N: 1, P50: 9 * time.Millisecond}, ClientCPU: 12 * time.Millisecond}}}
 	var table, js bytes.Buffer
 	rep := NewCreateReport(runs)
 	if err := rep.Write(&table, "table"); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"p50", "42.0ms", "rest c=1 failure: kill x: HTTP 500: oops"} {
+	for _, want := range []string{"p50", "42.0ms", "rest c=1 failure: kill x: HTTP 500: oops", "client p50", "9.0ms",
+		"sdk c=1 client (node.js) cpu/sbx 12.0ms"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http/httptrace"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -59,6 +60,13 @@ type Result struct {
 	Total   Summary `json:"total"`
 	Create  Summary `json:"create"`
 	Command Summary `json:"command"`
+	// Client is the part of Total the client spent in its own code with no request
+	// outstanding: before the create request went out, between the create's answer and
+	// the command's request, and after the command's stream ended. Sequential runs only.
+	Client Summary `json:"client"`
+	// ClientCPU is the SDK script's own CPU (node.js) per measured sandbox, kill included;
+	// SDK runs only. It is not in CPU, which counts the node's side.
+	ClientCPU time.Duration `json:"clientCpu,omitempty"`
 	// Wall is the run's duration; Rate the successful sandboxes per second over it.
 	Wall   time.Duration `json:"wall"`
 	Rate   float64       `json:"ratePerSec"`
@@ -73,10 +81,10 @@ type Result struct {
 	CPUToAnswer *CPUCost `json:"cpuToAnswer,omitempty"`
 }
 
-// sample is one sandbox's measurement.
+// sample is one sandbox's measurement; client 0: not measured.
 type sample struct {
-	create, command time.Duration
-	err             error
+	create, command, client time.Duration
+	err                     error
 }
 
 // RunCreate measures create → first command completed on the node c talks to: each
@@ -151,11 +159,16 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 // of request → first command answered as "answer".
 func createAndRun(ctx context.Context, c *Client, o CreateOptions, phases *cpuPhases) sample {
 	phases.start()
+	var hm httpMarks
+	if o.Concurrency == 1 {
+		ctx = hm.trace(ctx)
+	}
 	t0 := time.Now()
 	sb, err := c.Create(ctx, CreateRequest{TemplateID: o.Template, Timeout: o.SandboxTimeout, Secure: true})
 	if err != nil {
 		return sample{err: err}
 	}
+	hm.next()
 	t1 := time.Now()
 	res, err := c.Run(ctx, sb, o.Command)
 	t2 := time.Now()
@@ -166,12 +179,58 @@ func createAndRun(ctx context.Context, c *Client, o CreateOptions, phases *cpuPh
 	if kerr := killDetached(ctx, c, sb.ID); kerr != nil {
 		err = errors.Join(err, kerr)
 	}
-	return sample{create: t1.Sub(t0), command: t2.Sub(t1), err: err}
+	return sample{create: t1.Sub(t0), command: t2.Sub(t1), client: hm.client(t0), err: err}
+}
+
+// httpMarks records when the create's and the command's requests went out and when their
+// answers began (net/http/httptrace), for the client's share of a sample: the REST
+// client's counterpart of the SDK script's clientMs. The command's stream ends when Run
+// has the end event, so nothing follows it here.
+type httpMarks struct {
+	mu       sync.Mutex
+	on       bool
+	i        int          // 0: the create, 1: the command
+	sent     [2]time.Time // request written
+	answered [2]time.Time // first byte of the answer
+}
+
+func (m *httpMarks) trace(ctx context.Context) context.Context {
+	m.on = true
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest:         func(httptrace.WroteRequestInfo) { m.set(&m.sent) },
+		GotFirstResponseByte: func() { m.set(&m.answered) },
+	})
+}
+
+func (m *httpMarks) set(at *[2]time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if at[m.i].IsZero() {
+		at[m.i] = time.Now()
+	}
+}
+
+// next moves on to the command's request.
+func (m *httpMarks) next() {
+	m.mu.Lock()
+	m.i = 1
+	m.mu.Unlock()
+}
+
+// client is the time before the create's request and between its answer and the
+// command's request; 0 when not traced or a mark is missing.
+func (m *httpMarks) client(t0 time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.on || m.sent[0].IsZero() || m.answered[0].IsZero() || m.sent[1].IsZero() {
+		return 0
+	}
+	return m.sent[0].Sub(t0) + m.sent[1].Sub(m.answered[0])
 }
 
 func summarizeRun(mode string, concurrency int, samples []sample, wall time.Duration) Result {
 	r := Result{Mode: mode, Concurrency: concurrency, N: len(samples), Wall: wall}
-	var total, create, command []time.Duration
+	var total, create, command, client []time.Duration
 	for _, s := range samples {
 		if s.err != nil {
 			r.Failures++
@@ -181,8 +240,12 @@ func summarizeRun(mode string, concurrency int, samples []sample, wall time.Dura
 		total = append(total, s.create+s.command)
 		create = append(create, s.create)
 		command = append(command, s.command)
+		if s.client > 0 {
+			client = append(client, s.client)
+		}
 	}
 	r.Total, r.Create, r.Command = Summarize(total), Summarize(create), Summarize(command)
+	r.Client = Summarize(client)
 	if wall > 0 {
 		r.Rate = float64(len(total)) / wall.Seconds()
 	}

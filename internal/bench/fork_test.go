@@ -324,3 +324,26 @@ func TestRunPauseMemory(t *testing.T) {
 		t.Fatalf("table: %v\n%s", err, out.String())
 	}
 }
+
+// RunCreate's sequential runs split off the client's share of each sample (before the
+// create's request, between its answer and the command's request); concurrent runs do not.
+func TestRunCreateClientShare(t *testing.T) {
+	n := newFakeNode(t)
+	c := NewClient(n.url, "key", 4)
+	defer c.Close()
+	for _, conc := range []int{1, 2} {
+		r, err := RunCreate(t.Context(), c, CreateOptions{Template: "base", N: 4, Concurrency: conc, Warmup: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Failures != 0 || r.Total.N != 4 {
+			t.Fatalf("c=%d: %+v", conc, r)
+		}
+		switch {
+		case conc == 1 && (r.Client.N != 4 || r.Client.Min <= 0 || r.Client.Max >= r.Total.Max):
+			t.Errorf("c=1: client share %+v of total %+v", r.Client, r.Total)
+		case conc > 1 && r.Client.N != 0:
+			t.Errorf("c=%d: client share measured: %+v", conc, r.Client)
+		}
+	}
+}

@@ -37,6 +37,8 @@ func Combine(runs []Result) Result {
 	out.Total = median(func(r Result) Summary { return r.Total })
 	out.Create = median(func(r Result) Summary { return r.Create })
 	out.Command = median(func(r Result) Summary { return r.Command })
+	out.Client = median(func(r Result) Summary { return r.Client })
+	out.ClientCPU = pick(func(r Result) time.Duration { return r.ClientCPU })
 	out.Wall = pick(func(r Result) time.Duration { return r.Wall })
 	cpu, toAnswer := make([]*CPUCost, len(runs)), make([]*CPUCost, len(runs))
 	for i, r := range runs {
@@ -49,6 +51,7 @@ func Combine(runs []Result) Result {
 		out.Failures += r.Failures
 		out.WarmupFailures += r.WarmupFailures
 		out.Total.N, out.Create.N, out.Command.N = out.Total.N+r.Total.N, out.Create.N+r.Create.N, out.Command.N+r.Command.N
+		out.Client.N += r.Client.N
 		rates[i] = r.Rate
 		for _, e := range r.Errors {
 			out.Errors = addError(out.Errors, e)
@@ -81,14 +84,15 @@ func (r CreateReport) Write(w io.Writer, format string) error {
 		return writeJSON(w, r)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "path\tconc\truns\tn\tfail\tp50\tp95\tp99\tmax\tcreate p50\tcmd p50\tsbx/s\tcpu/sbx\tcpu→cmd\t")
-	cpu := false
+	fmt.Fprintln(tw, "path\tconc\truns\tn\tfail\tp50\tp95\tp99\tmax\tcreate p50\tcmd p50\tclient p50\tsbx/s\tcpu/sbx\tcpu→cmd\t")
+	cpu, client := false, false
 	for i, m := range r.Medians {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t\n",
 			m.Mode, m.Concurrency, len(r.Runs[i]), m.N, m.Failures,
 			ms(m.Total.P50), ms(m.Total.P95), ms(m.Total.P99), ms(m.Total.Max),
-			ms(m.Create.P50), ms(m.Command.P50), m.Rate, cpuMs(m.CPU), cpuMs(m.CPUToAnswer))
+			ms(m.Create.P50), ms(m.Command.P50), optMs(m.Client), m.Rate, cpuMs(m.CPU), cpuMs(m.CPUToAnswer))
 		cpu = cpu || m.CPU != nil
+		client = client || m.Client.N > 0
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -100,6 +104,15 @@ func (r CreateReport) Write(w io.Writer, format string) error {
 	}
 	if len(r.Runs) > 0 && len(r.Runs[0]) > 1 {
 		fmt.Fprintln(w, "(percentiles are medians over the runs; create → first command completed)")
+	}
+	if client {
+		fmt.Fprintln(w, "(client: the part of create → first command the client spent in its own code, no request")
+		fmt.Fprintln(w, " outstanding; sequential runs only)")
+		for _, m := range r.Medians {
+			if m.ClientCPU > 0 {
+				fmt.Fprintf(w, "%s c=%d client (node.js) cpu/sbx %s, not in cpu/sbx\n", m.Mode, m.Concurrency, ms(m.ClientCPU))
+			}
+		}
 	}
 	if cpu {
 		fmt.Fprintln(w, "(cpu/sbx: node, its helpers and the sandboxes' cgroup per sandbox over the run, kill included;")
@@ -206,4 +219,12 @@ func rate(n int, d time.Duration) float64 {
 		return 0
 	}
 	return float64(n) / d.Seconds()
+}
+
+// optMs is s's p50, or "-" when nothing was measured.
+func optMs(s Summary) string {
+	if s.N == 0 {
+		return "-"
+	}
+	return ms(s.P50)
 }

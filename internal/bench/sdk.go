@@ -29,9 +29,11 @@ type sdkOutput struct {
 	Mode        string  `json:"mode"`
 	Concurrency int     `json:"concurrency"`
 	WallMs      float64 `json:"wallMs"`
+	ClientCPUMs float64 `json:"clientCpuMs"`
 	Samples     []struct {
 		CreateMs  float64 `json:"createMs"`
 		CommandMs float64 `json:"commandMs"`
+		ClientMs  float64 `json:"clientMs"` // absent (0): not measured
 		Error     string  `json:"error,omitempty"`
 	} `json:"samples"`
 }
@@ -75,12 +77,14 @@ func parseSDKOutput(raw []byte) (Result, error) {
 	}
 	samples := make([]sample, len(out.Samples))
 	for i, s := range out.Samples {
-		samples[i] = sample{create: msDuration(s.CreateMs), command: msDuration(s.CommandMs)}
+		samples[i] = sample{create: msDuration(s.CreateMs), command: msDuration(s.CommandMs), client: msDuration(s.ClientMs)}
 		if s.Error != "" {
 			samples[i].err = fmt.Errorf("%s", s.Error)
 		}
 	}
-	return summarizeRun("sdk", out.Concurrency, samples, msDuration(out.WallMs)), nil
+	r := summarizeRun("sdk", out.Concurrency, samples, msDuration(out.WallMs))
+	r.ClientCPU = msDuration(out.ClientCPUMs)
+	return r, nil
 }
 
 func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }

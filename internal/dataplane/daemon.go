@@ -13,10 +13,12 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,6 +43,13 @@ var ErrRunning = errors.New("dataplane: another data plane serves this directory
 func Run(ctx context.Context, dir, build string, log *slog.Logger) error {
 	if log == nil {
 		log = slog.Default()
+	}
+	// The FUSE readers of the disks served hold Ps while they wait for requests; with
+	// fewer Ps than blockdev.ServingProcs (a 2-CPU host has 2), a single busy disk's
+	// readers hold them all and the runtime churns threads on every request (see
+	// blockdev.MaxReaders). Extra Ps cost nothing while their threads sleep.
+	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < blockdev.ServingProcs() {
+		runtime.GOMAXPROCS(blockdev.ServingProcs())
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("dataplane: %w", err)
@@ -94,7 +103,7 @@ func Run(ctx context.Context, dir, build string, log *slog.Logger) error {
 			return
 		}
 	}()
-	log.Info("dataplane: serving", "socket", sock, "pid", os.Getpid(), "api", APIVersion, "build", build)
+	log.Info("dataplane: serving", "socket", sock, "pid", os.Getpid(), "api", APIVersion, "build", build, "procs", runtime.GOMAXPROCS(0))
 	err = srv.Serve(sctx, ln)
 	os.Remove(sock)
 	return errors.Join(err, srv.Close())

@@ -42,6 +42,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/egressproxy"
 	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/sandboxconn"
 	"github.com/aenv-dev/aenv/internal/secret"
 	"github.com/aenv-dev/aenv/internal/server"
 	"github.com/aenv-dev/aenv/internal/snapshot"
@@ -90,6 +91,9 @@ type Node struct {
 	baseBuild *baseBuild
 	// egressCA is the egress proxy's CA, given to sandboxes with network.rules.
 	egressCA *egressproxy.CA
+	// sandboxConns are the connections into sandboxes, shared by the orchestrator (envd
+	// /health, /init) and the proxy, so a create's /init connection carries the first command.
+	sandboxConns sandboxconn.Pools
 	// closers undo Open, in reverse order.
 	closers []func(ctx context.Context)
 }
@@ -113,7 +117,9 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{Config: cfg, Log: o.Logger, Metrics: prometheus.NewRegistry(), baseBuild: newBaseBuild(o.Logger)}
+	n := &Node{Config: cfg, Log: o.Logger, Metrics: prometheus.NewRegistry(), baseBuild: newBaseBuild(o.Logger),
+		sandboxConns: sandboxconn.New()}
+	n.onClose(func(context.Context) { n.sandboxConns.CloseIdleConnections() })
 	defer func() {
 		if err != nil {
 			n.Close(context.WithoutCancel(ctx))
@@ -311,7 +317,8 @@ func (n *Node) startSandboxes(ctx context.Context, repo *nodeRepository) error {
 		TemplateFetch:    pub.Fetch,
 		EgressCA:         n.egressCA.CertPEM(),
 	}, n.Backend, n.Catalog, orchestrator.WithPublisher(pub, repo.cache),
-		orchestrator.WithVolumes(n.Volumes), orchestrator.WithSecrets(n.Secrets))
+		orchestrator.WithVolumes(n.Volumes), orchestrator.WithSecrets(n.Secrets),
+		orchestrator.WithEnvdClient(orchestrator.NewEnvdClient(n.sandboxConns)))
 	if err != nil {
 		return err
 	}
@@ -369,6 +376,7 @@ func (n *Node) openAPI() error {
 		MaxTimeout:       cfg.Sandbox.MaxTimeout.Duration,
 		Capacity:         n.Capacity,
 		Logger:           n.Log,
+		Transport:        n.sandboxConns,
 	})
 	if err != nil {
 		return err

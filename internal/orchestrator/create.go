@@ -9,6 +9,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/catalog"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/sandboxconn"
 )
 
 // Create starts a sandbox from a template or snapshot (by id or alias) and returns
@@ -295,13 +296,16 @@ func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbo
 		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
 	}
 	ep := inst.Endpoint()
-	if err := m.timeStage(operation, stageEnvdWait, func() error { return o.waitEnvd(ctx, ep) }); err != nil {
+	// The sandbox's own connection pool (when the envd client is the proxy's): the
+	// connection /health and /init use stays open for the sandbox's first command.
+	ectx := sandboxconn.WithSandbox(ctx, rec.ID)
+	if err := m.timeStage(operation, stageEnvdWait, func() error { return o.waitEnvd(ectx, ep) }); err != nil {
 		o.stopQuietly(ctx, inst)
 		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
 	}
 	var version string
 	err = m.timeStage(operation, stageEnvdInit, func() (err error) {
-		version, err = o.initEnvd(ctx, ep, rec, held)
+		version, err = o.initEnvd(ectx, ep, rec, held)
 		return err
 	})
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"net/url"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/sandboxconn"
 )
 
 // The node's egress proxy terminates the TLS of connections to domains that have
@@ -40,6 +41,7 @@ func (o *Orchestrator) egressCAEnv(rec *Sandbox, env map[string]string) {
 // lacks the CA. It is idempotent (a resumed sandbox, a snapshot of one, an update of its
 // rules).
 func (o *Orchestrator) installEgressCA(ctx context.Context, ep sandbox.Endpoint, rec *Sandbox) error {
+	ctx = sandboxconn.WithSandbox(ctx, rec.ID)
 	ca := o.cfg.EgressCA
 	if err := o.envdWriteFile(ctx, ep, rec, egressCAPath, ca); err != nil {
 		return err

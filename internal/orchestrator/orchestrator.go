@@ -238,18 +238,24 @@ func New(cfg Config, backend sandbox.Backend, cat *catalog.Catalog, opts ...Opti
 
 // newEnvdClient talks to envd inside sandboxes. It never goes through an HTTP proxy
 // from the environment (sandbox addresses are host-local) and keeps idle connections
-// only briefly: each sandbox sees two or three requests at create, then none.
+// only briefly: each sandbox sees two or three requests at create, then none. A node
+// gives the orchestrator NewEnvdClient over the proxy's connections instead.
 func newEnvdClient() *http.Client {
-	return &http.Client{
-		Timeout: 5 * time.Second,
-		Transport: &http.Transport{
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 1,
-			IdleConnTimeout:     5 * time.Second,
-			DisableCompression:  true,
-		},
-	}
+	return NewEnvdClient(&http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 1,
+		IdleConnTimeout:     5 * time.Second,
+		DisableCompression:  true,
+	})
+}
+
+// NewEnvdClient is the client for envd's /health, /init and files over rt. Given the
+// sandbox proxy's transport (sandboxconn.Pools), the connection a create opens for
+// /health and /init stays pooled as the sandbox's and carries its first proxied request
+// (the SDK's first command), instead of that request dialing into the sandbox again.
+func NewEnvdClient(rt http.RoundTripper) *http.Client {
+	return &http.Client{Timeout: 5 * time.Second, Transport: rt}
 }
 
 // Capabilities reports what the backend can do.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/envdclient"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/sandboxconn"
 )
 
 // startCmdTag is the envd process tag of a template's start command, so users can find
@@ -41,7 +42,7 @@ func (o *Orchestrator) startTemplateCommand(ctx context.Context, ep sandbox.Endp
 	// The stream outlives the operation: it carries the output into the sandbox's logs
 	// (logs.go) until the process ends or the sandbox goes. Only starting is bounded by ctx.
 	client := envdclient.New(o.streamClient(), o.envdURL(ep), envdclient.WithAccessToken(rec.EnvdAccessToken))
-	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	fctx, cancel := context.WithCancel(sandboxconn.WithSandbox(context.WithoutCancel(ctx), rec.ID))
 	stop := context.AfterFunc(ctx, cancel)
 	p, err := client.Start(fctx, envdclient.Command{
 		Cmd:  "/bin/bash",
@@ -81,7 +82,7 @@ func (o *Orchestrator) reattachStartCommand(ctx context.Context, ep sandbox.Endp
 	}
 	id := rec.ID
 	client := envdclient.New(o.streamClient(), o.envdURL(ep), envdclient.WithAccessToken(rec.EnvdAccessToken))
-	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	fctx, cancel := context.WithCancel(sandboxconn.WithSandbox(context.WithoutCancel(ctx), id))
 	go func() {
 		// Only the attach is bounded; the stream then lasts as long as the process.
 		timer := time.AfterFunc(o.cfg.EnvdReadyTimeout, cancel)

@@ -3,23 +3,19 @@ package server
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/hex"
 	"errors"
-	"hash/fnv"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/netip"
 	"net/url"
 	"path"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/aenv-dev/aenv/internal/orchestrator"
+	"github.com/aenv-dev/aenv/internal/sandboxconn"
 )
 
 // Headers of sandbox traffic (E2B data-plane conventions).
@@ -55,8 +51,6 @@ type upstream struct {
 	path     string
 	rawPath  string
 	envd     bool
-	// sandbox is the ID of the sandbox that has hostPort now; addresses are reused.
-	sandbox string
 	// host is the Host the request carries in (network.maskRequestHost); empty: hostPort.
 	host string
 }
@@ -74,7 +68,7 @@ type sandboxProxy struct {
 
 func newSandboxProxy(orch Orchestrator, transport http.RoundTripper, log *slog.Logger) *sandboxProxy {
 	if transport == nil {
-		transport = sandboxPools{defaultTransport()}
+		transport = sandboxconn.New()
 	}
 	p := &sandboxProxy{orch: orch, log: log}
 	p.rp = &httputil.ReverseProxy{
@@ -98,81 +92,6 @@ func (b *bufferPool) Get() []byte {
 }
 
 func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
-
-// defaultTransport reaches sandboxes on their private addresses. No response-header or idle
-// read timeout: background commands keep envd streams open for as long as they run.
-func defaultTransport() *http.Transport {
-	d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
-	return &http.Transport{
-		Proxy: nil, // sandbox addresses are local; never route them through HTTP_PROXY
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return d.DialContext(ctx, network, poolAddr(addr))
-		},
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       30 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		// Pass the client's Accept-Encoding through instead of transparently decompressing.
-		DisableCompression: true,
-	}
-}
-
-// sandboxPools keeps the upstream connections of each sandbox in a pool of their own.
-// http.Transport pools keep-alive connections by address, and a slot's address goes to the
-// next sandbox as soon as one is killed. A connection to the killed sandbox that is still
-// pooled (no FIN from it reached the node before its namespace went) would carry the new
-// sandbox's first request, and the new sandbox's kernel answers it with a reset: a 502 on
-// the first command of a sandbox created right after another was killed. So the transport
-// sees a name per sandbox and address, which its dialer maps back to the address.
-type sandboxPools struct{ t *http.Transport }
-
-// poolSuffix ends the pool names; .invalid never resolves, should one escape.
-const poolSuffix = ".sandbox.invalid"
-
-func (p sandboxPools) RoundTrip(r *http.Request) (*http.Response, error) {
-	u, _ := r.Context().Value(upstreamKey{}).(*upstream)
-	if u == nil || u.sandbox == "" {
-		return p.t.RoundTrip(r)
-	}
-	host, port, err := net.SplitHostPort(u.hostPort)
-	if err != nil {
-		return p.t.RoundTrip(r)
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return p.t.RoundTrip(r)
-	}
-	h := fnv.New64a()
-	io.WriteString(h, u.sandbox)
-	r = r.Clone(r.Context())
-	r.URL.Host = net.JoinHostPort(hex.EncodeToString(ip.AsSlice())+"-"+hex.EncodeToString(h.Sum(nil))+poolSuffix, port)
-	return p.t.RoundTrip(r)
-}
-
-// CloseIdleConnections lets http.Client and tests drop the pooled connections.
-func (p sandboxPools) CloseIdleConnections() { p.t.CloseIdleConnections() }
-
-// poolAddr maps a pool name from sandboxPools back to the sandbox's address.
-func poolAddr(addr string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
-	}
-	label, ok := strings.CutSuffix(host, poolSuffix)
-	if !ok {
-		return addr
-	}
-	ipHex, _, _ := strings.Cut(label, "-")
-	raw, err := hex.DecodeString(ipHex)
-	if err != nil {
-		return addr
-	}
-	ip, ok := netip.AddrFromSlice(raw)
-	if !ok {
-		return addr
-	}
-	return net.JoinHostPort(ip.String(), port)
-}
 
 func rewrite(pr *httputil.ProxyRequest) {
 	u, _ := pr.In.Context().Value(upstreamKey{}).(*upstream)
@@ -360,7 +279,7 @@ func (p *sandboxProxy) forward(w http.ResponseWriter, r *http.Request, t target)
 		}
 		return
 	}
-	u := &upstream{path: t.path, rawPath: t.rawPath, sandbox: t.id}
+	u := &upstream{path: t.path, rawPath: t.rawPath}
 	if t.port == EnvdPort {
 		if envdInternalPaths[path.Clean("/"+t.path)] {
 			writeError(w, http.StatusForbidden, "%s is internal to the node and not reachable through the proxy", t.path)
@@ -390,6 +309,9 @@ func (p *sandboxProxy) forward(w http.ResponseWriter, r *http.Request, t target)
 	}
 	ctx := context.WithValue(r.Context(), upstreamKey{}, u)
 	ctx = context.WithValue(ctx, sandboxIDKey{}, t.id)
+	// The sandbox's own connections: addresses are reused, and the one the orchestrator
+	// opened for /init is there to carry the first request.
+	ctx = sandboxconn.WithSandbox(ctx, t.id)
 	// The request body belongs to the transport until it has seen EOF, and envd can answer
 	// before that: it starts a Connect stream once it has the request envelope, while the
 	// transport, having sent Content-Length bytes, still has one read to make to check for

@@ -20,6 +20,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/orchestrator"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/sandboxconn"
 )
 
 // seen is what the upstream (standing in for envd or a user app) received.
@@ -584,7 +585,7 @@ func TestProxyStreamSurvivesUpstreamAnsweringBeforeBodyEOF(t *testing.T) {
 	openGate := func() { gateOnce.Do(func() { close(gate) }) }
 	t.Cleanup(openGate)
 	conns := make(chan *gatedConn, 4)
-	tr := defaultTransport()
+	tr := sandboxconn.NewTransport()
 	dial := tr.DialContext
 	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
