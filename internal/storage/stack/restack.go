@@ -50,21 +50,11 @@ func (s *Stack) SealAndRestack(ctx context.Context, output string) (LayerRef, er
 // marks the stack ErrBroken: the upper's history may be lost.
 func (s *Stack) Persist(ref LayerRef) error {
 	s.mu.RLock()
-	var paths []string
-	if u := s.m.Upper; u != nil {
-		paths = append(paths, s.m.abs(u.Data))
-		if !u.Sparse {
-			paths = append(paths, s.m.abs(u.Index))
-		}
-	}
+	paths := s.persistPaths(ref)
 	s.mu.RUnlock()
-	paths = append(paths, ref.Path)
-	dirs := []string{filepath.Dir(ref.Path)}
-	if len(paths) > 1 && filepath.Dir(paths[0]) != dirs[0] {
-		dirs = append(dirs, filepath.Dir(paths[0]))
-	}
-	for _, p := range append(paths, dirs...) {
-		if err := fsyncPath(p); err != nil {
+	pending := s.unpersisted.Load()
+	for _, p := range paths {
+		if err := s.syncPath(p); err != nil {
 			s.mu.Lock()
 			if s.broken == nil {
 				s.broken = err
@@ -73,6 +63,7 @@ func (s *Stack) Persist(ref LayerRef) error {
 			return fmt.Errorf("%w: persist restack: %v", ErrBroken, err)
 		}
 	}
+	s.unpersisted.CompareAndSwap(pending, nil)
 	s.mu.Lock()
 	idx := s.sealedIndex
 	s.sealedIndex = ""
@@ -83,6 +74,24 @@ func (s *Stack) Persist(ref LayerRef) error {
 		}
 	}
 	return nil
+}
+
+// persistPaths lists what Persist fsyncs for ref: the upper's files, the sealed
+// layer, and the directories that hold their names. The caller holds s.mu.
+func (s *Stack) persistPaths(ref LayerRef) []string {
+	var paths []string
+	if u := s.m.Upper; u != nil {
+		paths = append(paths, s.m.abs(u.Data))
+		if !u.Sparse {
+			paths = append(paths, s.m.abs(u.Index))
+		}
+	}
+	paths = append(paths, ref.Path)
+	dirs := []string{filepath.Dir(ref.Path)}
+	if len(paths) > 1 && filepath.Dir(paths[0]) != dirs[0] {
+		dirs = append(dirs, filepath.Dir(paths[0]))
+	}
+	return append(paths, dirs...)
 }
 
 // sealedIndex is where Restack moves a sealed upper's index file until Persist
@@ -205,6 +214,8 @@ func (s *Stack) Restack(ctx context.Context, output string) (LayerRef, error) {
 	s.lowers = append(s.lowers, lw)
 	s.upper = up
 	s.m.Lowers = append(s.m.Lowers, ref)
+	paths := s.persistPaths(ref)
+	s.unpersisted.Store(&paths)
 	return ref, nil
 }
 

@@ -138,3 +138,84 @@ func TestHoldSync(t *testing.T) {
 		t.Fatalf("reopened: %v", err)
 	}
 }
+
+// TestSyncBeforePersist checks that a Sync between a Restack and its Persist (a guest's
+// flush after a snapshot's hold ended, while its Persist still runs) makes the sealed
+// layer and the renames durable before it answers, once, and that a failure to do so
+// is reported.
+func TestSyncBeforePersist(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		fail    bool
+		persist bool // Persist runs before the Sync
+	}{
+		{name: "sync first"},
+		{name: "persist first", persist: true},
+		{name: "fsync fails", fail: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, dir := newStack(t, 1)
+			var synced []string
+			s.syncPath = func(p string) error {
+				synced = append(synced, p)
+				if tc.fail {
+					return os.ErrPermission
+				}
+				return fsyncPath(p)
+			}
+			if _, err := s.WriteAt(bytes.Repeat([]byte{7}, 4096), 0); err != nil {
+				t.Fatal(err)
+			}
+			release := s.HoldSync()
+			out := filepath.Join(dir, "sealed")
+			ref, err := s.Restack(ctx, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			release()
+			if tc.persist {
+				if err := s.Persist(ref); err != nil {
+					t.Fatal(err)
+				}
+				synced = nil
+			}
+			if _, err := s.WriteAt(bytes.Repeat([]byte{8}, 4096), 4096); err != nil {
+				t.Fatal(err)
+			}
+			err = s.Sync()
+			if tc.fail {
+				if err == nil {
+					t.Fatal("Sync answered success though the sealed layer could not be made durable")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			has := func(p string) bool {
+				for _, q := range synced {
+					if q == p {
+						return true
+					}
+				}
+				return false
+			}
+			if has(out) == tc.persist || has(dir) == tc.persist {
+				t.Fatalf("persisted first %v, the Sync fsynced %v", tc.persist, synced)
+			}
+			synced = nil
+			if err := s.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			if has(out) {
+				t.Fatalf("a second Sync fsynced the sealed layer again: %v", synced)
+			}
+			if !tc.persist {
+				if err := s.Persist(ref); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -85,6 +85,13 @@ type Stack struct {
 	// sealedIndex is the index file of the upper Restack sealed last, for Persist
 	// to remove.
 	sealedIndex string
+	// unpersisted is the files and directories the last Restack changed until a
+	// Persist (or a Sync) made them durable: a Sync between the two must not tell the
+	// guest its data is safe while it lies in a sealed layer, or a fresh upper, that a
+	// host crash could still lose.
+	unpersisted atomic.Pointer[[]string]
+	// syncPath fsyncs a file or directory by name (fsyncPath; tests count the calls).
+	syncPath func(string) error
 }
 
 // Open opens the stack a manifest describes, creating the upper's files when
@@ -93,7 +100,7 @@ func Open(ctx context.Context, m *Manifest, o Options) (*Stack, error) {
 	if err := m.validate(); err != nil {
 		return nil, fmt.Errorf("stack: %w", err)
 	}
-	s := &Stack{opts: o, m: m.clone()}
+	s := &Stack{opts: o, m: m.clone(), syncPath: fsyncPath}
 	ok := false
 	defer func() {
 		if !ok {
@@ -506,6 +513,15 @@ func (s *Stack) Sync() error {
 	}
 	if s.syncHeld.Load() > 0 {
 		return s.upper.Flush()
+	}
+	if p := s.unpersisted.Load(); p != nil {
+		// A snapshot's hold ended before its Persist did.
+		for _, path := range *p {
+			if err := s.syncPath(path); err != nil {
+				return fmt.Errorf("stack: sync: %w", err)
+			}
+		}
+		s.unpersisted.CompareAndSwap(p, nil)
 	}
 	return s.upper.Sync()
 }
