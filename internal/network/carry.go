@@ -27,12 +27,28 @@ type carriedSlot struct {
 	proxy       proxyMode
 }
 
-// nftSetJSON is the part of `nft -j list table` this reads.
-type nftSetJSON struct {
+// nftObject is the part of one object of `nft -j list table` that a start reads: a set's
+// name and elements (carried here), a rule's comment (the fingerprint, tables.go). The
+// listing is decoded once for both.
+type nftObject struct {
 	Set *struct {
 		Name string            `json:"name"`
 		Elem []json.RawMessage `json:"elem"`
 	} `json:"set"`
+	Rule *struct {
+		Comment string `json:"comment"`
+	} `json:"rule"`
+}
+
+// decodeListing decodes the output of `nft -j list table`.
+func decodeListing(out []byte) ([]nftObject, error) {
+	var doc struct {
+		Nftables []nftObject `json:"nftables"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return nil, fmt.Errorf("network: parse nft's listing: %w", err)
+	}
+	return doc.Nftables, nil
 }
 
 // openTables lists the tables an earlier run left, starts the egress proxy (on the port
@@ -58,7 +74,7 @@ func (p *Pool) openTables(ctx context.Context, ips map[netip.Addr]bool, links []
 		if keep {
 			only = nil
 		}
-		if carried, err = parseCarried(inet.raw, only); err != nil {
+		if carried, err = carriedIn(inet.objs, only); err != nil {
 			p.cfg.Logger.Warn("network: the surviving sandboxes' egress rules are not carried over; they are re-applied when adopted", "err", err)
 			carried, keep = nil, false
 		}
@@ -73,12 +89,15 @@ func (p *Pool) openTables(ctx context.Context, ips map[netip.Addr]bool, links []
 // parseCarried reads the set elements of the output of `nft -j list table inet <bridge>`
 // whose source is one of ips (nil: every source).
 func parseCarried(out []byte, ips map[netip.Addr]bool) (map[netip.Addr]*carriedSlot, error) {
-	var doc struct {
-		Nftables []nftSetJSON `json:"nftables"`
+	objs, err := decodeListing(out)
+	if err != nil {
+		return nil, err
 	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		return nil, fmt.Errorf("network: parse nft's listing: %w", err)
-	}
+	return carriedIn(objs, ips)
+}
+
+// carriedIn is parseCarried of a decoded listing.
+func carriedIn(objs []nftObject, ips map[netip.Addr]bool) (map[netip.Addr]*carriedSlot, error) {
 	carried := map[netip.Addr]*carriedSlot{}
 	slot := func(a netip.Addr) *carriedSlot {
 		if carried[a] == nil {
@@ -86,7 +105,7 @@ func parseCarried(out []byte, ips map[netip.Addr]bool) (map[netip.Addr]*carriedS
 		}
 		return carried[a]
 	}
-	for _, obj := range doc.Nftables {
+	for _, obj := range objs {
 		if obj.Set == nil {
 			continue
 		}

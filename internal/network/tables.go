@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os/exec"
@@ -44,8 +43,9 @@ func fingerprintPort(comment string) int {
 
 // installed is what `nft -j list table` shows of one of the pool's tables.
 type installed struct {
-	// raw is the listing (nil: no such table).
-	raw []byte
+	// raw is the listing (nil: no such table), objs its objects.
+	raw  []byte
+	objs []nftObject
 	// comment is the last rule's comment, rules the number of rules, sets the set names.
 	comment string
 	rules   int
@@ -67,21 +67,12 @@ func listTable(ctx context.Context, family, name string) (installed, error) {
 
 // parseInstalled reads a listing's rules and sets.
 func parseInstalled(out []byte) (installed, error) {
-	var doc struct {
-		Nftables []struct {
-			Set *struct {
-				Name string `json:"name"`
-			} `json:"set"`
-			Rule *struct {
-				Comment string `json:"comment"`
-			} `json:"rule"`
-		} `json:"nftables"`
+	objs, err := decodeListing(out)
+	if err != nil {
+		return installed{}, err
 	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		return installed{}, fmt.Errorf("network: parse nft's listing: %w", err)
-	}
-	t := installed{raw: out, sets: map[string]bool{}}
-	for _, o := range doc.Nftables {
+	t := installed{raw: out, objs: objs, sets: map[string]bool{}}
+	for _, o := range objs {
 		switch {
 		case o.Set != nil:
 			t.sets[o.Set.Name] = true
