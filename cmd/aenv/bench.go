@@ -54,7 +54,8 @@ func newBenchCmd() *cobra.Command {
 			"through envd's process.Start via the node's proxy (what the SDKs' commands.run does),\n" +
 			"until the command's end event; then kills the sandbox (not timed). With --sdk-script\n" +
 			"the same is measured through the E2B JS SDK (test/e2e/bench.mjs, needs node and\n" +
-			"`npm ci` in test/e2e).",
+			"`npm ci` in test/e2e). Sequential runs also give the client's own share of each sample\n" +
+			"(client p50: no request outstanding), and SDK runs the script's own CPU per sandbox.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f, err := tableOrJSON(createOut)

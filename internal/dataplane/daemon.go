@@ -226,11 +226,37 @@ func moveToCgroup(pid int, name string) error {
 // cgroup; one still holding a process is left).
 func RemoveCgroup(name string) {
 	for _, d := range CgroupDirs(name) {
-		raw, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-		if err != nil || len(bytes.TrimSpace(raw)) > 0 {
+		if !cgroupEmpty(d) {
 			continue
 		}
 		_ = os.Remove(d)
 		_ = os.Remove(filepath.Dir(d)) // the shared parent, once no node's is left
 	}
+}
+
+// RemoveCgroupWhenEmpty waits up to wait for the data plane's processes to leave its
+// cgroup, then removes it as RemoveCgroup does. A data plane told to shut down stops
+// answering before it has exited, and on a loaded host its exit can take far longer
+// than any fixed pause, so the node waits on the cgroup itself.
+func RemoveCgroupWhenEmpty(ctx context.Context, name string, wait time.Duration) {
+	deadline := time.Now().Add(wait)
+	for _, d := range CgroupDirs(name) {
+		for cgroupBusy(d) && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	RemoveCgroup(name)
+}
+
+// cgroupEmpty reports whether the cgroup directory d exists and holds no process.
+func cgroupEmpty(d string) bool {
+	raw, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+	return err == nil && len(bytes.TrimSpace(raw)) == 0
+}
+
+// cgroupBusy reports whether the cgroup directory d still holds a process (false when it
+// is gone).
+func cgroupBusy(d string) bool {
+	raw, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+	return err == nil && len(bytes.TrimSpace(raw)) > 0
 }

@@ -113,8 +113,7 @@ func (dp *nodeDataPlane) stopIfIdle(ctx context.Context) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	time.Sleep(50 * time.Millisecond) // it leaves its cgroup once it has exited
-	dataplane.RemoveCgroup(dp.opts.Cgroup)
+	dataplane.RemoveCgroupWhenEmpty(ctx, dp.opts.Cgroup, 5*time.Second)
 }
 
 // dataPlaneDirs lists the disk directories a data plane serves for dataDir, without

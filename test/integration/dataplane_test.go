@@ -117,7 +117,9 @@ func makeSurvivors(ctx context.Context, t *testing.T, n *node, c *bench.Client, 
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			sb, err := c.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 600, Secure: true})
+			// Longer than TestKillStorm's 20 minutes: on a loaded host the storm outlasts
+			// 10, and a survivor its own timeout killed would read as one the node lost.
+			sb, err := c.Create(ctx, bench.CreateRequest{TemplateID: "base-minimal", Timeout: 1800, Secure: true})
 			if err != nil {
 				errs[i] = err
 				return
