@@ -13,6 +13,10 @@ import (
 // netnsDir is where named network namespaces are bind-mounted (iproute2's NETNS_RUN_DIR).
 const netnsDir = "/run/netns"
 
+// NetnsDir is where the pool's network namespaces are mounted, a mount point of its own
+// unless an older node left it a plain directory holding namespace mounts.
+const NetnsDir = netnsDir
+
 // errNetnsDirBusy means netnsDir is a plain directory that already holds namespace
 // mounts, so it cannot be made a mount point without hiding them.
 var errNetnsDirBusy = errors.New("network: " + netnsDir + " is not a mount point and holds namespace mounts")

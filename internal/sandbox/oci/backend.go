@@ -303,6 +303,8 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	b.pool = pool
 	laps.Lap("network")
+	// After the pool, which makes the netns directory a mount point.
+	b.rt.ns = newLaunchNS(cfg.DataDir, network.NetnsDir, b.log)
 	b.warm = newWarmPool(b, cfg.WarmContainers)
 	b.log.Info("oci backend ready", append([]any{"runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2,
 		"uid_base", cfg.UIDBase, "uid_ranges", cfg.UIDRanges}, laps.Attrs()...)...)
@@ -542,9 +544,9 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		return err
 	}
 	if o.run {
-		err = b.rt.runDetached(ctx, inst.cid, inst.l.dir, inst.l.pid(), inst.l.log())
+		err = b.rt.runDetached(ctx, inst.cid, inst.l.dir, slot.NetnsPath, inst.l.pid(), inst.l.log())
 	} else {
-		err = b.rt.create(ctx, inst.cid, inst.l.dir, inst.l.pid(), inst.l.log())
+		err = b.rt.create(ctx, inst.cid, inst.l.dir, slot.NetnsPath, inst.l.pid(), inst.l.log())
 	}
 	if err != nil {
 		return err

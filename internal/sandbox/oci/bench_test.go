@@ -3,6 +3,7 @@ package oci
 import (
 	"context"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"sort"
@@ -52,6 +53,9 @@ func benchEnv(b *testing.B, realEnvd bool, warm int) *testEnv {
 		}
 		be.warm.close(ctx)
 		be.pool.Teardown(ctx)
+		if be.rt.ns != nil {
+			unix.Unmount(be.rt.ns.root, unix.MNT_DETACH)
+		}
 		for _, d := range cgroupDirs("/"+be.cfg.CgroupParent, be.v2) {
 			os.Remove(d)
 		}

@@ -22,10 +22,11 @@ var errNoContainer = errors.New("oci: no such container")
 // runtimeCLI drives an OCI runtime binary (runc, crun, runsc) with its own state root, so
 // our containers never mix with anything else on the host.
 type runtimeCLI struct {
-	name string   // runc | crun | runsc
-	bin  string   // resolved path, or /proc/self/fd/N of exe
-	root string   // --root: the runtime's state directory
-	exe  *os.File // a sealed in-memory copy of the binary (runc only), or nil
+	name string    // runc | crun | runsc
+	bin  string    // resolved path, or /proc/self/fd/N of exe
+	root string    // --root: the runtime's state directory
+	exe  *os.File  // a sealed in-memory copy of the binary (runc only), or nil
+	ns   *launchNS // where create commands run; nil: the node's mount namespace
 }
 
 // containerState is the subset of `state`/`list -f json` output we use.
@@ -59,7 +60,8 @@ func (r runtimeCLI) output(ctx context.Context, args ...string) ([]byte, error) 
 
 // runDetached creates and starts the container; it returns once the init has been exec'd.
 // The init's stdio goes to logPath (a file, so no pipe ties our process to the container).
-func (r runtimeCLI) runDetached(ctx context.Context, id, bundle, pidFile, logPath string) error {
+// netns is the sandbox's network namespace file (see launchNS.run).
+func (r runtimeCLI) runDetached(ctx context.Context, id, bundle, netns, pidFile, logPath string) error {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("oci: init log: %w", err)
@@ -68,7 +70,7 @@ func (r runtimeCLI) runDetached(ctx context.Context, id, bundle, pidFile, logPat
 	cmd := r.command(ctx, "run", "--detach", "--no-new-keyring", "--pid-file", pidFile, "--bundle", bundle, id)
 	cmd.Stdin = nil
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Run(); err != nil {
+	if err := r.ns.run(cmd, bundle, netns); err != nil {
 		tail, _ := os.ReadFile(logPath)
 		if len(tail) > 2000 {
 			tail = tail[len(tail)-2000:]
@@ -79,7 +81,7 @@ func (r runtimeCLI) runDetached(ctx context.Context, id, bundle, pidFile, logPat
 }
 
 // create creates the container without starting its init (the warm pool); start runs it.
-func (r runtimeCLI) create(ctx context.Context, id, bundle, pidFile, logPath string) error {
+func (r runtimeCLI) create(ctx context.Context, id, bundle, netns, pidFile, logPath string) error {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("oci: init log: %w", err)
@@ -87,7 +89,7 @@ func (r runtimeCLI) create(ctx context.Context, id, bundle, pidFile, logPath str
 	defer logf.Close()
 	cmd := r.command(ctx, "create", "--no-new-keyring", "--pid-file", pidFile, "--bundle", bundle, id)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Run(); err != nil {
+	if err := r.ns.run(cmd, bundle, netns); err != nil {
 		tail, _ := os.ReadFile(logPath)
 		if len(tail) > 2000 {
 			tail = tail[len(tail)-2000:]
