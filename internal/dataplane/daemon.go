@@ -47,7 +47,7 @@ func Run(ctx context.Context, dir, build string, log *slog.Logger) error {
 	// The FUSE readers of the disks served hold Ps while they wait for requests; with
 	// fewer Ps than blockdev.ServingProcs (a 2-CPU host has 2), a single busy disk's
 	// readers hold them all and the runtime churns threads on every request (see
-	// blockdev.MaxReaders). Extra Ps cost nothing while their threads sleep.
+	// blockdev.IdleReaders). Extra Ps cost nothing while their threads sleep.
 	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < blockdev.ServingProcs() {
 		runtime.GOMAXPROCS(blockdev.ServingProcs())
 	}
