@@ -190,6 +190,7 @@ func newBenchCmd() *cobra.Command {
 	df.IntVar(&density.Block, "block", 500, "creates per row of the table of rate and CPU per create")
 	df.Int64Var(&densityFloor, "min-available", 4096, "stop creating once the host's MemAvailable is below this many MiB (0: no floor)")
 	df.DurationVar(&density.Slow, "slow", time.Second, "a command answer slower than this counts as late")
+	df.IntVar(&density.RoundConcurrency, "round-concurrency", 0, "commands in flight at once in the round after the fill (default 4 × --concurrency)")
 	df.IntVar(&density.SandboxTimeout, "ttl", 600, "each sandbox's timeout in seconds, a backstop for a crashed run; a fill slower than count/ttl per second loses its first sandboxes to it")
 	densityCPU.add(dens)
 	df.StringVarP(&densityOut, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")

@@ -126,7 +126,7 @@ func run() error {
 	log.Info("envd listening", "addr", ln.Addr().String(), "socket", *socket, "version", envd.Version, "pid1", pid1)
 
 	if *idleTrim > 0 {
-		go srv.TrimWhenIdle(*idleTrim, int64(*trimMin)<<10, make(chan struct{}))
+		srv.TrimWhenIdle(*idleTrim, int64(*trimMin)<<10)
 	}
 
 	errc := make(chan error, len(listeners))

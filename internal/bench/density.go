@@ -44,6 +44,10 @@ type DensityOptions struct {
 	CPU *CPUMeter
 	// Slow is the command latency beyond which an answer counts as late. Default 1 s.
 	Slow time.Duration
+	// RoundConcurrency is how many commands of the round after the fill run at once.
+	// Default 4 × Concurrency. Each answer's latency includes its wait for a CPU, so on a
+	// small host a round wider than its CPUs measures the queue, not a sandbox.
+	RoundConcurrency int
 }
 
 // DensityBlock is one block of creates of a fill.
@@ -80,12 +84,13 @@ type DensityResult struct {
 	CreateTime time.Duration  `json:"createTime"`
 	Blocks     []DensityBlock `json:"blocks"`
 	// Command is the latency of the command each held sandbox ran after the fill (all of
-	// them, 4 × Concurrency at a time); Late counts answers slower than Slow.
-	Command    Summary       `json:"command"`
-	Late       int           `json:"late"`
-	Slow       time.Duration `json:"slow"`
-	KillErrors int           `json:"killErrors"`
-	KillError  string        `json:"killError,omitempty"` // the first failed kill
+	// them, RoundConcurrency at a time); Late counts answers slower than Slow.
+	Command          Summary       `json:"command"`
+	RoundConcurrency int           `json:"roundConcurrency"`
+	Late             int           `json:"late"`
+	Slow             time.Duration `json:"slow"`
+	KillErrors       int           `json:"killErrors"`
+	KillError        string        `json:"killError,omitempty"` // the first failed kill
 }
 
 // RunDensity creates sandboxes until Count exist or the first create fails, checks that each
@@ -112,6 +117,9 @@ func RunDensity(ctx context.Context, c *Client, o DensityOptions) (DensityResult
 	}
 	if o.MinAvailable == 0 {
 		o.MinAvailable = 4 << 30
+	}
+	if o.RoundConcurrency <= 0 {
+		o.RoundConcurrency = 4 * o.Concurrency
 	}
 	if o.Slow <= 0 {
 		o.Slow = time.Second
@@ -144,7 +152,7 @@ func RunDensity(ctx context.Context, c *Client, o DensityOptions) (DensityResult
 			return DensityResult{}, err
 		}
 	}
-	r := DensityResult{Requested: o.Count, MemAvailableBefore: before, Slow: o.Slow}
+	r := DensityResult{Requested: o.Count, MemAvailableBefore: before, Slow: o.Slow, RoundConcurrency: o.RoundConcurrency}
 	if warmKillErr != nil {
 		r.KillErrors, r.KillError = 1, warmKillErr.Error()
 	}
@@ -227,7 +235,7 @@ func fill(ctx context.Context, c *Client, o DensityOptions, req CreateRequest, r
 	if r.Created > 0 {
 		r.PerSandbox = (r.MemAvailableBefore - r.MemAvailableAfter) / int64(r.Created)
 	}
-	lat := runAll(ctx, c, created, 4*o.Concurrency)
+	lat := runAll(ctx, c, created, o.RoundConcurrency)
 	r.Responsive = len(lat)
 	r.Command = Summarize(lat)
 	for _, d := range lat {

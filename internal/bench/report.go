@@ -140,8 +140,8 @@ func (d DensityResult) Write(w io.Writer, format string) error {
 	}
 	fmt.Fprintf(tw, "answered a command\t%d\n", d.Responsive)
 	if d.Command.N > 0 {
-		fmt.Fprintf(tw, "command latency\tp50 %s  p99 %s  max %s  (%d slower than %s)\n",
-			ms(d.Command.P50), ms(d.Command.P99), ms(d.Command.Max), d.Late, d.Slow)
+		fmt.Fprintf(tw, "command latency\tp50 %s  p99 %s  max %s  (%d slower than %s; %d at once)\n",
+			ms(d.Command.P50), ms(d.Command.P99), ms(d.Command.Max), d.Late, d.Slow, d.RoundConcurrency)
 	}
 	fmt.Fprintf(tw, "create time\t%s (%.1f sandboxes/s)\n", d.CreateTime.Round(time.Millisecond), rate(d.Created, d.CreateTime))
 	fmt.Fprintf(tw, "host MemAvailable before\t%s\n", mib(d.MemAvailableBefore))

@@ -2,6 +2,8 @@ package envd
 
 import (
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
@@ -89,20 +91,17 @@ func TestTrimWhenIdleMinGrowth(t *testing.T) {
 		{"more garbage than the minimum", 1 << 20, 4 << 20, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &Server{}
-			stop := make(chan struct{})
-			done := make(chan struct{})
-			go func() { s.TrimWhenIdle(20*time.Millisecond, tc.minGrowth, stop); close(done) }()
-			time.Sleep(5 * time.Millisecond) // let it read its base
+			s := New(Config{})
+			t.Cleanup(s.Close)
+			stop := s.TrimWhenIdle(20*time.Millisecond, tc.minGrowth)
 			for i := 0; i < tc.garbage/4096; i++ {
 				sink = make([]byte, 4096)
 			}
 			sink = nil
 			before := gcCycles()
-			s.requests.Add(1)                  // a burst...
-			time.Sleep(200 * time.Millisecond) // ...then quiet for several intervals
-			close(stop)
-			<-done
+			s.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/health", nil)) // a burst...
+			time.Sleep(200 * time.Millisecond)                                                       // ...then quiet for several intervals
+			stop()
 			if trimmed := gcCycles() > before; trimmed != tc.trims {
 				t.Fatalf("trimmed %v, want %v", trimmed, tc.trims)
 			}

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
-	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -50,6 +49,7 @@ type Server struct {
 	mux      *http.ServeMux
 	defaults *state.Defaults
 	requests atomic.Int64
+	trimmer  atomic.Pointer[idleTrimmer] // nil: no idle trim
 }
 
 // New builds a Server.
@@ -95,37 +95,26 @@ func New(cfg Config) *Server {
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.requests.Add(1)
+	if t := s.trimmer.Load(); t != nil {
+		t.poke()
+	}
 	s.mux.ServeHTTP(w, r)
 }
 
-// TrimWhenIdle returns freed memory to the OS once a burst of requests is over (checked every
-// interval), so that an idle sandbox keeps a small RSS. It returns when stop is closed.
+// TrimWhenIdle returns freed memory to the OS once a burst of requests is over (no request
+// for interval), so that an idle sandbox keeps a small RSS. It returns a func that stops it.
 //
 // A trim is a full collection, and an envd's first one leaves about 1.1 MiB of the
 // collector's own memory resident (see LazyGC), so it trims only when the heap's objects,
 // live or garbage, grew by at least minGrowth bytes since the last trim (or the start): a
 // burst that left less garbage than that would cost more than it returns. 0: after every
-// burst.
-func (s *Server) TrimWhenIdle(interval time.Duration, minGrowth int64, stop <-chan struct{}) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	var seen, trimmed int64
-	base := heapObjects()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			n := s.requests.Load()
-			if n == seen && n != trimmed { // quiet for a whole interval since the last burst
-				if heapObjects()-base >= minGrowth {
-					debug.FreeOSMemory()
-					base = heapObjects()
-				}
-				trimmed = n
-			}
-			seen = n
-		}
+// burst. Between bursts it holds no timer (see idleTrimmer).
+func (s *Server) TrimWhenIdle(interval time.Duration, minGrowth int64) (stop func()) {
+	t := newIdleTrimmer(interval, minGrowth, &s.requests)
+	s.trimmer.Store(t)
+	return func() {
+		s.trimmer.CompareAndSwap(t, nil)
+		t.stop()
 	}
 }
 
