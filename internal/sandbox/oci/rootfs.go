@@ -9,7 +9,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -133,17 +132,4 @@ func unmountAll(dir string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// mountsUnder lists mountpoints at or below dir from /proc/self/mountinfo, in mount order.
-func mountsUnder(dir string) ([]string, error) {
-	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Clean(dir)))
-	if err != nil {
-		return nil, fmt.Errorf("oci: mountinfo: %w", err)
-	}
-	out := make([]string, len(infos))
-	for n, m := range infos {
-		out[n] = m.Mountpoint
-	}
-	return out, nil
 }
