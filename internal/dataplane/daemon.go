@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"syscall"
 	"time"
@@ -35,6 +36,9 @@ func SocketPath(dir string) string { return filepath.Join(dir, socketName) }
 // ErrRunning means another data plane already serves dir.
 var ErrRunning = errors.New("dataplane: another data plane serves this directory")
 
+// dataPlaneGCPercent is the data plane's GOGC unless its environment sets one (see Run).
+const dataPlaneGCPercent = 50
+
 // Run is the data-plane daemon (`aenv dataplane`): it serves disks on SocketPath(dir)
 // until ctx ends with no disk open, or a shutdown request is granted. SIGTERM and SIGINT
 // end it only while it serves no disk: with disks open they are logged and ignored,
@@ -44,13 +48,7 @@ func Run(ctx context.Context, dir, build string, log *slog.Logger) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	// The FUSE readers of the disks served hold Ps while they wait for requests; with
-	// fewer Ps than blockdev.ServingProcs (a 2-CPU host has 2), a single busy disk's
-	// readers hold them all and the runtime churns threads on every request (see
-	// blockdev.MaxReaders). Extra Ps cost nothing while their threads sleep.
-	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < blockdev.ServingProcs() {
-		runtime.GOMAXPROCS(blockdev.ServingProcs())
-	}
+	tuneRuntime(os.Getenv)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("dataplane: %w", err)
 	}
@@ -259,4 +257,24 @@ func cgroupEmpty(d string) bool {
 func cgroupBusy(d string) bool {
 	raw, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
 	return err == nil && len(bytes.TrimSpace(raw)) > 0
+}
+
+// tuneRuntime sets the data plane's Go runtime where its environment (getenv) leaves
+// GOMAXPROCS or GOGC unset.
+func tuneRuntime(getenv func(string) string) {
+	// The FUSE readers of the disks served hold Ps while they wait for requests; with
+	// fewer Ps than blockdev.ServingProcs (a 2-CPU host has 2), a single busy disk's
+	// readers hold them all and the runtime churns threads on every request (see
+	// blockdev.IdleReaders). Extra Ps cost nothing while their threads sleep.
+	if getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < blockdev.ServingProcs() {
+		runtime.GOMAXPROCS(blockdev.ServingProcs())
+	}
+	// Most of the heap is live and long-lived: each served disk's waiting FUSE readers'
+	// request buffers (blockdev.IdleReaders of 260 KiB) and its stack's indexes, ~0.73
+	// MiB per disk. With Go's default GOGC of 100 the heap grows to twice that between
+	// collections and the slack stays resident; at 50 the data plane held 0.84 instead
+	// of 1.06 MiB per idle disk (200 held), its collector still at 0 % of its CPU.
+	if getenv("GOGC") == "" {
+		debug.SetGCPercent(dataPlaneGCPercent)
+	}
 }

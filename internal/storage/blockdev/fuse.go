@@ -52,22 +52,43 @@ const (
 // (BenchmarkExt4Sequential: write within noise, uncached read faster).
 const maxWrite = 256 << 10
 
-// MaxReaders caps the goroutines of one mount that wait in read(2) on /dev/fuse or serve a
-// write (a write keeps its input buffer; a read or any other small request gives it back
-// when it is read, and how many of those are served at once is not limited). go-fuse
-// parks each reader goroutine in a blocking read(2), and Go counts a goroutine in a
-// syscall as holding its P. Left to itself go-fuse keeps up to GOMAXPROCS+1 readers, so
-// between two requests every P is held by a blocked reader: the runtime's monitor
-// (sysmon) then takes a P back from a reader on each of its 20 µs ticks and hands it to
-// a thread that finds nothing to do and sleeps again, and the reader that gets the next
-// request returns from read(2) without a P and wakes the monitor to get one. Measured
-// serving 4 KiB reads on a 2-vCPU host, that was ~7 context switches per request in the
-// data plane instead of ~1.5. A process serving mounts therefore runs with at least
-// ServingProcs Ps, so that the readers of one busy mount leave two of them free.
-const MaxReaders = 4
+// IdleReaders is how many goroutines of one mount wait in read(2) on /dev/fuse or serve a
+// write at most (see requestBudget): what an idle mount keeps, each with an OS thread
+// and a request buffer. go-fuse parks each reader goroutine in a blocking read(2), and
+// Go counts a goroutine in a syscall as holding its P. Left to itself go-fuse keeps up to
+// GOMAXPROCS+1 readers, so between two requests every P is held by a blocked reader: the
+// runtime's monitor (sysmon) then takes a P back from a reader on each of its 20 µs ticks
+// and hands it to a thread that finds nothing to do and sleeps again, and the reader
+// that gets the next request returns from read(2) without a P and wakes the monitor to
+// get one. Measured serving 4 KiB reads on a 2-vCPU host, that was ~7 context switches
+// per request in the data plane instead of ~1.5. A process serving mounts therefore runs
+// with at least ServingProcs Ps, so that the readers and requests of one busy mount
+// leave Ps free.
+//
+// Two, not one: with a single reader go-fuse starts a goroutine for every request it
+// reads (it does so whenever no other reader is left waiting) and the one that served
+// it exits, a thread handoff per request: BenchmarkRootIO measured 3 sleeps per 4 KiB
+// request in the data plane instead of 1.5 and 20-45 % more of its CPU per request.
+// With two, the reader that served a request goes back to waiting while the other takes
+// the next one. Four (the cap before) kept ~3.4 threads and buffers per idle disk.
+const IdleReaders = 2
 
 // ServingProcs is the GOMAXPROCS a process serving mounts should run with at least.
-func ServingProcs() int { return MaxReaders + 2 }
+// It is what the cap of 4 waiting readers needed (and measured fastest), kept as is.
+func ServingProcs() int { return 6 }
+
+// requestBudget is the go-fuse MaxInflightRequestBytes of a mount: room for IdleReaders
+// request input buffers (maxWrite plus the largest header plus a page, go-fuse's
+// readBufBytes, each with its request struct) and not for one more, plus room for the
+// request structs (about a KiB each) of the reads being served. go-fuse reserves a whole
+// input buffer for every goroutine waiting in read(2) and for every write being served
+// (the write keeps its buffer); a read or any other small request gives its buffer back
+// as soon as it is read and keeps only its struct, so reads are served concurrently,
+// as many as arrive. A goroutine that finishes a request when the budget has no room
+// for its buffer exits: after a burst a mount shrinks back to IdleReaders waiting
+// readers, threads and buffers (each buffer resident, go-fuse's pool hands out zeroed
+// recycled memory).
+const requestBudget = IdleReaders*maxWrite + 128<<10
 
 // Mount is a FUSE filesystem serving one device as the file FileName.
 type Mount struct {
@@ -162,11 +183,8 @@ func MountFile(ctx context.Context, dir string, dev Device, o MountOptions) (*Mo
 		// finds it has no file to splice from, writes the reply normally and drains the
 		// pipe (a splice and an ioctl). That was 3 of the 6 syscalls of every 4 KiB read.
 		DisableSplice: true,
-		// See MaxReaders. go-fuse counts a reader (or a write) as its input buffer
-		// (maxWrite plus the largest header, plus a page) and its request struct
-		// (about a KiB, all a read being served holds); this budget fits MaxReaders of
-		// them and not one more.
-		MaxInflightRequestBytes: MaxReaders * (maxWrite + 48<<10),
+		// See requestBudget.
+		MaxInflightRequestBytes: requestBudget,
 	}
 	if !o.NoWritebackCache && !o.ReadOnly {
 		mo.ExtraCapabilities = fuse.CAP_WRITEBACK_CACHE
@@ -301,8 +319,8 @@ type fileNode struct {
 // A reader goroutine loops on syscalls (read the request, serve it, reply) and never
 // otherwise reschedules, so after 10 ms the runtime's monitor counts its P as running
 // one goroutine too long and takes it back on every tick while the reader is blocked in
-// read(2), which costs the same churn MaxReaders avoids. A yield at most every
-// millisecond per mount (each of its MaxReaders readers yields every few ms) keeps that from
+// read(2), which costs the same churn IdleReaders avoids. A yield at most every
+// millisecond per mount (each of its readers yields every few ms) keeps that from
 // happening, at no cost while the mount is idle.
 type yielder struct{ last atomic.Int64 }
 

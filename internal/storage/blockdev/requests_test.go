@@ -40,14 +40,14 @@ func (d *gateDev) ReadAt(p []byte, off int64) (int, error) {
 	return d.memDev.ReadAt(p, off)
 }
 
-// TestMountCapsReaders: a mount keeps at most MaxReaders goroutines waiting for requests
-// (see MaxReaders for why), however many it had serving a burst, while it serves reads
+// TestMountCapsReaders: a mount keeps at most IdleReaders goroutines waiting for requests
+// (see IdleReaders for why), however many it had serving a burst, while it serves reads
 // (which give their reader's buffer back) however many are queued. GOMAXPROCS is raised
 // for the test: go-fuse's own limit on readers follows it.
 func TestMountCapsReaders(t *testing.T) {
 	requireRoot(t)
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4 * MaxReaders))
-	const queued = 3 * MaxReaders
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(16))
+	const queued = 12
 	dev := &gateDev{memDev: memDev{b: make([]byte, 4<<20)}, open: make(chan struct{}), want: queued, reached: make(chan struct{})}
 	m, err := MountFile(context.Background(), t.TempDir(), dev, MountOptions{})
 	if err != nil {
@@ -85,14 +85,14 @@ func TestMountCapsReaders(t *testing.T) {
 		t.Error(err)
 	}
 	// Every goroutine that served a read goes back to reading requests: all but
-	// MaxReaders of them must stop.
+	// IdleReaders of them must stop.
 	var waiting int
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if waiting = threadsIn("fuse_dev_do_read"); waiting >= 1 && waiting <= MaxReaders {
+		if waiting = threadsIn("fuse_dev_do_read"); waiting >= 1 && waiting <= IdleReaders {
 			return
 		}
 	}
-	t.Errorf("%d threads wait for requests of one idle mount, want 1 to %d", waiting, MaxReaders)
+	t.Errorf("%d threads wait for requests of one idle mount, want 1 to %d", waiting, IdleReaders)
 }
 
 // threadsIn counts this process's threads sleeping in the kernel function fn.
