@@ -39,17 +39,26 @@ mirror=${AENV_DEBIAN_MIRROR:-${mirror:-http://deb.debian.org/debian}}
 tmp=$(mktemp -d "$cache/.debian-$suite.XXXXXX")
 cleanup() {
   # debootstrap mounts /proc and /sys inside its target; a killed run must leak neither.
-  findmnt -rn -o TARGET | grep -F "$tmp/" | sort -r | while read -r m; do umount -l "$m" || true; done
+  { findmnt -rn -o TARGET | grep -F "$tmp/" || true; } | sort -r | while read -r m; do umount -l "$m" || true; done
   rm -rf --one-file-system "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
 
 echo "debian-root: debootstrap --variant=minbase $suite from $mirror (about 1.5 min, once per machine)" >&2
-if ! debootstrap --variant=minbase "$suite" "$tmp/root" "$mirror" >"$tmp/log" 2>&1; then
+# A mirror's hiccup fails a fresh machine's first run (seen once in CI, with nothing in
+# the log): try three times, each from an empty target.
+for attempt in 1 2 3; do
+  if debootstrap --variant=minbase "$suite" "$tmp/root" "$mirror" >"$tmp/log" 2>&1; then
+    break
+  fi
+  echo "debian-root: debootstrap failed (attempt $attempt of 3):" >&2
   tail -30 "$tmp/log" >&2
-  exit 1
-fi
+  [ "$attempt" -lt 3 ] || exit 1
+  { findmnt -rn -o TARGET | grep -F "$tmp/" || true; } | sort -r | while read -r m; do umount -l "$m" || true; done
+  rm -rf --one-file-system "$tmp/root"
+  sleep 5
+done
 rm -rf "$tmp/root/var/cache/apt/archives/"*.deb "$tmp/root/var/lib/apt/lists/"*_* || true
 touch "$tmp/.complete"
 rm -rf --one-file-system "$dir"

@@ -334,9 +334,11 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 }
 
 // Close removes the warm containers and the network pool's warm slots. Running sandboxes
-// keep running (a restart adopts them through Reconcile).
+// keep running (a restart adopts them through Reconcile); with none, the data directory's
+// bind onto itself goes too.
 func (b *Backend) Close(ctx context.Context) error {
-	return errors.Join(b.waitTeardowns(ctx), b.warm.close(ctx), b.pool.Close(ctx), b.usernsFDs.close())
+	err := errors.Join(b.waitTeardowns(ctx), b.warm.close(ctx), b.pool.Close(ctx), b.usernsFDs.close())
+	return errors.Join(err, b.rt.ns.release())
 }
 
 // Pool exposes the network pool (for tests and diagnostics).

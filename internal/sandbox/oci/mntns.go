@@ -175,3 +175,29 @@ func (ns *launchNS) enter(dir, netns string) error {
 	}
 	return nil
 }
+
+// release unmounts the data directory's bind onto itself when nothing else is mounted
+// below it (no sandbox kept running), so that a node that stops with none held leaves the
+// host's mount table as it found it and its data directory removable. With sandboxes
+// kept, the bind stays for the restart that adopts them.
+func (ns *launchNS) release() error {
+	if ns == nil {
+		return nil
+	}
+	below, err := mountinfo.GetMounts(mountinfo.PrefixFilter(ns.root))
+	if err != nil {
+		return fmt.Errorf("oci: release %s: %w", ns.root, err)
+	}
+	for _, m := range below {
+		if filepath.Clean(m.Mountpoint) != ns.root {
+			return nil
+		}
+	}
+	if len(below) == 0 {
+		return nil
+	}
+	if err := unix.Unmount(ns.root, 0); err != nil {
+		return fmt.Errorf("oci: release %s: %w", ns.root, err)
+	}
+	return nil
+}

@@ -214,6 +214,9 @@ func (n *realNode) noLeaks(t *testing.T) {
 		if !strings.Contains(l, n.data) {
 			continue
 		}
+		if f := strings.Fields(l); len(f) > 4 && f[4] == filepath.Join(n.data, "oci") {
+			continue // the OCI data directory's bind onto itself, released when the node closes
+		}
 		if !strings.Contains(l, warm) {
 			t.Errorf("mount left under the data directory: %s", l)
 			continue
