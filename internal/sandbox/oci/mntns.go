@@ -63,7 +63,7 @@ func newLaunchNS(dir, netnsDir string, log *slog.Logger) *launchNS {
 		log.Warn("oci: the runtime runs in the host's mount namespace", "err", err)
 		return nil
 	} else if !mounted {
-		below, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+		below, err := mountsUnder(dir)
 		if err != nil {
 			log.Warn("oci: the runtime runs in the host's mount namespace", "err", err)
 			return nil
@@ -184,12 +184,12 @@ func (ns *launchNS) release() error {
 	if ns == nil {
 		return nil
 	}
-	below, err := mountinfo.GetMounts(mountinfo.PrefixFilter(ns.root))
+	below, err := mountsUnder(ns.root)
 	if err != nil {
 		return fmt.Errorf("oci: release %s: %w", ns.root, err)
 	}
 	for _, m := range below {
-		if filepath.Clean(m.Mountpoint) != ns.root {
+		if m != ns.root {
 			return nil
 		}
 	}
