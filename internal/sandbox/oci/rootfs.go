@@ -1,7 +1,6 @@
 package oci
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -117,19 +116,4 @@ func mountRootfs(l layout, lowerDir string, m *idMap, userns int) error {
 
 func escapeOverlay(p string) string {
 	return strings.NewReplacer(`\`, `\\`, `,`, `\,`, `:`, `\:`).Replace(p)
-}
-
-// unmountAll detaches every mount at or below dir (deepest first). Missing mounts are fine.
-func unmountAll(dir string) error {
-	mounts, err := mountsUnder(dir)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for i := len(mounts) - 1; i >= 0; i-- {
-		if err := unix.Unmount(mounts[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("oci: unmount %s: %w", mounts[i], err))
-		}
-	}
-	return errors.Join(errs...)
 }
