@@ -162,6 +162,11 @@ type Pool struct {
 	proxyPort int
 	// tablesKept: New found the tables already as it would install them (tables.go).
 	tablesKept bool
+
+	// v6Conf is the host's /proc/sys/net/ipv6/conf directory, -1 when it has none
+	// (noHostIPv6); set on first use (v6Once) and kept for the process's life.
+	v6Once sync.Once
+	v6Conf int
 }
 
 // New creates (or adopts) the bridge and nftables rules. Slots found from an earlier run

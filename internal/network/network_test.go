@@ -202,6 +202,19 @@ func TestSlotConnectivityAndIsolation(t *testing.T) {
 	if a.IP == b.IP || !p.Subnet().Contains(a.IP) || a.Gateway != netip.MustParseAddr("10.89.7.1") {
 		t.Fatalf("bad addresses a=%v b=%v gw=%v", a.IP, b.IP, a.Gateway)
 	}
+	// The host ends carry no IPv6 (no routes in the host's table per slot).
+	for _, s := range []*Slot{a, b} {
+		if v, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + s.HostVeth + "/disable_ipv6"); err == nil && strings.TrimSpace(string(v)) != "1" {
+			t.Errorf("%s: disable_ipv6 = %q, want 1", s.HostVeth, v)
+		}
+		l, err := netlink.LinkByName(s.HostVeth)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if addrs, err := netlink.AddrList(l, netlink.FAMILY_V6); err != nil || len(addrs) > 0 {
+			t.Errorf("%s: IPv6 addresses %v (err %v), want none", s.HostVeth, addrs, err)
+		}
+	}
 
 	// Listeners inside each sandbox namespace, and on the host (bridge IP, all addresses).
 	var inA, inB string
