@@ -202,6 +202,21 @@ func TestSlotConnectivityAndIsolation(t *testing.T) {
 	if a.IP == b.IP || !p.Subnet().Contains(a.IP) || a.Gateway != netip.MustParseAddr("10.89.7.1") {
 		t.Fatalf("bad addresses a=%v b=%v gw=%v", a.IP, b.IP, a.Gateway)
 	}
+	// The sandbox's namespace has netnsSysctls set.
+	if err := inNetns(t, a.NetnsPath, func() error {
+		for k, want := range netnsSysctls {
+			v, err := os.ReadFile("/proc/sys/net/" + k)
+			if err != nil {
+				return err
+			}
+			if got := strings.Join(strings.Fields(string(v)), " "); got != want {
+				t.Errorf("in %s: net/%s = %q, want %q", a.Netns, k, got, want)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	// The host ends carry no IPv6 (no routes in the host's table per slot).
 	for _, s := range []*Slot{a, b} {
 		if v, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + s.HostVeth + "/disable_ipv6"); err == nil && strings.TrimSpace(string(v)) != "1" {
