@@ -205,12 +205,12 @@ func TestSlotConnectivityAndIsolation(t *testing.T) {
 	// The sandbox's namespace has netnsSysctls set.
 	if err := inNetns(t, a.NetnsPath, func() error {
 		for k, want := range netnsSysctls {
-			v, err := os.ReadFile("/proc/sys/net/" + k)
+			v, err := os.ReadFile("/proc/sys/net/ipv4/" + k)
 			if err != nil {
 				return err
 			}
 			if got := strings.Join(strings.Fields(string(v)), " "); got != want {
-				t.Errorf("in %s: net/%s = %q, want %q", a.Netns, k, got, want)
+				t.Errorf("in %s: net/ipv4/%s = %q, want %q", a.Netns, k, got, want)
 			}
 		}
 		return nil

@@ -162,36 +162,36 @@ func newNamedNetns(name string) (netns.NsHandle, error) {
 	return ns, nil
 }
 
-// netnsSysctls are set inside every sandbox namespace, relative to /proc/sys/net. The
-// namespace belongs to the host's user namespace, so a sandbox root (even in its own user
-// namespace) holds no network capability over it: it cannot change addresses, routes or
-// MACs, send raw frames or spoof ARP. These let it still do what users expect: bind ports
-// below 1024 (web servers on :80) and ping through unprivileged ICMP sockets.
+// netnsSysctls are set inside every sandbox namespace, relative to /proc/sys/net/ipv4.
+// The namespace belongs to the host's user namespace, so a sandbox root (even in its own
+// user namespace) holds no network capability over it: it cannot change addresses, routes
+// or MACs, send raw frames or spoof ARP. These let it still do what users expect: bind
+// ports below 1024 (web servers on :80) and ping through unprivileged ICMP sockets.
 var netnsSysctls = map[string]string{
-	"ipv4/ip_unprivileged_port_start": "0",
-	"ipv4/ping_group_range":           "0 2147483647",
+	"ip_unprivileged_port_start": "0",
+	"ping_group_range":           "0 2147483647",
 }
 
 // tuneNetns writes netnsSysctls; the calling thread must be in the target namespace
-// (/proc/sys/net follows the opening thread's namespace). It looks /proc/sys/net up once
-// and opens each file below it: every namespace has its own "net" entry there, and a
-// lookup by name compares against all of them (proc_sys_compare), so each lookup costs
-// more with every sandbox held.
+// (/proc/sys/net follows the opening thread's namespace). It looks /proc/sys/net/ipv4 up
+// once and opens the files in it: every namespace has an ipv4 entry below the one shared
+// /proc/sys/net, and a lookup by name compares against all of them (proc_sys_compare),
+// so each full path costs more with every sandbox held.
 func tuneNetns() error {
-	dir, err := unix.Open("/proc/sys/net", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	dir, err := unix.Open("/proc/sys/net/ipv4", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("sysctl: open /proc/sys/net: %w", err)
+		return fmt.Errorf("sysctl: open /proc/sys/net/ipv4: %w", err)
 	}
 	defer unix.Close(dir)
 	for k, v := range netnsSysctls {
 		fd, err := unix.Openat(dir, k, unix.O_WRONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return fmt.Errorf("sysctl net/%s: %w", k, err)
+			return fmt.Errorf("sysctl net/ipv4/%s: %w", k, err)
 		}
 		_, err = unix.Write(fd, []byte(v))
 		unix.Close(fd)
 		if err != nil {
-			return fmt.Errorf("sysctl net/%s: %w", k, err)
+			return fmt.Errorf("sysctl net/ipv4/%s: %w", k, err)
 		}
 	}
 	return nil
