@@ -1,11 +1,13 @@
 package node
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // hostLimit is a kernel setting that caps how many sandboxes a node holds, and the value
@@ -50,3 +52,54 @@ func raiseHostLimits(procSys string, limits []hostLimit, log *slog.Logger) {
 
 // sysctlName spells a /proc/sys path as sysctl does (kernel.pid_max).
 func sysctlName(key string) string { return strings.ReplaceAll(key, "/", ".") }
+
+// openFilesWant is the open-file limit the node raises its own to; the data plane and the
+// runtimes it starts inherit it. Each held sandbox keeps ~2 descriptors open in the node
+// (its user namespace, its loop device) and ~3 in the data plane (/dev/fuse, its upper
+// data and index): 5 000 sandboxes need ~15 000 there, more than many hosts give a
+// service or a login shell (1 024 to 20 000).
+const openFilesWant = 1 << 20
+
+// openFilesFloor is the limit below which failing to raise it is worth a warning: it
+// holds ~5 000 sandboxes.
+const openFilesFloor = 16384
+
+// raiseOpenFiles raises this process's RLIMIT_NOFILE, soft and hard, to want, or to the
+// kernel's fs.nr_open under procSys when that is lower. Never lowered; a failure (no
+// CAP_SYS_RESOURCE) is logged and the node runs with the lower ceiling.
+func raiseOpenFiles(procSys string, want uint64, log *slog.Logger) {
+	if raw, err := os.ReadFile(filepath.Join(procSys, "fs", "nr_open")); err == nil {
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(raw)), 10, 64); err == nil && n < want {
+			want = n
+		}
+	}
+	var cur syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &cur); err != nil {
+		log.Warn("host limit unreadable", "key", "RLIMIT_NOFILE", "err", err)
+		return
+	}
+	if cur.Cur >= want {
+		return
+	}
+	// syscall.Setrlimit, not x/sys/unix's: it also tells os/exec not to hand children
+	// the limit the process started with.
+	lim := syscall.Rlimit{Cur: want, Max: max(want, cur.Max)}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		// A soft limit still below the hard one is raised to it (no privilege needed).
+		if cur.Cur < cur.Max {
+			lim = syscall.Rlimit{Cur: cur.Max, Max: cur.Max}
+			if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
+				cur.Cur = cur.Max
+			}
+		}
+		level := slog.LevelInfo
+		if cur.Cur < openFilesFloor {
+			level = slog.LevelWarn
+		}
+		log.Log(context.Background(), level, "could not raise a host limit", "key", "RLIMIT_NOFILE", "from", cur.Cur, "to", want,
+			"why", "each sandbox holds ~3 open files in the data plane", "err", err)
+		return
+	}
+	log.Info("raised a host limit", "key", "RLIMIT_NOFILE", "from", cur.Cur, "to", want,
+		"why", "each sandbox holds ~3 open files in the data plane")
+}

@@ -150,6 +150,11 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	}
 
 	lap("repository")
+	if cfg.Backend.Kind == "oci" || cfg.Backend.Kind == "microvm" {
+		// Before the data plane starts, so that it inherits the open-file limit.
+		raiseHostLimits("/proc/sys", hostLimits, n.Log)
+		raiseOpenFiles("/proc/sys", openFilesWant, n.Log)
+	}
 	var dp *nodeDataPlane
 	// The oci and microvm backends open their root disks through the data plane.
 	if cfg.Backend.DataPlane && (cfg.Backend.Kind == "oci" || cfg.Backend.Kind == "microvm") {
@@ -158,9 +163,6 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 		}
 	}
 	lap("data_plane")
-	if cfg.Backend.Kind == "oci" || cfg.Backend.Kind == "microvm" {
-		raiseHostLimits("/proc/sys", hostLimits, n.Log)
-	}
 	kind := cfg.Backend.Kind
 	env := BackendEnv{Config: cfg, DataDir: filepath.Join(cfg.DataDir, kind), EnvdPath: envd,
 		Layers: repo.layers, Registerer: n.Metrics, Logger: n.Log.With("component", kind)}

@@ -223,6 +223,8 @@ type Backend struct {
 	// mountBin binds each container's own boot id over the host's ("": not found, the
 	// host's shows through).
 	mountBin string
+	// emptyDir masks directories under /sys in every sandbox ("": a tmpfs each).
+	emptyDir string
 	pool     *network.Pool
 	warm     *warmPool
 	log      *slog.Logger
@@ -277,12 +279,16 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	if err := cfg.sandboxDNS(); err != nil {
 		return nil, err
 	}
+	emptyDir, err := makeEmptyDir(cfg.DataDir)
+	if err != nil {
+		cfg.Logger.Warn("oci: masked directories get a tmpfs each", "err", err)
+	}
 	base, err := reserveUIDs(cfg.UIDRangeFile, cfg.DataDir, cfg.UIDBase, cfg.UIDRanges)
 	if err != nil {
 		return nil, err
 	}
 	cfg.UIDBase = base
-	b := &Backend{cfg: cfg, v2: unifiedOnly(), log: cfg.Logger, instances: map[string]*Instance{}, tearing: map[string]int{}, usernsFDs: newUsernsCache()}
+	b := &Backend{cfg: cfg, v2: unifiedOnly(), log: cfg.Logger, emptyDir: emptyDir, instances: map[string]*Instance{}, tearing: map[string]int{}, usernsFDs: newUsernsCache()}
 	b.memsw = hostAccountsSwap(b.v2)
 	if mb, err := exec.LookPath("mount"); err == nil {
 		b.mountBin = mb
@@ -541,6 +547,7 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		cgroupsPath: b.cgroupsPath(inst.cid), cpuCount: o.res.CPUCount,
 		memoryMB: o.res.MemoryMB, pidsLimit: b.cfg.PidsLimit, idmap: m, memsw: b.memsw,
 		resolvConf: b.cfg.ResolvConf, volumes: vols, bootID: bootID, mountBin: b.mountBin,
+		emptyDir: b.emptyDir,
 	})
 	if err := writeJSON(filepath.Join(inst.l.dir, "config.json"), spec); err != nil {
 		return err

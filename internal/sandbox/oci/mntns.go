@@ -35,8 +35,11 @@ import (
 type launchNS struct {
 	root     string // the data directory (sandboxes below it), a mount point of its own
 	netnsDir string // the netns directory if it is a mount point of its own, or ""
-	off      atomic.Bool
-	log      *slog.Logger
+	// cgroups are the host's cgroup hierarchies no sandbox needs (see
+	// sandboxControllers), detached in the namespace so that the runtime skips them.
+	cgroups []string
+	off     atomic.Bool
+	log     *slog.Logger
 }
 
 // The launcher's thread changes namespace and is never unlocked, so it must never be the
@@ -80,6 +83,11 @@ func newLaunchNS(dir, netnsDir string, log *slog.Logger) *launchNS {
 		}
 	}
 	ns := &launchNS{root: dir, log: log}
+	if hide, err := hostUnneededCgroupMounts(); err != nil {
+		log.Warn("oci: sandboxes join every cgroup hierarchy", "err", err)
+	} else {
+		ns.cgroups = hide
+	}
 	if mounted, err := mountinfo.Mounted(netnsDir); err == nil && mounted {
 		ns.netnsDir = filepath.Clean(netnsDir)
 	} else {
@@ -127,7 +135,8 @@ func (ns *launchNS) run(cmd *exec.Cmd, dir, netns string) error {
 }
 
 // enter moves the calling (locked) thread into a new mount namespace where the data
-// directory holds only dir's mounts and the netns directory only netns.
+// directory holds only dir's mounts, the netns directory only netns, and the cgroup root
+// only the hierarchies a sandbox needs.
 func (ns *launchNS) enter(dir, netns string) error {
 	dir = filepath.Clean(dir)
 	if rel, err := filepath.Rel(ns.root, dir); err != nil || rel == "." || strings.HasPrefix(rel, "..") {
@@ -173,7 +182,7 @@ func (ns *launchNS) enter(dir, netns string) error {
 			return fmt.Errorf("put back %s: %w", m.path, err)
 		}
 	}
-	return nil
+	return hideCgroupMounts(ns.cgroups)
 }
 
 // release unmounts the data directory's bind onto itself when nothing else is mounted

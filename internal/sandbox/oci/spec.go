@@ -33,6 +33,9 @@ type specParams struct {
 	bootID   string
 	mountBin string
 	volumes  []specs.Mount
+	// emptyDir is a host directory, empty and read-only, bound over the masked
+	// directories under /sys instead of a tmpfs each (see hostSysDirs); "" = tmpfs.
+	emptyDir string
 }
 
 // bootIDPath is the kernel's per-boot id: a fresh sandbox (new processes, as after a
@@ -116,6 +119,8 @@ func buildSpec(p specParams) *specs.Spec {
 		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 		{Destination: envdMount, Type: "none", Source: p.envdPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	}
+	masked, maskMounts := maskBinds(maskedPaths, hostSysDirs(), p.emptyDir)
+	mounts = append(mounts, maskMounts...)
 	if p.resolvConf != "" {
 		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "none", Source: p.resolvConf,
 			Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
@@ -158,7 +163,7 @@ func buildSpec(p specParams) *specs.Spec {
 				Pids:    pids,
 			},
 			Seccomp:           defaultSeccomp(),
-			MaskedPaths:       maskedPaths,
+			MaskedPaths:       masked,
 			ReadonlyPaths:     readonlyPaths,
 			RootfsPropagation: "private",
 		},
