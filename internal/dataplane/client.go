@@ -245,6 +245,20 @@ func (d *RemoteDisk) Close() error {
 	return err
 }
 
+// DropSyncs tells the data plane that the disk's directory is deleted once it closes:
+// its flushes write nothing back from now on (Disk.DropSyncs). A data plane that
+// predates the operation, or no longer serves the disk, syncs as before: that only
+// costs the fsyncs.
+func (d *RemoteDisk) DropSyncs() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := d.c.do(ctx, request{Op: opDropSyncs, Dir: d.info.Dir})
+	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrUnsupported) || gone(err) {
+		return nil
+	}
+	return err
+}
+
 // gone reports whether err means no data plane answers any more (none listens, or the
 // one that did died during the call).
 func gone(err error) bool {

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -235,5 +236,52 @@ func TestRunOnePerDir(t *testing.T) {
 	}
 	if _, err := os.Stat(SocketPath(dir)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatal("the socket is left after the data plane stopped")
+	}
+}
+
+// TestDropSyncsOverSocket: after DropSyncs a disk keeps serving reads and writes but its
+// flushes leave the upper unsynced; without it a flush syncs. A disk the data plane does
+// not serve is no error (it syncs nothing anyway).
+func TestDropSyncsOverSocket(t *testing.T) {
+	needFUSE(t)
+	dir := t.TempDir()
+	base, _ := sealedLayer(t, dir)
+	srv, c, _ := serve(t, dir)
+	ctx := context.Background()
+	for i, drop := range []bool{false, true} {
+		diskDir := filepath.Join(dir, fmt.Sprintf("disk%d", i))
+		d, err := c.Open(ctx, Spec{Dir: diskDir, Lowers: []stack.LayerRef{base}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if drop {
+			if err := d.DropSyncs(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f, err := os.OpenFile(d.Path(), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt([]byte("hello"), 4096); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 5)
+		if _, err := f.ReadAt(got, 4096); err != nil || string(got) != "hello" {
+			t.Fatalf("drop %v: read back %q, %v", drop, got, err)
+		}
+		if synced := srv.get(diskDir).st.Synced(); synced == drop {
+			t.Fatalf("drop %v: upper synced %v after a flush", drop, synced)
+		}
+		f.Close()
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.DropSyncs(); err != nil {
+			t.Fatalf("DropSyncs of a closed disk: %v", err)
+		}
 	}
 }

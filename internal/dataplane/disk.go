@@ -155,6 +155,14 @@ func (d *Disk) Size() int64 { return d.st.Size() }
 // Lowers returns the stack's current sealed layers, bottom first.
 func (d *Disk) Lowers() []stack.LayerRef { return d.st.Manifest().Lowers }
 
+// DropSyncs tells the disk that its directory is deleted once it closes (a killed
+// sandbox's): from now on its flushes and its flusher write nothing back (see
+// stack.Stack.DropSyncs). Call it only once nothing may rely on the disk's data.
+func (d *Disk) DropSyncs() error {
+	d.st.DropSyncs()
+	return nil
+}
+
 // Close stops the flusher, unmounts FUSE (whatever attached the file must have let go of
 // it: a busy mount is detached lazily and blockdev.ErrStillInUse returned, the stack then
 // closing when its last user lets go) and closes the stack. The

@@ -23,6 +23,7 @@ const (
 	opOpen       = "open"
 	opList       = "list"
 	opClose      = "close"
+	opDropSyncs  = "dropsyncs"
 	opStats      = "stats"
 	opShutdown   = "shutdown"
 	opSnapBegin  = "snap.begin"

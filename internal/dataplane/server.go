@@ -193,6 +193,15 @@ func (s *Server) do(req request) response {
 		}
 		s.Log.Debug("dataplane: disk closed", "dir", req.Dir)
 		return response{}
+	case opDropSyncs:
+		d := s.get(req.Dir)
+		if d == nil {
+			return errResp(fmt.Errorf("dataplane: no disk %s", req.Dir), codeNotFound)
+		}
+		if err := d.DropSyncs(); err != nil {
+			return errResp(err, "")
+		}
+		return response{}
 	case opStats:
 		st := s.stats()
 		return response{Stats: &st}

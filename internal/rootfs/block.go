@@ -209,6 +209,20 @@ func (b *Block) OutOfProcess() bool {
 	return ok
 }
 
+// syncDropper is a disk that can stop making its writes durable (dataplane.Disk and
+// dataplane.RemoteDisk).
+type syncDropper interface{ DropSyncs() error }
+
+// DropSyncs tells the disk that its directory is deleted after Close, so the flushes the
+// unmount and the loop device's detach send need not reach the host's disk (see
+// stack.Stack.DropSyncs). Only for a root nothing runs on any more and whose data goes.
+func (b *Block) DropSyncs() error {
+	if d, ok := b.disk.(syncDropper); ok {
+		return d.DropSyncs()
+	}
+	return nil
+}
+
 // Device is the loop device the filesystem is mounted from.
 func (b *Block) Device() string { return b.loop.Path() }
 

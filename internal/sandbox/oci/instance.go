@@ -158,9 +158,17 @@ func (i *Instance) Stop(ctx context.Context) error {
 	i.stopped = true
 	i.mu.Unlock()
 	t0 := time.Now()
-	errs := []error{i.b.removeContainer(ctx, i.cid, i.l)}
-	errs = append(errs, removeCgroups(i.b.cgroupsPath(i.cid), i.b.v2))
+	rmErr := i.b.removeContainer(ctx, i.cid, i.l)
+	errs := []error{rmErr, removeCgroups(i.b.cgroupsPath(i.cid), i.b.v2)}
 	t1 := time.Now()
+	if blk != nil && rmErr == nil {
+		// Nothing runs on the root any more and its directory, the disk's upper with it,
+		// is removed below (a snapshot or pause took what it keeps before this): its
+		// unmount's flushes need not wait for the host's disk.
+		if err := blk.DropSyncs(); err != nil {
+			i.b.log.Debug("oci: drop the root disk's syncs", "id", i.id, "err", err)
+		}
+	}
 	if blk != nil {
 		// ext4, then the loop device, then FUSE and the stack: each holds the next. A
 		// filesystem still held (its mount namespace still being torn down, slow on a

@@ -596,6 +596,10 @@ func (l *RWLayer) Sync() error {
 	}
 }
 
+// Synced reports whether every write and discard that completed is durable (the last
+// Sync covered them).
+func (l *RWLayer) Synced() bool { return l.gen.Load() == l.syncedGen.Load() }
+
 // Flush writes buffered index entries to the index file without syncing it: a
 // reopen after the process (not the host) dies sees every completed write.
 func (l *RWLayer) Flush() error {

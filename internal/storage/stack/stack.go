@@ -82,6 +82,8 @@ type Stack struct {
 	compact sync.Mutex // one compaction at a time
 	// syncHeld > 0 makes Sync skip its fsyncs (HoldSync).
 	syncHeld atomic.Int32
+	// dropped makes Sync and StartWriteback no-ops for good (DropSyncs).
+	dropped atomic.Bool
 	// sealedIndex is the index file of the upper Restack sealed last, for Persist
 	// to remove.
 	sealedIndex string
@@ -506,6 +508,9 @@ func (s *Stack) writeZeros(off, n int64) error {
 // the FUSE file gets a flush for every journal commit, close and loop detach of the
 // filesystem on it, and about half of them find nothing new.
 func (s *Stack) Sync() error {
+	if s.dropped.Load() {
+		return nil
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if err := s.writable(); err != nil {
@@ -530,6 +535,9 @@ func (s *Stack) Sync() error {
 // without waiting for it, so that a later Sync (or a snapshot's Persist) has little
 // left to wait for.
 func (s *Stack) StartWriteback() error {
+	if s.dropped.Load() {
+		return nil
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if err := s.writable(); err != nil {
@@ -546,6 +554,23 @@ func (s *Stack) HoldSync() (release func()) {
 	s.syncHeld.Add(1)
 	var once sync.Once
 	return func() { once.Do(func() { s.syncHeld.Add(-1) }) }
+}
+
+// DropSyncs makes every later Sync and StartWriteback return at once without writing
+// anything back: for a stack whose upper is deleted once it closes (a killed sandbox's
+// disk), where the flushes its filesystem's unmount and its loop device's detach send
+// would only fsync files about to be unlinked (five fsyncs of two files per kill, each
+// waiting on the host's journal, which under other I/O took seconds). Reads and writes
+// go on as before. It cannot be undone: nothing written afterwards is ever promised
+// durable.
+func (s *Stack) DropSyncs() { s.dropped.Store(true) }
+
+// Synced reports whether every completed write and discard of the upper is durable (a
+// stack without an upper has nothing to sync).
+func (s *Stack) Synced() bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.upper == nil || s.upper.Synced()
 }
 
 // Close closes every layer; the upper is left unsealed and reopenable.

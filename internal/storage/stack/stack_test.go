@@ -254,3 +254,34 @@ func TestRestackOtherFilesystem(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDropSyncs: once DropSyncs ran, Sync and StartWriteback succeed without making
+// anything durable (the upper stays unsynced), and the stack still serves reads and
+// writes; without it Sync does sync.
+func TestDropSyncs(t *testing.T) {
+	for _, dropped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dropped=%v", dropped), func(t *testing.T) {
+			s, _ := newStack(t, 1)
+			if dropped {
+				s.DropSyncs()
+			}
+			p := bytes.Repeat([]byte{9}, 4096)
+			if _, err := s.WriteAt(p, 8192); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.StartWriteback(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			if got := s.Synced(); got == dropped {
+				t.Fatalf("dropped %v: upper synced %v after Sync", dropped, got)
+			}
+			got := make([]byte, 4096)
+			if _, err := s.ReadAt(got, 8192); err != nil || !bytes.Equal(got, p) {
+				t.Fatalf("read back: %v", err)
+			}
+		})
+	}
+}
