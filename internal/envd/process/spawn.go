@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -239,7 +240,7 @@ func (s *Service) start(sp *spec, attach bool) (_ *proc, sub *subscriber, err er
 	}
 	p.pid = uint32(pid)
 	// Like E2B's envd: user commands are preferred victims of the OOM killer, envd is not.
-	_ = os.WriteFile("/proc/"+itoa(pid)+"/oom_score_adj", []byte("100"), 0)
+	_ = os.WriteFile("/proc/"+itoa(pid)+"/oom_score_adj", []byte(itoa(childOOMScoreAdj(ownOOMScoreAdj()))), 0)
 
 	if p.pty != nil {
 		p.readers.Add(1)
@@ -285,4 +286,23 @@ func startErrorCode(err error) connect.Code {
 		return connect.CodeInvalidArgument
 	}
 	return connect.CodeInternal
+}
+
+// childOOMScoreAdj is a command's OOM score adjustment: 100 above envd's own, so that a
+// command goes first. Relative, because a container's runtime may have raised envd's
+// (the OCI backend sets 500 so that the host's OOM killer takes sandboxes before the
+// node's data plane), and lowering a score needs a privilege envd does not hold there.
+func childOOMScoreAdj(own int) int { return min(own+100, 1000) }
+
+// ownOOMScoreAdj reads envd's own adjustment (0 when it cannot).
+func ownOOMScoreAdj() int {
+	b, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0
+	}
+	return n
 }

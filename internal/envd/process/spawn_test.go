@@ -26,3 +26,13 @@ func TestStartErrorCode(t *testing.T) {
 		}
 	}
 }
+
+// TestChildOOMScoreAdj: a command's score is envd's plus 100, capped at the kernel's
+// maximum, so it goes before envd whatever score the runtime gave envd.
+func TestChildOOMScoreAdj(t *testing.T) {
+	for _, tt := range []struct{ own, want int }{{0, 100}, {500, 600}, {950, 1000}, {1000, 1000}, {-500, -400}} {
+		if got := childOOMScoreAdj(tt.own); got != tt.want {
+			t.Errorf("childOOMScoreAdj(%d) = %d, want %d", tt.own, got, tt.want)
+		}
+	}
+}

@@ -123,6 +123,10 @@ func testIsolation(t *testing.T, mode string) {
 			{"capability set", "grep -q '^CapEff:[[:space:]]*00000000a00405fb$' /proc/self/status", true},
 			{"ifconfig change refused", "ip addr add 10.89.16.200/24 dev eth0", false},
 			{"bind low port", "nc -l -p 80 & p=$!; sleep 0.2; kill $p", true},
+			// The host's OOM killer takes a sandbox's processes before the data plane, and
+			// nothing inside can put itself below the host's processes (spec.go).
+			{"OOM score raised", "grep -qx 500 /proc/self/oom_score_adj", true},
+			{"OOM score not below the host's", "echo -1 > /proc/self/oom_score_adj", false},
 			{"pids limit visible", "grep -qx 256 /sys/fs/cgroup/pids/pids.max 2>/dev/null || grep -qx 256 /sys/fs/cgroup/pids.max", true},
 		}
 		for _, tc := range tests {

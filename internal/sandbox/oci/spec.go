@@ -144,7 +144,8 @@ func buildSpec(p specParams) *specs.Spec {
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
-			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: noFile, Soft: noFile}},
+			Rlimits:     []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: noFile, Soft: noFile}},
+			OOMScoreAdj: new(sandboxOOMScoreAdj),
 			// Setuid programs work (sudo in the base template, as on E2B; Docker's default
 			// too): they reach the sandbox's root, with the capability set and seccomp
 			// profile above, which envd gives any client asking for user "root" anyway.
@@ -169,6 +170,14 @@ func buildSpec(p specParams) *specs.Spec {
 		},
 	}
 }
+
+// sandboxOOMScoreAdj makes a sandbox's processes the host OOM killer's first choice over
+// the node and the data plane: left at 0, the data plane (~1 MiB per disk, the largest
+// process on a full node) is its pick, and every sandbox's root dies with it. Raising a
+// score needs no privilege. Nothing in the sandbox can go below 0, the host processes'
+// default (that needs CAP_SYS_RESOURCE on the host), nor below 500 where the runtime
+// held CAP_SYS_RESOURCE when it set it (the kernel then records it as the floor).
+const sandboxOOMScoreAdj = 500
 
 // nofileLimit is 65536 open files, or less when our own hard limit is lower (the runtime
 // cannot raise it without CAP_SYS_RESOURCE in the host's user namespace).

@@ -68,6 +68,9 @@ func TestBuildSpecLimits(t *testing.T) {
 			if s.Process.NoNewPrivileges || s.Linux.Seccomp == nil || len(s.Linux.MaskedPaths) == 0 {
 				t.Error("hardening missing")
 			}
+			if a := s.Process.OOMScoreAdj; a == nil || *a <= 0 {
+				t.Errorf("oomScoreAdj %v: the host's OOM killer would pick the data plane before a sandbox", a)
+			}
 		})
 	}
 }
