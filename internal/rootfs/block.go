@@ -39,8 +39,16 @@ type ServedDisk interface {
 	Size() int64
 	Lowers() []stack.LayerRef
 	BeginSnapshot(ctx context.Context) (dataplane.Snapshot, error)
+	// DropSyncs stops making the disk's writes durable, for good: its directory is
+	// deleted once it closes (see stack.Stack.DropSyncs).
+	DropSyncs() error
 	Close() error
 }
+
+var (
+	_ ServedDisk = (*dataplane.Disk)(nil)
+	_ ServedDisk = (*dataplane.RemoteDisk)(nil)
+)
 
 // Opener opens a disk for a root.
 type Opener func(ctx context.Context, spec dataplane.Spec) (ServedDisk, error)
@@ -209,18 +217,14 @@ func (b *Block) OutOfProcess() bool {
 	return ok
 }
 
-// syncDropper is a disk that can stop making its writes durable (dataplane.Disk and
-// dataplane.RemoteDisk).
-type syncDropper interface{ DropSyncs() error }
-
 // DropSyncs tells the disk that its directory is deleted after Close, so the flushes the
 // unmount and the loop device's detach send need not reach the host's disk (see
 // stack.Stack.DropSyncs). Only for a root nothing runs on any more and whose data goes.
 func (b *Block) DropSyncs() error {
-	if d, ok := b.disk.(syncDropper); ok {
-		return d.DropSyncs()
+	if b.disk == nil {
+		return nil
 	}
-	return nil
+	return b.disk.DropSyncs()
 }
 
 // Device is the loop device the filesystem is mounted from.
