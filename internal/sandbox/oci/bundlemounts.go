@@ -18,6 +18,15 @@ const walkBudget = 256
 // errWalkBudget means the bundle is too big to walk within walkBudget entries.
 var errWalkBudget = errors.New("oci: bundle too big to walk for mounts")
 
+// notEntered are the directories of a sandbox's bundle the walk does not enter: the
+// overlay's upper, which the sandbox writes (through its root) and work, its scratch.
+// A sandbox still running while a failed stop's teardown walks could turn a directory
+// there into a symlink between the walk's statx and its open, and send the walk, and
+// the detach of what it found, into the host's tree. Nothing is mounted below them in
+// the host's namespace: a sandbox cannot mount, and the node mounts only at the bundle's
+// top level and below blk/.
+var notEntered = map[string]bool{"upper": true, "work": true}
+
 // unmountRounds bounds the detach-and-walk-again rounds of unmountAll (mounts stacked on
 // one path show one per round).
 const unmountRounds = 8
@@ -58,7 +67,7 @@ func unmountAll(dir string) error {
 func detachAll(mounts []string) error {
 	var errs []error
 	for i := len(mounts) - 1; i >= 0; i-- {
-		if err := unix.Unmount(mounts[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		if err := unix.Unmount(mounts[i], unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("oci: unmount %s: %w", mounts[i], err))
 		}
 	}
@@ -110,7 +119,7 @@ func findMounts(dir string, budget int) ([]string, error) {
 				return nil, err
 			case root:
 				found = append(found, p)
-			case isDir:
+			case isDir && !(d == dir && notEntered[n]):
 				stack = append(stack, p)
 			}
 		}
@@ -118,9 +127,10 @@ func findMounts(dir string, budget int) ([]string, error) {
 	return found, nil
 }
 
-// readNames lists the names in directory d, unsorted.
+// readNames lists the names in directory d, unsorted. d itself is not followed if it
+// became a symlink since the walk examined it.
 func readNames(d string) ([]string, error) {
-	f, err := os.Open(d)
+	f, err := os.OpenFile(d, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, fmt.Errorf("oci: %w", err)
 	}

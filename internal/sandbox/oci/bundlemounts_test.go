@@ -24,13 +24,13 @@ func mountFixture(t *testing.T, files int, mounts ...string) string {
 		m, _ := mountsUnder(dir)
 		_ = detachAll(m)
 	})
-	for _, d := range []string{"rootfs", "blk/fuse", "upper/etc"} {
+	for _, d := range []string{"rootfs", "blk/fuse", "blk/many", "upper/etc"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := range files {
-		if err := os.WriteFile(filepath.Join(dir, "upper", strconv.Itoa(i)), nil, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, "blk", "many", strconv.Itoa(i)), nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -61,10 +61,11 @@ func mountFixture(t *testing.T, files int, mounts ...string) string {
 func TestUnmountAll(t *testing.T) {
 	tests := []struct {
 		name    string
-		files   int      // files in upper/ (a big upper makes the walk give up)
+		files   int      // files in blk/many/ (a big bundle makes the walk give up)
 		mounts  []string // relative to the sandbox directory, in mount order
 		found   []string // findMounts' first answer, sorted; nil with walkErr
 		walkErr bool
+		kept    bool // unmountAll leaves the mounts (where the walk does not look)
 	}{
 		{name: "none"},
 		{name: "block root", mounts: []string{"blk/fuse", "rootfs"}, found: []string{"blk/fuse", "rootfs"}},
@@ -72,7 +73,9 @@ func TestUnmountAll(t *testing.T) {
 		{name: "stacked", mounts: []string{"rootfs", "rootfs"}, found: []string{"rootfs"}},
 		{name: "hidden under a later mount", mounts: []string{"blk/fuse", "blk"}, found: []string{"blk"}},
 		{name: "a file bind", mounts: []string{"init.file"}, found: []string{"init.file"}},
-		{name: "deep in the bundle", mounts: []string{"upper/etc"}, found: []string{"upper/etc"}},
+		{name: "deep in the bundle", mounts: []string{"blk/many/deep"}, found: []string{"blk/many/deep"}},
+		// The sandbox writes upper/: never mounted on, and never entered (notEntered).
+		{name: "not in the sandbox's upper", mounts: []string{"upper/etc"}, kept: true},
 		{name: "the directory itself", mounts: []string{".", "rootfs"}, walkErr: true},
 		{name: "over budget", files: walkBudget, mounts: []string{"rootfs"}, walkErr: true},
 	}
@@ -95,8 +98,8 @@ func TestUnmountAll(t *testing.T) {
 			if err := unmountAll(dir); err != nil {
 				t.Fatal(err)
 			}
-			if m, err := mountsUnder(dir); err != nil || len(m) > 0 {
-				t.Errorf("after unmountAll: mounts %q (err %v), want none", m, err)
+			if m, err := mountsUnder(dir); err != nil || (len(m) > 0) != tc.kept {
+				t.Errorf("after unmountAll: mounts %q (err %v), want some: %v", m, err, tc.kept)
 			}
 		})
 	}
@@ -123,5 +126,29 @@ func BenchmarkUnmountAllBlockBundle(b *testing.B) {
 		if err := unmountAll(dir); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestWalkFollowsNoSymlink: a directory the walk is about to read, or a mount it is about
+// to detach, that became a symlink (to a mount outside the bundle here) is refused, not
+// followed: the mount outside stays.
+func TestWalkFollowsNoSymlink(t *testing.T) {
+	outside := mountFixture(t, 0, "rootfs")
+	target := filepath.Join(outside, "rootfs")
+	if err := os.WriteFile(filepath.Join(target, "host-file"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "swapped")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if names, err := readNames(link); err == nil {
+		t.Errorf("readNames followed a symlink out of the bundle and listed %q", names)
+	}
+	if err := detachAll([]string{link}); err != nil {
+		t.Errorf("detachAll of a symlink: %v (want it skipped, like a path that is not a mount)", err)
+	}
+	if m, _ := mountsUnder(outside); len(m) != 1 {
+		t.Errorf("the mount the symlink points at: %q, want it still mounted", m)
 	}
 }
