@@ -2,14 +2,11 @@ package oci
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // sandboxControllers are the cgroup v1 controllers a sandbox's cgroup is needed in: the
@@ -83,11 +80,4 @@ func hostUnneededCgroupMounts() ([]string, error) {
 // runtime started from it sees only the hierarchies left, so it neither makes the
 // sandbox a cgroup in the others nor mounts them in the container. A path that is no
 // longer a mount point is skipped.
-func hideCgroupMounts(paths []string) error {
-	for _, p := range paths {
-		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("detach %s: %w", p, err)
-		}
-	}
-	return nil
-}
+func hideCgroupMounts(paths []string) error { return detachAll(paths) }
