@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -33,12 +34,11 @@ var hostLimits = []hostLimit{
 func raiseHostLimits(procSys string, limits []hostLimit, log *slog.Logger) {
 	for _, l := range limits {
 		path := filepath.Join(procSys, l.key)
-		raw, err := os.ReadFile(path)
-		if err != nil {
+		cur, err := readSysctl(path)
+		if garbled := new(*strconv.NumError); err != nil && !errors.As(err, garbled) {
 			log.Warn("host limit unreadable", "key", sysctlName(l.key), "err", err)
 			continue
 		}
-		cur, err := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
 		if err != nil || cur >= l.min {
 			continue
 		}
@@ -48,6 +48,15 @@ func raiseHostLimits(procSys string, limits []hostLimit, log *slog.Logger) {
 		}
 		log.Info("raised a host limit", "key", sysctlName(l.key), "from", cur, "to", l.min, "why", l.why)
 	}
+}
+
+// readSysctl reads the integer a /proc/sys file holds.
+func readSysctl(path string) (int64, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
 }
 
 // sysctlName spells a /proc/sys path as sysctl does (kernel.pid_max).
@@ -68,10 +77,8 @@ const openFilesFloor = 16384
 // kernel's fs.nr_open under procSys when that is lower. Never lowered; a failure (no
 // CAP_SYS_RESOURCE) is logged and the node runs with the lower ceiling.
 func raiseOpenFiles(procSys string, want uint64, log *slog.Logger) {
-	if raw, err := os.ReadFile(filepath.Join(procSys, "fs", "nr_open")); err == nil {
-		if n, err := strconv.ParseUint(strings.TrimSpace(string(raw)), 10, 64); err == nil && n < want {
-			want = n
-		}
+	if n, err := readSysctl(filepath.Join(procSys, "fs", "nr_open")); err == nil && n >= 0 && uint64(n) < want {
+		want = uint64(n)
 	}
 	var cur syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &cur); err != nil {
