@@ -230,6 +230,15 @@ func TestSlotConnectivityAndIsolation(t *testing.T) {
 			t.Errorf("%s: IPv6 addresses %v (err %v), want none", s.HostVeth, addrs, err)
 		}
 	}
+	// Inside, eth0 has no IPv6 address and a permanent neighbour entry for the gateway at
+	// the bridge's MAC: no learned entry counts toward the kernel's one ARP table limit.
+	br, err := netlink.LinkByName(p.cfg.Bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Slot{a, b} {
+		checkSlotNeigh(t, s, br.Attrs().HardwareAddr)
+	}
 
 	// Listeners inside each sandbox namespace, and on the host (bridge IP, all addresses).
 	var inA, inB string
@@ -315,6 +324,42 @@ func TestSlotConnectivityAndIsolation(t *testing.T) {
 	if strings.Contains(string(out), b.IP.String()) {
 		t.Fatalf("released slot still in blocked set: %s", out)
 	}
+}
+
+// checkSlotNeigh fails t unless s's eth0 has no IPv6 address and its namespace holds a
+// permanent neighbour entry for the gateway at mac.
+func checkSlotNeigh(t *testing.T, s *Slot, mac net.HardwareAddr) {
+	t.Helper()
+	ns, err := netns.GetFromPath(s.NetnsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if addrs, err := h.AddrList(eth, netlink.FAMILY_V6); err != nil || len(addrs) > 0 {
+		t.Errorf("%s: eth0 has IPv6 addresses %v (err %v), want none", s.Netns, addrs, err)
+	}
+	neighs, err := h.NeighList(eth.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range neighs {
+		if n.IP.Equal(s.Gateway.AsSlice()) {
+			if n.State != netlink.NUD_PERMANENT || n.HardwareAddr.String() != mac.String() {
+				t.Errorf("%s: gateway entry state %#x MAC %s, want permanent at %s", s.Netns, n.State, n.HardwareAddr, mac)
+			}
+			return
+		}
+	}
+	t.Errorf("%s: no neighbour entry for the gateway %s in %v", s.Netns, s.Gateway, neighs)
 }
 
 func TestReconcileSweepsCrashLeftovers(t *testing.T) {

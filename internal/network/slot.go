@@ -9,6 +9,7 @@ import (
 	"runtime"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -74,12 +75,21 @@ func (p *Pool) create(s *Slot) error {
 	if err := h.AddrAdd(eth, addr); err != nil {
 		return fmt.Errorf("network: address in %s: %w", s.Netns, err)
 	}
+	// No IPv6 address on eth0 (lo keeps ::1): the bridge drops IPv6 anyway, and each
+	// address would make the namespace send DAD, router and MLD packets whose multicast
+	// neighbour entries fill the host's one IPv6 neighbour table (see gatewayNeigh).
+	if err := h.LinkSetIP6AddrGenMode(eth, nl.IN6_ADDR_GEN_MODE_NONE); err != nil && !errors.Is(err, unix.EAFNOSUPPORT) {
+		return fmt.Errorf("network: no IPv6 address on eth0 in %s: %w", s.Netns, err)
+	}
 	if err := h.LinkSetUp(eth); err != nil {
 		return fmt.Errorf("network: up eth0 in %s: %w", s.Netns, err)
 	}
 	route := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: s.Gateway.AsSlice()}
 	if err := h.RouteAdd(route); err != nil {
 		return fmt.Errorf("network: default route in %s: %w", s.Netns, err)
+	}
+	if err := h.NeighSet(gatewayNeigh(eth, s, br)); err != nil {
+		return fmt.Errorf("network: gateway neighbour entry in %s: %w", s.Netns, err)
 	}
 	// A permanent neighbour entry on the bridge: a reused address never hits a stale ARP
 	// entry of the slot's previous owner, and no sandbox can claim another's address by ARP.
@@ -96,6 +106,22 @@ func (p *Pool) create(s *Slot) error {
 		}
 	}
 	return nil
+}
+
+// gatewayNeigh is the slot's permanent neighbour entry for its gateway (the bridge, whose
+// MAC ensureShard pinned). The kernel keeps one ARP table for all namespaces, and its
+// garbage-collection thresholds (net.ipv4.neigh.default.gc_thresh3, 1 024 by default)
+// count every namespace's learned entries; permanent ones are exempt. Learned, each
+// sandbox's gateway entry counted, so beyond ~1 000 sandboxes the table sat at its limit:
+// an entry idle for 5 s was evicted whenever another was needed, and when nothing could
+// be evicted the new one was refused and the packet that needed it dropped (the lost
+// first SYN-ACK: a 1 s retransmit on ~3 % of first commands, /proc/net/stat/arp_cache
+// table_fulls). Permanent, it also spares every first packet an ARP round trip.
+func gatewayNeigh(eth netlink.Link, s *Slot, br netlink.Link) *netlink.Neigh {
+	return &netlink.Neigh{
+		LinkIndex: eth.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: s.Gateway.AsSlice(), HardwareAddr: br.Attrs().HardwareAddr,
+	}
 }
 
 // noHostIPv6 turns IPv6 off on the host end of a slot's veth before it goes up. The
