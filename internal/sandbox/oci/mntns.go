@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -40,6 +43,28 @@ type launchNS struct {
 	cgroups []string
 	off     atomic.Bool
 	log     *slog.Logger
+
+	mu     sync.Mutex
+	tmpl   *nsTemplate   // the current template, nil when none was needed lately
+	maxAge time.Duration // templateMaxAge, but for tests
+}
+
+// templateMaxAge is how long a template serves launches. A launch copies the template's
+// namespace instead of the node's, so the copy no longer grows with the mounts of the
+// sandboxes held (the data directory and the netns directory are detached there once);
+// building one costs what each launch paid before. The template holds references to the
+// host's mounts, as every launch namespace does while its runtime runs, so it is closed
+// once this old (a launch after that builds a new one): a filesystem the host unmounts
+// is not kept alive by the node for longer than this. Mounts the host adds propagate
+// into it meanwhile (its mounts are slaves of the host's).
+const templateMaxAge = 2 * time.Second
+
+// nsTemplate is a mount namespace launches start from.
+type nsTemplate struct {
+	fd    int // its nsfs file
+	built time.Time
+	users int  // launches between acquire and put
+	stale bool // no longer handed out: closed when its last user is done
 }
 
 // The launcher's thread changes namespace and is never unlocked, so it must never be the
@@ -82,7 +107,7 @@ func newLaunchNS(dir, netnsDir string, log *slog.Logger) *launchNS {
 			return nil
 		}
 	}
-	ns := &launchNS{root: dir, log: log}
+	ns := &launchNS{root: dir, log: log, maxAge: templateMaxAge}
 	if hide, err := hostUnneededCgroupMounts(); err != nil {
 		log.Warn("oci: sandboxes join every cgroup hierarchy", "err", err)
 	} else {
@@ -134,55 +159,177 @@ func (ns *launchNS) run(cmd *exec.Cmd, dir, netns string) error {
 	return err
 }
 
-// enter moves the calling (locked) thread into a new mount namespace where the data
-// directory holds only dir's mounts, the netns directory only netns, and the cgroup root
-// only the hierarchies a sandbox needs.
+// enter moves the calling (locked) thread into a new mount namespace, a copy of the
+// current template, where the data directory holds only dir's mounts, the netns
+// directory only netns, and the cgroup root only the hierarchies a sandbox needs.
 func (ns *launchNS) enter(dir, netns string) error {
 	dir = filepath.Clean(dir)
 	if rel, err := filepath.Rel(ns.root, dir); err != nil || rel == "." || strings.HasPrefix(rel, "..") {
 		return fmt.Errorf("%s is not below %s", dir, ns.root)
 	}
-	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-		return fmt.Errorf("unshare: %w", err)
-	}
-	// Slave, so that nothing done here reaches the host (an unmount in a peer of the
-	// host's mounts would unmount them there too) while the host's later mounts still
-	// propagate here, and from here into the container as they did before.
-	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("make / a slave: %w", err)
-	}
-	moves := []struct{ path, parent string }{{dir, ns.root}}
+	paths := []string{dir}
 	if netns != "" && ns.netnsDir != "" && filepath.Dir(filepath.Clean(netns)) == ns.netnsDir {
-		moves = append(moves, struct{ path, parent string }{filepath.Clean(netns), ns.netnsDir})
+		paths = append(paths, filepath.Clean(netns))
 	}
-	trees := make([]int, 0, len(moves))
+	trees := make([]int, 0, len(paths))
 	defer func() {
 		for _, fd := range trees {
 			unix.Close(fd)
 		}
 	}()
-	// Clone first (a clone keeps the source's idmapping and stays a slave of the host's
-	// mount), then detach the directories with every sandbox's mounts, then put the
-	// clones back where they were: the directories below the detached mounts are the
-	// same ones (each mount is a bind of its own directory).
-	for _, m := range moves {
-		fd, err := unix.OpenTree(unix.AT_FDCWD, m.path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	// Clone the sandbox's mounts while still in the node's namespace, where they are.
+	for _, p := range paths {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, p, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 		if err != nil {
-			return fmt.Errorf("clone %s: %w", m.path, err)
+			return fmt.Errorf("clone %s: %w", p, err)
 		}
 		trees = append(trees, fd)
 	}
-	for _, m := range moves {
-		if err := unix.Unmount(m.parent, unix.MNT_DETACH); err != nil {
-			return fmt.Errorf("detach %s: %w", m.parent, err)
+	wd, err := os.Getwd()
+	if err != nil {
+		return fmt.Errorf("working directory: %w", err)
+	}
+	t, err := ns.acquire()
+	if err != nil {
+		return err
+	}
+	defer ns.put(t)
+	// setns into a mount namespace needs a thread whose root and working directory
+	// are its own (Go's threads share them).
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unshare fs: %w", err)
+	}
+	if err := unix.Setns(t.fd, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("enter the template: %w", err)
+	}
+	// A copy of the template, so this sandbox's mounts reach no other launch.
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare: %w", err)
+	}
+	// setns moved the thread to the namespace's root; runc is started from here.
+	if err := unix.Chdir(wd); err != nil {
+		return fmt.Errorf("back to %s: %w", wd, err)
+	}
+	for i, p := range paths {
+		if err := unix.MoveMount(trees[i], "", unix.AT_FDCWD, p, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("put %s in place: %w", p, err)
+		}
+		// A clone of a shared mount is a peer of the host's: make it a slave, so nothing
+		// done below it here reaches the host, like everything else in the template.
+		if err := unix.Mount("", p, "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("make %s a slave: %w", p, err)
 		}
 	}
-	for i, m := range moves {
-		if err := unix.MoveMount(trees[i], "", unix.AT_FDCWD, m.path, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-			return fmt.Errorf("put back %s: %w", m.path, err)
+	return nil
+}
+
+// acquire returns the current template, building one when there is none or it is older
+// than ns.maxAge. The caller puts it back once it entered it (or gave up).
+func (ns *launchNS) acquire() (*nsTemplate, error) {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	if t := ns.tmpl; t != nil && time.Since(t.built) < ns.maxAge {
+		t.users++
+		return t, nil
+	}
+	fd, err := ns.buildTemplate()
+	if err != nil {
+		return nil, err
+	}
+	if old := ns.tmpl; old != nil {
+		ns.retire(old)
+	}
+	t := &nsTemplate{fd: fd, built: time.Now(), users: 1}
+	ns.tmpl = t
+	time.AfterFunc(ns.maxAge, func() { ns.expire(t) })
+	return t, nil
+}
+
+// put ends a launch's use of t.
+func (ns *launchNS) put(t *nsTemplate) {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	t.users--
+	if t.stale && t.users == 0 {
+		unix.Close(t.fd)
+	}
+}
+
+// expire drops t if it is still the current template: its age is up, and a launch
+// after this builds a new one.
+func (ns *launchNS) expire(t *nsTemplate) {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	if ns.tmpl == t {
+		ns.tmpl = nil
+		ns.retire(t)
+	}
+}
+
+// retire stops handing t out; ns.mu is held.
+func (ns *launchNS) retire(t *nsTemplate) {
+	t.stale = true
+	if t.users == 0 {
+		unix.Close(t.fd)
+	}
+}
+
+// buildTemplate makes a template namespace and returns its nsfs file: a copy of the
+// node's, all slaves of the host's mounts (nothing done there reaches the host; unmounts
+// and mounts on the host still propagate), less the data directory, the netns directory
+// and the cgroup hierarchies no sandbox needs. Each is detached: the directories below
+// are the same ones (each mount is a bind of its own directory), now without any
+// sandbox's mounts. The namespace is made on a thread of its own that ends with it
+// (the returned file keeps it).
+func (ns *launchNS) buildTemplate() (int, error) {
+	type built struct {
+		fd  int
+		err error
+	}
+	c := make(chan built, 1)
+	go func() {
+		// Never unlocked: the thread ends with this goroutine, leaving its namespace.
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			runtime.UnlockOSThread()
+			c <- built{-1, errMainThread}
+			return
+		}
+		fd, err := ns.makeTemplate()
+		c <- built{fd, err}
+	}()
+	b := <-c
+	if b.err != nil {
+		return -1, fmt.Errorf("template: %w", b.err)
+	}
+	return b.fd, nil
+}
+
+// makeTemplate does buildTemplate's work on the calling (locked, disposable) thread.
+func (ns *launchNS) makeTemplate() (int, error) {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return -1, fmt.Errorf("unshare: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return -1, fmt.Errorf("make / a slave: %w", err)
+	}
+	detach := []string{ns.root}
+	if ns.netnsDir != "" {
+		detach = append(detach, ns.netnsDir)
+	}
+	for _, d := range detach {
+		if err := unix.Unmount(d, unix.MNT_DETACH); err != nil {
+			return -1, fmt.Errorf("detach %s: %w", d, err)
 		}
 	}
-	return hideCgroupMounts(ns.cgroups)
+	if err := hideCgroupMounts(ns.cgroups); err != nil {
+		return -1, err
+	}
+	fd, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open its namespace: %w", err)
+	}
+	return fd, nil
 }
 
 // release unmounts the data directory's bind onto itself when nothing else is mounted
@@ -193,6 +340,12 @@ func (ns *launchNS) release() error {
 	if ns == nil {
 		return nil
 	}
+	ns.mu.Lock()
+	if t := ns.tmpl; t != nil {
+		ns.tmpl = nil
+		ns.retire(t)
+	}
+	ns.mu.Unlock()
 	below, err := mountsUnder(ns.root)
 	if err != nil {
 		return fmt.Errorf("oci: release %s: %w", ns.root, err)

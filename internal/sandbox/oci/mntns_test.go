@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -113,6 +114,95 @@ func launchNSMountTable(t *testing.T, held int) {
 		if err := ns.run(exec.Command("test", "-s", filepath.Join(dir, "rootfs", "x")), dir, netns); err == nil {
 			t.Errorf("%d held: a file appeared in the sandbox's root", held)
 		}
+	}
+}
+
+// TestLaunchNSTemplate checks the template's life: launches share one until it is
+// ns.maxAge old, a sandbox mounted after it was built is still seen by its own launch
+// (its mounts come from the node's namespace at launch time), and an unused template is
+// closed.
+func TestLaunchNSTemplate(t *testing.T) {
+	sandboxes, netnsDir, ns := heldTree(t, 1)
+	ns.maxAge = time.Hour
+	mountsSeen := func(id string) string {
+		t.Helper()
+		dir := filepath.Join(sandboxes, id)
+		var out bytes.Buffer
+		cmd := exec.Command("cat", "/proc/self/mountinfo")
+		cmd.Stdout = &out
+		if err := ns.run(cmd, dir, filepath.Join(netnsDir, id)); err != nil || ns.off.Load() {
+			t.Fatalf("run for %s: %v (fell back: %v)", id, err, ns.off.Load())
+		}
+		var mine []string
+		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], sandboxes) {
+				mine = append(mine, strings.TrimPrefix(f[4], sandboxes))
+			}
+		}
+		return strings.Join(mine, " ")
+	}
+	if got := mountsSeen("s0"); got != "/s0 /s0/rootfs" {
+		t.Fatalf("s0's launch saw %q", got)
+	}
+	// The template's state, read as the launcher does (timers change it too).
+	current := func() (cur *nsTemplate, users int) {
+		ns.mu.Lock()
+		defer ns.mu.Unlock()
+		if ns.tmpl != nil {
+			users = ns.tmpl.users
+		}
+		return ns.tmpl, users
+	}
+	first, users := current()
+	if first == nil || users != 0 {
+		t.Fatalf("after a launch the template is %v with %d users, want one with none", first, users)
+	}
+	// A sandbox mounted after the template was built.
+	root := filepath.Join(sandboxes, "s9", "rootfs")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
+	nsFile := filepath.Join(netnsDir, "s9")
+	if err := os.WriteFile(nsFile, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("/proc/self/ns/net", nsFile, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(nsFile, unix.MNT_DETACH) })
+	if got := mountsSeen("s9"); got != "/s9 /s9/rootfs" {
+		t.Errorf("s9's launch saw %q, want its own root only", got)
+	}
+	if cur, _ := current(); cur != first {
+		t.Error("a second launch within maxAge built a new template")
+	}
+	// Past its age the next launch builds another, and the old one is closed.
+	ns.mu.Lock()
+	ns.maxAge = time.Millisecond
+	ns.mu.Unlock()
+	time.Sleep(2 * time.Millisecond)
+	if got := mountsSeen("s0"); got != "/s0 /s0/rootfs" {
+		t.Errorf("s0's second launch saw %q", got)
+	}
+	ns.mu.Lock()
+	stale := first.stale
+	ns.mu.Unlock()
+	if !stale {
+		t.Error("the template older than maxAge was not retired")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if cur, _ := current(); cur == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the template outlived its age")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
