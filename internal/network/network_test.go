@@ -15,6 +15,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 func needRoot(t *testing.T) {
@@ -326,8 +327,9 @@ func TestSlotConnectivityAndIsolation(t *testing.T) {
 	}
 }
 
-// checkSlotNeigh fails t unless s's eth0 has no IPv6 address and its namespace holds a
-// permanent neighbour entry for the gateway at mac.
+// checkSlotNeigh fails t unless s's eth0 has no IPv6 address, its namespace holds a
+// permanent neighbour entry for the gateway at mac, its bridge port a static forwarding
+// entry for eth0's MAC, and its bridge does no multicast snooping.
 func checkSlotNeigh(t *testing.T, s *Slot, mac net.HardwareAddr) {
 	t.Helper()
 	ns, err := netns.GetFromPath(s.NetnsPath)
@@ -346,6 +348,27 @@ func checkSlotNeigh(t *testing.T, s *Slot, mac net.HardwareAddr) {
 	}
 	if addrs, err := h.AddrList(eth, netlink.FAMILY_V6); err != nil || len(addrs) > 0 {
 		t.Errorf("%s: eth0 has IPv6 addresses %v (err %v), want none", s.Netns, addrs, err)
+	}
+	// The bridge forwards to the sandbox's MAC without learning it: no flood.
+	port, err := netlink.LinkByName(s.HostVeth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fdb, err := netlink.NeighList(port.Attrs().Index, unix.AF_BRIDGE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	static := false
+	for _, n := range fdb {
+		if n.HardwareAddr.String() == eth.Attrs().HardwareAddr.String() && n.State == netlink.NUD_NOARP && n.MasterIndex == port.Attrs().MasterIndex {
+			static = true
+		}
+	}
+	if !static {
+		t.Errorf("%s: no static forwarding entry for eth0's MAC %s in %v", s.HostVeth, eth.Attrs().HardwareAddr, fdb)
+	}
+	if !sysfsIs("/sys/class/net/"+s.Bridge+"/bridge/multicast_snooping", "0") {
+		t.Errorf("%s: multicast snooping on", s.Bridge)
 	}
 	neighs, err := h.NeighList(eth.Attrs().Index, netlink.FAMILY_V4)
 	if err != nil {

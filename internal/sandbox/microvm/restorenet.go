@@ -44,7 +44,7 @@ func (b *Backend) attachRestoredTap(ctx context.Context, slot *network.Slot, g g
 	if g.Addr.Addr() == slot.IP {
 		// The guest's own address (a resume that got its slot back): be that slot as at
 		// boot, with the guest's MAC on eth0 and in the bridge's neighbour entry.
-		if err := takeMAC(slot, br, mac); err != nil {
+		if err := takeMAC(slot, mac); err != nil {
 			return nil, err
 		}
 		return attachTap(slot)
@@ -153,9 +153,8 @@ func gatewayLink(gw netip.Addr) (netlink.Link, error) {
 	return nil, fmt.Errorf("microvm: no host interface has the gateway address %s", gw)
 }
 
-// takeMAC gives slot's eth0 the MAC mac and points the bridge's permanent neighbour entry
-// for the slot's address at it.
-func takeMAC(slot *network.Slot, br netlink.Link, mac net.HardwareAddr) error {
+// takeMAC gives slot's eth0 the MAC mac and points the host's entries for the slot at it.
+func takeMAC(slot *network.Slot, mac net.HardwareAddr) error {
 	ns, err := netns.GetFromPath(slot.NetnsPath)
 	if err != nil {
 		return fmt.Errorf("microvm: netns %s: %w", slot.Netns, err)
@@ -173,10 +172,8 @@ func takeMAC(slot *network.Slot, br netlink.Link, mac net.HardwareAddr) error {
 	if err := h.LinkSetHardwareAddr(eth, mac); err != nil {
 		return fmt.Errorf("microvm: MAC of eth0 in %s: %w", slot.Netns, err)
 	}
-	neigh := &netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
-		IP: slot.IP.AsSlice(), HardwareAddr: mac}
-	if err := netlink.NeighSet(neigh); err != nil {
-		return fmt.Errorf("microvm: neighbour entry for %s: %w", slot.IP, err)
+	if err := network.PinMAC(slot, mac); err != nil {
+		return fmt.Errorf("microvm: %w", err)
 	}
 	return nil
 }

@@ -394,6 +394,16 @@ func (b *Backend) gcLayers() error {
 	return errors.Join(errs...)
 }
 
+// onLayersIn reports whether any of lowers is a file directly in dir.
+func onLayersIn(lowers []stack.LayerRef, dir string) bool {
+	for _, l := range lowers {
+		if filepath.Dir(l.Path) == filepath.Clean(dir) {
+			return true
+		}
+	}
+	return false
+}
+
 // fsUsage is the used and total bytes of the filesystem mounted at dir.
 func fsUsage(dir string) (used, total int64) {
 	var st unix.Statfs_t

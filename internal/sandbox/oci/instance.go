@@ -169,6 +169,10 @@ func (i *Instance) Stop(ctx context.Context) error {
 			i.b.log.Debug("oci: drop the root disk's syncs", "id", i.id, "err", err)
 		}
 	}
+	// Only a root stacked on layers of the node's own (sealed by snapshots) can leave
+	// some unused: one on template layers alone cannot, and the collection walks every
+	// held root's layers (~1 ms of the stop's CPU at 1 500 held).
+	collect := blk != nil && onLayersIn(blk.Lowers(), i.b.layersDir())
 	if blk != nil {
 		// ext4, then the loop device, then FUSE and the stack: each holds the next. A
 		// filesystem still held (its mount namespace still being torn down, slow on a
@@ -195,7 +199,7 @@ func (i *Instance) Stop(ctx context.Context) error {
 		delete(i.b.instances, i.id)
 	}
 	i.b.mu.Unlock()
-	if blk != nil {
+	if collect {
 		// Layers only this root still used (sealed by its snapshots, all discarded) go.
 		errs = append(errs, i.b.gcLayers())
 	}

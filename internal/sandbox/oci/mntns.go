@@ -167,7 +167,14 @@ func (ns *launchNS) enter(dir, netns string) error {
 	if rel, err := filepath.Rel(ns.root, dir); err != nil || rel == "." || strings.HasPrefix(rel, "..") {
 		return fmt.Errorf("%s is not below %s", dir, ns.root)
 	}
-	paths := []string{dir}
+	// The sandbox's own mounts (its root, volumes' staging binds), each cloned on its
+	// own: cloning dir, a directory of the data directory's mount, made the kernel look
+	// at every mount below the data directory, every sandbox's (is_subdir for each, ~1 ms
+	// at 1 500 held). The rest of dir is the same directory in the template.
+	paths, err := findMounts(dir, walkBudget)
+	if err != nil {
+		paths = []string{dir}
+	}
 	if netns != "" && ns.netnsDir != "" && filepath.Dir(filepath.Clean(netns)) == ns.netnsDir {
 		paths = append(paths, filepath.Clean(netns))
 	}
