@@ -16,6 +16,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/apikey"
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/dataplane"
 	"github.com/aenv-dev/aenv/internal/node"
 )
 
@@ -88,6 +89,8 @@ func newLogger(cfg config.Config) *slog.Logger {
 func serve(ctx context.Context, cfg config.Config) error {
 	log := newLogger(cfg)
 	slog.SetDefault(log)
+	// Without backend.data_plane the node serves the disks itself.
+	debug.SetMaxThreads(dataplane.MaxThreads)
 	// Bind before anything is started, so a port conflict fails early; but only once a
 	// predecessor killed half-way (a zombie still holding the port and the catalog) has
 	// been cleared.

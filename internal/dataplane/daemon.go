@@ -277,4 +277,13 @@ func tuneRuntime(getenv func(string) string) {
 	if getenv("GOGC") == "" {
 		debug.SetGCPercent(dataPlaneGCPercent)
 	}
+	debug.SetMaxThreads(MaxThreads)
 }
+
+// MaxThreads is the cap on OS threads of a process serving disks (the data plane, or the
+// node without one). Every disk served keeps
+// blockdev.IdleReaders threads blocked in read(2) on its FUSE connection, so Go's
+// default cap of 10 000, which the runtime enforces by killing the process, would end
+// the data plane, and every sandbox root with it, near 5 000 disks (4 024 threads at
+// 2 000 disks measured). The kernel's own limits (threads-max, pid_max) still apply.
+const MaxThreads = 200_000

@@ -9,10 +9,11 @@ import (
 )
 
 // TestTuneRuntime: the data plane sets GOGC and GOMAXPROCS only where its environment
-// leaves them unset (an operator's setting wins).
+// leaves them unset (an operator's setting wins), and raises Go's cap on threads.
 func TestTuneRuntime(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	defer debug.SetMaxThreads(debug.SetMaxThreads(10000))
 	for _, c := range []struct {
 		name           string
 		env            map[string]string
@@ -31,6 +32,10 @@ func TestTuneRuntime(t *testing.T) {
 			}
 			if ps := runtime.GOMAXPROCS(0); ps != c.wantPs {
 				t.Errorf("GOMAXPROCS %d, want %d", ps, c.wantPs)
+			}
+			// Room for the waiting readers of 5 000 disks and more.
+			if mt := debug.SetMaxThreads(10000); mt < 5000*blockdev.IdleReaders*4 {
+				t.Errorf("max threads %d, want room for 5 000 disks' readers", mt)
 			}
 		})
 	}
