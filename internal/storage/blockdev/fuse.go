@@ -48,9 +48,13 @@ const (
 // sync.Pool that the runtime keeps reachable for a GC cycle after the server stops. At
 // 1 MiB that was 3.7 MB of buffers per sandbox lifecycle with GOMAXPROCS=2 and 6.5 MB
 // with 16, which, counted live at each GC, drove a churning node's heap goal up to
-// hundreds of MB with ~10 MB truly live. 256 KiB cuts that by 4 at no measured cost
-// (BenchmarkExt4Sequential: write within noise, uncached read faster).
-const maxWrite = 256 << 10
+// hundreds of MB with ~10 MB truly live. 256 KiB cut that by 4 at no measured cost
+// (BenchmarkExt4Sequential: write within noise, uncached read faster). 128 KiB: each
+// idle disk keeps IdleReaders request buffers resident, and what limits a node's density
+// is memory: the data plane held 0.54 instead of 0.75 MiB per idle disk (fills of 600),
+// for 2-5 % more CPU per 1 MiB O_DIRECT sequential read (BenchmarkRootIO, data plane
+// 351 against 334 µs, medians of 5; random 4 KiB I/O unchanged).
+const maxWrite = 128 << 10
 
 // IdleReaders is how many goroutines of one mount wait in read(2) on /dev/fuse or serve a
 // write at most (see requestBudget): what an idle mount keeps, each with an OS thread
