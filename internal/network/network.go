@@ -274,9 +274,12 @@ func (p *Pool) ensureBridgeNamed(name string, bits int) error {
 	// arrival and departure walk (~0.5 ms of a create and a kill at 1 000 ports), for
 	// nothing here: no querier runs, so unregistered multicast is flooded either way, and
 	// from isolated ports only to the host.
-	// (Through sysfs: netlink's RTM_NEWLINK for it is refused here with EOPNOTSUPP.)
-	if snoop := "/sys/class/net/" + name + "/bridge/multicast_snooping"; !sysfsIs(snoop, "0") {
-		if err := os.WriteFile(snoop, []byte("0"), 0o644); err != nil {
+	// (Only the one attribute: a request carrying all of the bridge's, as read, is
+	// refused with EOPNOTSUPP. Not through /sys/class/net, which shows the namespace
+	// that mounted /sys, not necessarily the node's.)
+	if b, ok := l.(*netlink.Bridge); !ok || b.MulticastSnooping == nil || *b.MulticastSnooping {
+		only := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name, Index: l.Attrs().Index}}
+		if err := netlink.BridgeSetMcastSnoop(only, false); err != nil {
 			return fmt.Errorf("network: multicast snooping off on %s: %w", name, err)
 		}
 	}

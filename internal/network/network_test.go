@@ -367,7 +367,9 @@ func checkSlotNeigh(t *testing.T, s *Slot, mac net.HardwareAddr) {
 	if !static {
 		t.Errorf("%s: no static forwarding entry for eth0's MAC %s in %v", s.HostVeth, eth.Attrs().HardwareAddr, fdb)
 	}
-	if !sysfsIs("/sys/class/net/"+s.Bridge+"/bridge/multicast_snooping", "0") {
+	if br, err := netlink.LinkByName(s.Bridge); err != nil {
+		t.Fatal(err)
+	} else if b, ok := br.(*netlink.Bridge); !ok || b.MulticastSnooping == nil || *b.MulticastSnooping {
 		t.Errorf("%s: multicast snooping on", s.Bridge)
 	}
 	neighs, err := h.NeighList(eth.Attrs().Index, netlink.FAMILY_V4)
