@@ -52,12 +52,15 @@ type launchNS struct {
 // templateMaxAge is how long a template serves launches. A launch copies the template's
 // namespace instead of the node's, so the copy no longer grows with the mounts of the
 // sandboxes held (the data directory and the netns directory are detached there once);
-// building one costs what each launch paid before. The template holds references to the
-// host's mounts, as every launch namespace does while its runtime runs, so it is closed
-// once this old (a launch after that builds a new one): a filesystem the host unmounts
-// is not kept alive by the node for longer than this. Mounts the host adds propagate
-// into it meanwhile (its mounts are slaves of the host's).
-const templateMaxAge = 2 * time.Second
+// building one costs what each launch paid before, so a burst of creates shares it. The
+// template holds references to the host's mounts, as every launch namespace does while
+// its runtime runs; where the host's mounts are private (no propagation, as on this
+// project's test hosts) an unmount on the host does not reach the copies, and a FUSE
+// server there (another node's or a microVM's disk) waits for the template to go before
+// its connection ends. So the template is closed this soon (a launch after that builds a
+// new one): the pins last about as long as a launch's own did. 2 s was too long: disks
+// closed beside a stream of creates waited past blockdev's 5 s for their server to stop.
+const templateMaxAge = 250 * time.Millisecond
 
 // nsTemplate is a mount namespace launches start from.
 type nsTemplate struct {
@@ -283,10 +286,10 @@ func (ns *launchNS) retire(t *nsTemplate) {
 
 // buildTemplate makes a template namespace and returns its nsfs file: a copy of the
 // node's, all slaves of the host's mounts (nothing done there reaches the host; unmounts
-// and mounts on the host still propagate), less the data directory, the netns directory
-// and the cgroup hierarchies no sandbox needs. Each is detached: the directories below
-// are the same ones (each mount is a bind of its own directory), now without any
-// sandbox's mounts. The namespace is made on a thread of its own that ends with it
+// and mounts on the host still propagate where the host's are shared), less the data
+// directory, the netns directory and the cgroup hierarchies no sandbox needs. Each is
+// detached: the directories below are the same ones (each mount is a bind of its own
+// directory), now without any sandbox's mounts. The namespace is made on a thread of its own that ends with it
 // (the returned file keeps it).
 func (ns *launchNS) buildTemplate() (int, error) {
 	type built struct {
