@@ -289,8 +289,8 @@ func (ns *launchNS) retire(t *nsTemplate) {
 // and mounts on the host still propagate where the host's are shared), less the data
 // directory, the netns directory and the cgroup hierarchies no sandbox needs. Each is
 // detached: the directories below are the same ones (each mount is a bind of its own
-// directory), now without any sandbox's mounts. The namespace is made on a thread of its own that ends with it
-// (the returned file keeps it).
+// directory), now without any sandbox's mounts. The namespace is made on a thread of its
+// own that ends with it (the returned file keeps it).
 func (ns *launchNS) buildTemplate() (int, error) {
 	type built struct {
 		fd  int
