@@ -60,7 +60,11 @@ type launchNS struct {
 // its connection ends. So the template is closed this soon (a launch after that builds a
 // new one): the pins last about as long as a launch's own did. 2 s was too long: disks
 // closed beside a stream of creates waited past blockdev's 5 s for their server to stop.
-const templateMaxAge = 250 * time.Millisecond
+// And with private mounts the template also misses what the node mounts after building
+// it outside the data directory (a volume's filesystem, mounted just before its
+// sandbox's launch): runc then fails to find the volume. Until the template is rebuilt
+// on such mounts, each launch builds its own (0: never reused), as before templates.
+const templateMaxAge = 0
 
 // nsTemplate is a mount namespace launches start from.
 type nsTemplate struct {
