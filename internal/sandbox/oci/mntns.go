@@ -60,11 +60,12 @@ type launchNS struct {
 // its connection ends. So the template is closed this soon (a launch after that builds a
 // new one): the pins last about as long as a launch's own did. 2 s was too long: disks
 // closed beside a stream of creates waited past blockdev's 5 s for their server to stop.
-// And with private mounts the template also misses what the node mounts after building
-// it outside the data directory (a volume's filesystem, mounted just before its
-// sandbox's launch): runc then fails to find the volume. Until the template is rebuilt
-// on such mounts, each launch builds its own (0: never reused), as before templates.
-const templateMaxAge = 0
+// With private mounts the template also misses what the host mounts after it was built,
+// so nothing a launch needs may come from there: a sandbox's own mounts are cloned in at
+// launch (enter), and volumes are staged as mounts below the sandbox's directory
+// (volumeMounts); the runtime's other sources (envd, resolv.conf) are files of the host
+// that outlive templates.
+const templateMaxAge = 250 * time.Millisecond
 
 // nsTemplate is a mount namespace launches start from.
 type nsTemplate struct {

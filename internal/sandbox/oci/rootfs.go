@@ -54,16 +54,18 @@ func idmappedBind(src, dst string, userns int) error {
 }
 
 // idmappedBindAttr is idmappedBind with the mount attributes set (MOUNT_ATTR_IDMAP, plus
-// MOUNT_ATTR_RDONLY for a read-only view).
+// MOUNT_ATTR_RDONLY for a read-only view); with none set it is a plain recursive bind.
 func idmappedBindAttr(src, dst string, userns int, set uint64) error {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
 		return fmt.Errorf("oci: open_tree %s: %w", src, err)
 	}
 	defer unix.Close(fd)
-	attr := &unix.MountAttr{Attr_set: set, Userns_fd: uint64(userns)}
-	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
-		return fmt.Errorf("oci: idmap %s: %w", src, err)
+	if set != 0 {
+		attr := &unix.MountAttr{Attr_set: set, Userns_fd: uint64(userns)}
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
+			return fmt.Errorf("oci: idmap %s: %w", src, err)
+		}
 	}
 	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("oci: move_mount %s: %w", dst, err)
