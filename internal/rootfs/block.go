@@ -167,6 +167,10 @@ func Open(ctx context.Context, spec Spec) (b *Block, err error) {
 	if err := mountExt4(b.loop.Path(), spec.Target, spec.UserNS); err != nil {
 		return b, err
 	}
+	// The mount holds the device now; this process's descriptor would only be copied
+	// into every child it starts (see blockdev.HeldLoop).
+	b.loop.Release()
+	b.loop = blockdev.HeldLoop(b.loop.Path())
 	return b, nil
 }
 
@@ -195,12 +199,8 @@ func Adopt(disk ServedDisk, target string, mounts blockdev.Mounts) (*Block, erro
 	if backing != disk.Path() {
 		return nil, fmt.Errorf("rootfs: adopt %s: %s is backed by %q, not the disk's %s", target, dev, backing, disk.Path())
 	}
-	loop, err := blockdev.OpenLoop(dev)
-	if err != nil {
-		return nil, fmt.Errorf("rootfs: adopt %s: %w", target, err)
-	}
+	loop := blockdev.HeldLoop(dev)
 	if err := blockdev.Thaw(target); err != nil {
-		loop.Release()
 		return nil, fmt.Errorf("rootfs: adopt %s: %w", target, err)
 	}
 	b := &Block{dir: disk.Dir(), disk: disk, loop: loop, target: target, log: slog.Default()}
@@ -253,7 +253,8 @@ func (b *Block) Abandon() {
 	b.disk, b.undirty = nil, nil
 }
 
-// Close unmounts the filesystem, detaches the loop device, and stops serving the stack.
+// Close unmounts the filesystem, which lets the loop device detach itself (autoclear),
+// and stops serving the stack.
 // It is idempotent; the upper's files are left for the caller to remove.
 func (b *Block) Close() error {
 	var errs []error

@@ -186,6 +186,39 @@ func TestGrow(t *testing.T) {
 	}
 }
 
+// TestLoopNotHeld checks that a mounted root leaves no descriptor on its loop device in
+// this process (every child the node starts would copy it and close it again at exec),
+// and that Close still leaves the device detached: the unmount lets autoclear do it.
+func TestLoopNotHeld(t *testing.T) {
+	needBlock(t)
+	dir := t.TempDir()
+	base := baseLayer(t, dir, 32, map[string]string{"f": "x"})
+	target := filepath.Join(dir, "s", "root")
+	b, err := Open(context.Background(), Spec{Dir: filepath.Join(dir, "s"), Lowers: []stack.LayerRef{base}, Target: target, UserNS: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := b.Device()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		if l, _ := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); l == dev {
+			t.Errorf("fd %s holds %s after Open", fd.Name(), dev)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(target, "f2"), []byte("y"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if bf, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file")); err == nil && strings.Contains(string(bf), dir) {
+		t.Fatalf("loop %s still attached to %s after Close", dev, bf)
+	}
+}
+
 // TestSweep drops an open root without closing it (as a crash does) and checks Sweep
 // leaves no ext4 mount, loop device or FUSE mount.
 func TestSweep(t *testing.T) {

@@ -117,15 +117,12 @@ func (l *Loop) Detach() error {
 	return nil
 }
 
-// OpenLoop returns an attached loop device (another process attached it, e.g. a node
-// before its restart), so Detach can release it.
-func OpenLoop(dev string) (*Loop, error) {
-	f, err := os.OpenFile(dev, os.O_RDWR, 0)
-	if err != nil {
-		return nil, fmt.Errorf("blockdev: %w", err)
-	}
-	return &Loop{path: dev, f: f}, nil
-}
+// HeldLoop is a loop device that something else holds attached, a filesystem mounted
+// from it typically: this process keeps no descriptor on it, so Detach does nothing and
+// autoclear detaches the device once its last holder lets go. Every descriptor a process
+// holds is copied into each child it starts and closed again by the child's exec, so a
+// node that kept one per mounted root paid for all of them on every `runc` it ran.
+func HeldLoop(dev string) *Loop { return &Loop{path: dev} }
 
 // Release lets go of the device without detaching it.
 func (l *Loop) Release() {
