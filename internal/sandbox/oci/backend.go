@@ -52,6 +52,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/steptime"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
+	"golang.org/x/sys/unix"
 )
 
 // ErrUnsupported is returned for operations this backend cannot do for a sandbox (a
@@ -507,6 +508,9 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		if userns, err = b.usernsFDs.get(*m); err != nil {
 			return err
 		}
+		// Only the id-mapped mounts below use it; the container's own namespace,
+		// with the same mapping, is kept when it stops (usernsCache.keeper).
+		defer unix.Close(userns)
 	}
 	inst.idmap = m
 	if err := b.saveState(inst, o.lower, len(o.layers) > 0, o.allowInternet); err != nil {

@@ -158,7 +158,7 @@ func (i *Instance) Stop(ctx context.Context) error {
 	i.stopped = true
 	i.mu.Unlock()
 	t0 := time.Now()
-	rmErr := i.b.removeContainer(ctx, i.cid, i.l)
+	rmErr := i.b.removeContainer(ctx, i.cid, i.l, i.idmap)
 	errs := []error{rmErr, removeCgroups(i.b.cgroupsPath(i.cid), i.b.v2)}
 	t1 := time.Now()
 	if blk != nil && rmErr == nil {

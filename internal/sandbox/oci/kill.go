@@ -29,8 +29,9 @@ var errNoInit = errors.New("oci: no live init")
 // 100 ms on every kill and pause to disk; a pidfd tells us at once. The init is found
 // from its pid file and checked to be in the container's cgroup (relCgroup), so a reused
 // pid is never signalled. The cgroup is thawed first: a frozen process does not die.
-// errNoInit means there was nothing to kill.
-func killInit(pidFile, relCgroup string, v2 bool) error {
+// errNoInit means there was nothing to kill. lastLook, when not nil, is called with the
+// init's pid and pidfd once it is known to be the container's, just before the signal.
+func killInit(pidFile, relCgroup string, v2 bool, lastLook func(pid, pidfd int)) error {
 	raw, err := os.ReadFile(pidFile)
 	if errors.Is(err, os.ErrNotExist) {
 		return errNoInit
@@ -54,6 +55,9 @@ func killInit(pidFile, relCgroup string, v2 bool) error {
 	in, err := inCgroup(pid, relCgroup)
 	if err != nil || !in {
 		return errNoInit
+	}
+	if lastLook != nil {
+		lastLook(pid, fd)
 	}
 	for _, d := range cgroupDirs(relCgroup, v2) {
 		thaw(d)
@@ -113,8 +117,8 @@ func thaw(dir string) {
 
 // removeContainer kills the container's processes and deletes it: killInit and a plain
 // delete when that works, else the runtime's forced delete. A missing container is fine.
-func (b *Backend) removeContainer(ctx context.Context, cid string, l layout) error {
-	err := killInit(l.pid(), b.cgroupsPath(cid), b.v2)
+func (b *Backend) removeContainer(ctx context.Context, cid string, l layout, m *idMap) error {
+	err := killInit(l.pid(), b.cgroupsPath(cid), b.v2, b.usernsFDs.keeper(m))
 	if err == nil || errors.Is(err, errNoInit) {
 		derr := b.deleteDead(ctx, cid)
 		if derr == nil {

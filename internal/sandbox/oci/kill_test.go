@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -88,7 +89,7 @@ func TestKillInit(t *testing.T) {
 	v2 := unifiedOnly()
 	t.Run("running", func(t *testing.T) {
 		cmd, pidFile, rel := startInCgroup(t, v2)
-		if err := killInit(pidFile, rel, v2); err != nil {
+		if err := killInit(pidFile, rel, v2, nil); err != nil {
 			t.Fatal(err)
 		}
 		st := waitExit(cmd)
@@ -101,7 +102,7 @@ func TestKillInit(t *testing.T) {
 		if !freeze(rel, v2) {
 			t.Skip("no freezer")
 		}
-		if err := killInit(pidFile, rel, v2); err != nil {
+		if err := killInit(pidFile, rel, v2, nil); err != nil {
 			t.Fatal(err)
 		}
 		if st := waitExit(cmd); st == nil {
@@ -111,7 +112,7 @@ func TestKillInit(t *testing.T) {
 	t.Run("pid of another cgroup is left alone", func(t *testing.T) {
 		cmd, pidFile, _ := startInCgroup(t, v2)
 		other := fmt.Sprintf("/%s/kill-other-%d", testCgroup, os.Getpid())
-		if err := killInit(pidFile, other, v2); !errors.Is(err, errNoInit) {
+		if err := killInit(pidFile, other, v2, nil); !errors.Is(err, errNoInit) {
 			t.Fatalf("killInit of a pid outside the cgroup = %v, want errNoInit", err)
 		}
 		if err := unix.Kill(cmd.Process.Pid, 0); err != nil {
@@ -122,12 +123,12 @@ func TestKillInit(t *testing.T) {
 		cmd, pidFile, rel := startInCgroup(t, v2)
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		if err := killInit(pidFile, rel, v2); !errors.Is(err, errNoInit) {
+		if err := killInit(pidFile, rel, v2, nil); !errors.Is(err, errNoInit) {
 			t.Fatalf("killInit of a reaped process = %v, want errNoInit", err)
 		}
 	})
 	t.Run("no pid file", func(t *testing.T) {
-		if err := killInit(filepath.Join(t.TempDir(), "none"), "/x", v2); !errors.Is(err, errNoInit) {
+		if err := killInit(filepath.Join(t.TempDir(), "none"), "/x", v2, nil); !errors.Is(err, errNoInit) {
 			t.Fatalf("killInit without a pid file = %v, want errNoInit", err)
 		}
 	})
@@ -135,13 +136,16 @@ func TestKillInit(t *testing.T) {
 		for _, content := range []string{"", "abc", "1", "-5"} {
 			p := filepath.Join(t.TempDir(), "pid")
 			os.WriteFile(p, []byte(content), 0o600)
-			if err := killInit(p, "/x", v2); err == nil || errors.Is(err, errNoInit) {
+			if err := killInit(p, "/x", v2, nil); err == nil || errors.Is(err, errNoInit) {
 				t.Errorf("killInit with pid file %q = %v, want a parse error", content, err)
 			}
 		}
 	})
 }
 
+// TestUsernsCache checks get and put: a get makes a namespace with the mapping asked for
+// unless one was put back for it, which it then takes; the cache owns what was put and
+// closes it with itself.
 func TestUsernsCache(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (user namespaces with arbitrary mappings)")
@@ -153,28 +157,69 @@ func TestUsernsCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fa2, err := c.get(a)
-	if err != nil || fa2 != fa {
-		t.Fatalf("second get of one mapping = %d, %v; want the cached fd %d", fa2, err, fa)
+	// The namespace has the mapping asked for.
+	pid, pidfd := inUserns(t, fa)
+	if !mapsAre(pid, a) || mapsAre(pid, b) {
+		t.Fatalf("namespace for %+v: uid_map of a process in it does not match", a)
 	}
+	unix.Close(pidfd)
+	fa2, err := c.get(a)
+	if err != nil || fa2 == fa || c.made != 2 {
+		t.Fatalf("second get of one mapping with nothing put back = %d, %v after %d forks; want a new fd (not %d) from a second fork", fa2, err, c.made, fa)
+	}
+	unix.Close(fa2)
+	c.put(a, fa)
+	if got, err := c.get(a); err != nil || got != fa || c.made != 2 {
+		t.Fatalf("get after a put = %d, %v after %d forks; want the fd put, %d, without a fork", got, err, c.made, fa)
+	}
+	c.put(a, fa)
 	fb, err := c.get(b)
 	if err != nil || fb == fa {
 		t.Fatalf("get of another mapping = %d, %v; want a new fd", fb, err)
 	}
-	// The namespace has the mapping asked for.
-	var st unix.Stat_t
-	if err := unix.Fstat(fa, &st); err != nil {
-		t.Fatal(err)
-	}
+	unix.Close(fb)
 	if err := c.close(); err != nil {
 		t.Fatal(err)
 	}
+	var st unix.Stat_t
 	if err := unix.Fstat(fa, &st); !errors.Is(err, unix.EBADF) {
-		t.Fatalf("fd still open after close: %v", err)
+		t.Fatalf("fd put back still open after close: %v", err)
 	}
 	if _, err := c.get(a); err == nil {
 		t.Fatal("get after close succeeded")
 	}
+}
+
+// inUserns starts a process in the user namespace fd and returns its pid and pidfd.
+func inUserns(t *testing.T, fd int) (pid, pidfd int) {
+	t.Helper()
+	// nsenter joins the namespace (a Go child cannot setns into a user namespace
+	// before exec), then sleep holds it while the test reads the maps.
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(dup), "userns") // the child's fd 3
+	defer f.Close()
+	cmd := exec.Command("nsenter", "--user=/proc/self/fd/3", "sleep", "30")
+	cmd.ExtraFiles = []*os.File{f}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("nsenter: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	pidfd, err = unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait for the exec of sleep: the maps are those of nsenter's namespace until then.
+	for range 500 {
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid)); strings.TrimSpace(string(b)) == "sleep" {
+			return cmd.Process.Pid, pidfd
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatal("nsenter did not exec sleep")
+	return 0, 0
 }
 
 func TestSealedCopy(t *testing.T) {

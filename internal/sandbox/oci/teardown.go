@@ -26,9 +26,9 @@ func (i *Instance) StopAfterCapture(ctx context.Context) error {
 		return nil // stopped already: nothing runs
 	}
 	i.mu.Lock()
-	cid, l := i.cid, i.l
+	cid, l, m := i.cid, i.l, i.idmap
 	i.mu.Unlock()
-	err := killInit(l.pid(), i.b.cgroupsPath(cid), i.b.v2)
+	err := killInit(l.pid(), i.b.cgroupsPath(cid), i.b.v2, i.b.usernsFDs.keeper(m))
 	if err != nil && !errors.Is(err, errNoInit) {
 		i.b.log.Warn("oci: kill for a background teardown failed; stopping in the foreground", "id", i.id, "err", err)
 		return i.Stop(ctx)

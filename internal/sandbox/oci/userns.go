@@ -3,18 +3,29 @@ package oci
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
 )
 
-// usernsCache keeps one user namespace fd per id mapping, for the id-mapped mounts of
+// maxKeptUserns bounds the user namespaces kept for free slots: past it a stopped
+// sandbox's namespace is let go, and a later create on its slot makes one again.
+const maxKeptUserns = 1024
+
+// usernsCache hands out user namespace fds per id mapping, for the id-mapped mounts of
 // sandbox roots. Making one forks the node process (Go cannot unshare a user namespace in
 // a multithreaded process, and a fork with CLONE_NEWUSER copies every page table of this
-// large process): 5 % of the node's CPU in a 16-way create. A namespace without processes
-// is only a mapping, and every sandbox of a slot index has the same mapping, so each is
-// made once and reused. The container's own user namespace is still made by the runtime
-// from the spec's mappings; these fds never reach a sandbox.
+// large process: ~1.4 ms of CPU per create with a few sandboxes held, ~2.8 ms at 1 500),
+// so a namespace is reused: every sandbox of a slot index has the same mapping, and its
+// own container runs in a user namespace with exactly that mapping, made by the runtime
+// from the spec. When a sandbox stops, its init's namespace is kept (keeper) for the next
+// create on that slot, which takes it (get); only a slot never used before, or whose last
+// sandbox's init was already gone, costs a fork. The cache holds namespaces of free
+// slots only: one held per running sandbox, as before, was a descriptor per sandbox in
+// the node, which every process the node starts copies and closes again at exec. These
+// fds never reach a sandbox.
 //
 // Making is serialized: Go's child for a user namespace waits on a pipe for its id maps,
 // and two such forks in flight hold each other's pipe open, so a node killed between them
@@ -23,39 +34,92 @@ import (
 type usernsCache struct {
 	making sync.Mutex
 	mu     sync.Mutex
-	fds    map[idMap]int
+	fds    map[idMap]int // nil once closed
+	made   int           // namespaces made by a fork, for tests
 }
 
 func newUsernsCache() *usernsCache { return &usernsCache{fds: map[idMap]int{}} }
 
-// get returns the fd of a user namespace with mapping m, owned by the cache (callers do
-// not close it).
+// get returns an fd of a user namespace with mapping m, which the caller closes.
 func (c *usernsCache) get(m idMap) (int, error) {
 	c.mu.Lock()
+	if c.fds == nil {
+		c.mu.Unlock()
+		return -1, errors.New("oci: backend closed")
+	}
 	fd, ok := c.fds[m]
+	delete(c.fds, m)
 	c.mu.Unlock()
 	if ok {
 		return fd, nil
 	}
 	c.making.Lock()
+	defer c.making.Unlock()
 	fd, err := usernsFD(m)
-	c.making.Unlock()
-	if err != nil {
-		return -1, err
+	if err == nil {
+		c.mu.Lock()
+		c.made++
+		c.mu.Unlock()
 	}
+	return fd, err
+}
+
+// put keeps fd, a user namespace with mapping m, for the next get of m; the cache owns
+// it from here.
+func (c *usernsCache) put(m idMap, fd int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.fds == nil {
+	if _, dup := c.fds[m]; c.fds == nil || dup || len(c.fds) >= maxKeptUserns {
 		unix.Close(fd)
-		return -1, errors.New("oci: backend closed")
-	}
-	if prev, ok := c.fds[m]; ok {
-		// Made concurrently by another launch: keep one.
-		unix.Close(fd)
-		return prev, nil
+		return
 	}
 	c.fds[m] = fd
-	return fd, nil
+}
+
+// keeper returns killInit's last look for a sandbox whose user namespace has mapping m
+// (nil for none): it keeps the init's user namespace when it still is the one the
+// runtime made, with exactly the mapping m. The sandbox's processes can make nested user
+// namespaces, and its init too; one of those, with another mapping, must never reach
+// the next sandbox on the slot.
+func (c *usernsCache) keeper(m *idMap) func(pid, pidfd int) {
+	if m == nil {
+		return nil
+	}
+	want := *m
+	return func(pid, pidfd int) {
+		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return
+		}
+		// The maps are read after the open, so a namespace the init entered after it
+		// fails the check too; and the pidfd shows the init still alive after both, so
+		// the pid named the same process throughout.
+		if !mapsAre(pid, want) || exited(pidfd) {
+			unix.Close(fd)
+			return
+		}
+		c.put(want, fd)
+	}
+}
+
+// mapsAre reports whether process pid's user namespace maps ids exactly as m does, for
+// users and for groups, as seen from the node's namespace.
+func mapsAre(pid int, m idMap) bool {
+	want := fmt.Sprintf("0 %d %d", m.HostID, m.Size)
+	for _, f := range []string{"uid_map", "gid_map"} {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, f))
+		if err != nil || strings.Join(strings.Fields(string(raw)), " ") != want {
+			return false
+		}
+	}
+	return true
+}
+
+// exited reports whether the process of pidfd has exited (its pidfd is readable then).
+func exited(pidfd int) bool {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err != nil || n > 0
 }
 
 // close closes every fd; get fails afterwards.
