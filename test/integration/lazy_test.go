@@ -36,9 +36,6 @@ func startPair(t testing.TB, env ...string) *lazyPair {
 	}
 	na := uniqueNet(t)
 	nb := uniqueNet(t)
-	for nb.prefix == na.prefix {
-		nb = uniqueNet(t)
-	}
 	p := &lazyPair{repo: repo, nets: []nodeNet{na, nb}}
 	// Registered first, so it runs last: after each node was killed and swept.
 	t.Cleanup(func() {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -91,27 +92,60 @@ func newNode(t testing.TB, env ...string) *node {
 
 // uniqueNet picks network and cgroup names no other node on the host uses: a node's
 // startup sweep removes every slot, nftables table and cgroup of its names it does not
-// know, so nodes sharing names would remove each other's sandboxes.
+// know, so nodes sharing names would remove each other's sandboxes. A name is held by a
+// lock on a file under netNameLocks until the test's cleanups are done, so two nodes
+// prepared before either made its bridge (two in one test, or tests in two packages) never
+// get the same one; the kernel drops the lock of a test process that dies.
 func uniqueNet(t testing.TB) nodeNet {
 	t.Helper()
-	for range 100 {
+	if err := os.MkdirAll(netNameLocks, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for range 1000 {
 		var b [1]byte
 		if _, err := rand.Read(b[:]); err != nil {
 			t.Fatal(err)
 		}
 		k := int(b[0])
 		name := fmt.Sprintf("ait%d", k)
-		if _, err := os.Stat("/sys/class/net/" + name); err == nil {
-			continue // a bridge of that name: another node's
-		}
-		if len(aenvNetns(name)) > 0 {
+		lock, ok := lockNetName(t, name)
+		if !ok {
 			continue
 		}
+		if _, err := os.Stat("/sys/class/net/" + name); err == nil || len(aenvNetns(name)) > 0 {
+			lock.Close() // a bridge or namespaces of that name: a node outside the tests'
+			continue
+		}
+		// Registered before the node's own cleanups, so it runs after them: the name stays
+		// held until its node was killed and its names torn down.
+		t.Cleanup(func() { lock.Close() })
 		return nodeNet{bridge: name, prefix: name, subnet: fmt.Sprintf("10.95.%d.0/24", k),
 			cgroup: fmt.Sprintf("aenv-it/%d-%d", os.Getpid(), k)}
 	}
 	t.Fatal("no free network names for a test node")
 	return nodeNet{}
+}
+
+// netNameLocks holds one lock file per test node name.
+const netNameLocks = "/run/aenv-it-names"
+
+// lockNetName takes the host-wide lock of a test node name without waiting; ok is false
+// when another node (in this process or another) holds it.
+func lockNetName(t testing.TB, name string) (*os.File, bool) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(netNameLocks, name), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// flock locks belong to the open file, so a second open in this process conflicts too.
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, false
+		}
+		t.Fatalf("lock test node name %s: %v", name, err)
+	}
+	return f, true
 }
 
 func randHex(n int) string {
