@@ -136,6 +136,12 @@ func (o *Orchestrator) revive(ctx context.Context, operation string, e *entry) (
 	o.mu.Lock()
 	inst, ps, rec := e.inst, e.paused, e.clone()
 	o.mu.Unlock()
+	if c != nil || inst == nil {
+		// A new instance: a capture of the start command's output still running reads the
+		// old one's dead stream and may not have noticed yet; left, it would keep
+		// reattachStartCommand from attaching to the new one.
+		o.logs.stopFollowingOf(rec.ID)
+	}
 	if c != nil {
 		plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: rec.ID, RootFS: rec.Launch.RootFS,
 			Resources: rec.Resources, AllowInternet: rec.AllowInternet, Snapshot: c, ColdBoot: true, Mounts: rec.Launch.Mounts}
@@ -154,6 +160,7 @@ func (o *Orchestrator) revive(ctx context.Context, operation string, e *entry) (
 		o.mu.Lock()
 		e.inst = nil
 		o.mu.Unlock()
+		o.logs.stopFollowingOf(rec.ID)
 	}
 	err = o.m.timeStage(operation, stageDecode, func() (err error) {
 		if ps == nil {

@@ -405,6 +405,17 @@ func (s *logStore) stopFollowing() {
 	}
 }
 
+// stopFollowingOf stops the output capture of id, if any: the stream it reads belongs to
+// an instance that is gone.
+func (s *logStore) stopFollowingOf(id string) {
+	b := s.buf(id)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.follow != nil {
+		b.follow()
+	}
+}
+
 // streamClient reaches envd for long-lived streams: the envd client's overall timeout
 // would cut them after seconds.
 func (o *Orchestrator) streamClient() *http.Client {

@@ -179,10 +179,14 @@ func TestStartCommandReattachGone(t *testing.T) {
 	sb := h.create(CreateRequest{TemplateID: "web", Timeout: time.Hour})
 	pauseAndResume(t, h, sb.ID)
 	// The fake envd of the resumed instance knows no process: the attach is refused.
-	eventually(t, "gone logged", func() bool {
+	gone := func() bool {
 		es, err := h.o.Logs(ctx, sb.ID, LogQuery{Search: msgStartCmdGone})
 		return err == nil && len(es) == 1
-	})
+	}
+	if !waitUntil(5*time.Second, gone) {
+		all, err := h.o.Logs(ctx, sb.ID, LogQuery{})
+		t.Fatalf("the start command was not logged as gone; the sandbox's logs (%v):\n%+v", err, all)
+	}
 	if c := h.inst(sb.ID).Envd().Connects(); len(c) != 1 || c[0].Pid != 1 {
 		t.Fatalf("connects = %+v, want one by pid 1", c)
 	}
