@@ -28,10 +28,14 @@ const (
 	socketName = "dp.sock"
 	lockName   = "dp.lock"
 	logName    = "dataplane.log"
+	fuseName   = "fuse"
 )
 
 // SocketPath is the socket of the data plane whose directory is dir.
 func SocketPath(dir string) string { return filepath.Join(dir, socketName) }
+
+// FUSEDir is where the data plane whose directory is dir serves its disks' device files.
+func FUSEDir(dir string) string { return filepath.Join(dir, fuseName) }
 
 // ErrRunning means another data plane already serves dir.
 var ErrRunning = errors.New("dataplane: another data plane serves this directory")
@@ -74,6 +78,14 @@ func Run(ctx context.Context, dir, build string, log *slog.Logger) error {
 	}
 	_ = os.Chmod(sock, 0o600)
 	srv := NewServer(build, log)
+	srv.FUSEDir = FUSEDir(dir)
+	// Mounted now, not at the first disk: a dead predecessor's mount there is detached at
+	// once, not left in the mount table until a disk is opened.
+	if _, err := srv.sharedFiles(ctx); err != nil {
+		ln.Close()
+		os.Remove(sock)
+		return err
+	}
 	sctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sigs := make(chan os.Signal, 4)

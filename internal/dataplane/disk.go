@@ -30,7 +30,7 @@ import (
 const (
 	upperData  = "upper.data"
 	upperIndex = "upper.index"
-	exposeDir  = "blk" // the FUSE mount point is blk/fuse, its file blk/fuse/disk
+	exposeDir  = "blk" // a disk's own FUSE mount point is blk/fuse, its file blk/fuse/disk
 )
 
 // DefaultMaxDirty is the upper growth the flusher lets build up before it starts
@@ -65,9 +65,6 @@ func (s Spec) Validate() error {
 	return nil
 }
 
-// FilePath is the device file of the disk in dir.
-func FilePath(dir string) string { return filepath.Join(dir, exposeDir, "fuse", blockdev.FileName) }
-
 // UpperBytes is the size of the upper's data file of the disk in dir (what it wrote since
 // its last snapshot, plus headers).
 func UpperBytes(dir string) int64 {
@@ -80,10 +77,10 @@ func UpperBytes(dir string) int64 {
 
 // Disk is one served stack. All methods are safe for concurrent use.
 type Disk struct {
-	spec  Spec
-	st    *stack.Stack
-	mount *blockdev.Mount
-	log   *slog.Logger
+	spec Spec
+	st   *stack.Stack
+	file servedFile
+	log  *slog.Logger
 
 	// wrote wakes the flusher: the FUSE file was written to (see notifying).
 	wrote chan struct{}
@@ -103,11 +100,29 @@ type Options struct {
 	Resolver stack.Resolver
 	// Lowers, when set, shares the lower layers with the other disks opened with it.
 	Lowers *stack.Lowers
-	Log    *slog.Logger
+	// Files, when set, serves the disk as a file of that shared mount; otherwise the disk
+	// mounts a filesystem of its own in its directory.
+	Files *blockdev.Files
+	Log   *slog.Logger
 }
 
+// servedFile is how a disk's device file is served: a file of a shared mount
+// (*blockdev.File) or a mount of its own (*blockdev.Mount).
+type servedFile interface {
+	Path() string
+	// Close stops serving the file once its users let go; blockdev.ErrStillInUse when
+	// they did not within a few seconds (Done says when they do).
+	Close() error
+	Done() <-chan struct{}
+}
+
+var (
+	_ servedFile = (*blockdev.File)(nil)
+	_ servedFile = (*blockdev.Mount)(nil)
+)
+
 // OpenDisk opens the stack of spec (creating an empty upper in spec.Dir when there is
-// none), serves it through FUSE at FilePath(spec.Dir) and starts its flusher.
+// none), serves it through FUSE (see Options.Files) and starts its flusher.
 func OpenDisk(ctx context.Context, spec Spec, o Options) (d *Disk, err error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
@@ -130,11 +145,15 @@ func OpenDisk(ctx context.Context, spec Spec, o Options) (d *Disk, err error) {
 		return nil, fmt.Errorf("dataplane: open stack: %w", err)
 	}
 	d = &Disk{spec: spec, st: st, log: log, wrote: make(chan struct{}, 1)}
-	mnt, err := blockdev.MountFile(ctx, filepath.Join(spec.Dir, exposeDir, "fuse"), notifying{st, d.wrote}, blockdev.MountOptions{})
+	dev := notifying{st, d.wrote}
+	if o.Files != nil {
+		d.file, err = o.Files.Add(ctx, dev)
+	} else {
+		d.file, err = blockdev.MountFile(ctx, filepath.Join(spec.Dir, exposeDir, "fuse"), dev, blockdev.MountOptions{})
+	}
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("dataplane: %w", err), st.Close())
 	}
-	d.mount = mnt
 	if spec.MaxDirty == 0 {
 		d.spec.MaxDirty = DefaultMaxDirty
 	}
@@ -147,7 +166,7 @@ func OpenDisk(ctx context.Context, spec Spec, o Options) (d *Disk, err error) {
 func (d *Disk) Dir() string { return d.spec.Dir }
 
 // Path is the device file a loop device or a VMM opens.
-func (d *Disk) Path() string { return d.mount.Path() }
+func (d *Disk) Path() string { return d.file.Path() }
 
 // Size is the device size in bytes.
 func (d *Disk) Size() int64 { return d.st.Size() }
@@ -163,21 +182,21 @@ func (d *Disk) DropSyncs() error {
 	return nil
 }
 
-// Close stops the flusher, unmounts FUSE (whatever attached the file must have let go of
-// it: a busy mount is detached lazily and blockdev.ErrStillInUse returned, the stack then
-// closing when its last user lets go) and closes the stack. The
+// Close stops the flusher, stops serving the device file (whatever attached the file must
+// have let go of it: otherwise blockdev.ErrStillInUse is returned, the stack then closing
+// when its last user lets go) and closes the stack. The
 // upper's files stay in Dir. Idempotent.
 func (d *Disk) Close() error {
 	d.closeOnce.Do(func() {
 		close(d.stopSync)
 		<-d.synced
-		err := d.mount.Close()
+		err := d.file.Close()
 		if errors.Is(err, blockdev.ErrStillInUse) {
 			// The last user of the device (a filesystem whose mount namespace is still
 			// being torn down) keeps being served; the stack closes when it lets go.
 			d.log.Warn("dataplane: disk still held after its unmount; it closes when released", "dir", d.spec.Dir)
 			go func() {
-				<-d.mount.Done()
+				<-d.file.Done()
 				if err := d.st.Close(); err != nil {
 					d.log.Error("dataplane: close a released disk", "dir", d.spec.Dir, "err", err)
 				}

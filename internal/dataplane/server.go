@@ -25,6 +25,10 @@ type Server struct {
 	// Build names the binary (its version), for Stats and the node's logs.
 	Build string
 	Log   *slog.Logger
+	// FUSEDir, when set, is where the server mounts the one FUSE filesystem that serves
+	// all its disks (see blockdev.Files), at the first disk; empty gives each disk a mount
+	// of its own.
+	FUSEDir string
 
 	// lowers are the lower layers open, shared by the disks using them.
 	lowers *stack.Lowers
@@ -35,6 +39,9 @@ type Server struct {
 	started time.Time
 	stop    chan struct{}
 	once    sync.Once
+
+	filesMu sync.Mutex
+	files   *blockdev.Files
 }
 
 type served struct {
@@ -97,7 +104,31 @@ func (s *Server) Close() error {
 	for _, d := range disks {
 		errs = append(errs, d.d.Close())
 	}
+	s.filesMu.Lock()
+	defer s.filesMu.Unlock()
+	if s.files != nil {
+		errs = append(errs, s.files.Close())
+		s.files = nil
+	}
 	return errors.Join(errs...)
+}
+
+// sharedFiles is the shared mount of FUSEDir, mounted at the first call; nil without
+// FUSEDir.
+func (s *Server) sharedFiles(ctx context.Context) (*blockdev.Files, error) {
+	if s.FUSEDir == "" {
+		return nil, nil
+	}
+	s.filesMu.Lock()
+	defer s.filesMu.Unlock()
+	if s.files == nil {
+		f, err := blockdev.ServeFiles(ctx, s.FUSEDir)
+		if err != nil {
+			return nil, fmt.Errorf("dataplane: %w", err)
+		}
+		s.files = f
+	}
+	return s.files, nil
 }
 
 // NumDisks is how many disks are served.
@@ -230,7 +261,12 @@ func (s *Server) open(spec Spec) (Info, error) {
 	s.opening[spec.Dir] = true
 	s.mu.Unlock()
 	// Not bound to the request: a node that dies meanwhile finds the disk in the list.
-	d, err := OpenDisk(context.Background(), spec, Options{Lowers: s.lowers, Log: s.Log})
+	ctx := context.Background()
+	files, err := s.sharedFiles(ctx)
+	var d *Disk
+	if err == nil {
+		d, err = OpenDisk(ctx, spec, Options{Lowers: s.lowers, Files: files, Log: s.Log})
+	}
 	s.mu.Lock()
 	delete(s.opening, spec.Dir)
 	var sv *served

@@ -116,8 +116,8 @@ func (dp *nodeDataPlane) stopIfIdle(ctx context.Context) {
 	dataplane.RemoveCgroupWhenEmpty(ctx, dp.opts.Cgroup, 5*time.Second)
 }
 
-// dataPlaneDirs lists the disk directories a data plane serves for dataDir, without
-// starting one; nil when none answers.
+// dataPlaneDirs lists the disk directories a data plane serves for dataDir and the
+// mount it serves their files from, without starting one; nil when none answers.
 func dataPlaneDirs(ctx context.Context, dataDir string) []string {
 	abs, err := filepath.Abs(dataDir)
 	if err != nil {
@@ -129,11 +129,11 @@ func dataPlaneDirs(ctx context.Context, dataDir string) []string {
 	if err != nil {
 		return nil
 	}
-	dirs := make([]string, len(list))
+	dirs := make([]string, len(list), len(list)+1)
 	for i, d := range list {
 		dirs[i] = d.Dir
 	}
-	return dirs
+	return append(dirs, dataplane.FUSEDir(dataPlaneDir(abs)))
 }
 
 // dataPlaneUser is a backend whose sandboxes' root disks the data plane serves (the OCI

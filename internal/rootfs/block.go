@@ -146,7 +146,9 @@ func Open(ctx context.Context, spec Spec) (b *Block, err error) {
 	if err != nil {
 		return b, err
 	}
-	b.loop, err = blockdev.AttachLoopWith(ctx, disk.Path(), blockdev.LoopOptions{DirectIO: true})
+	// Named for the disk's directory: its file may be one of a shared mount elsewhere, and
+	// a sweep of the sandboxes recognises the device by the name (see SweepLoops).
+	b.loop, err = blockdev.AttachLoopWith(ctx, disk.Path(), blockdev.LoopOptions{DirectIO: true, Name: filepath.Join(dir, "disk")})
 	if err != nil {
 		return b, fmt.Errorf("rootfs: expose: %w", err)
 	}

@@ -186,16 +186,25 @@ func leftovers(t testing.TB, n *node, keep map[string]bool) []string {
 			out = append(out, fmt.Sprintf("container %s (%s)", id, c.Status))
 		}
 	}
+	sharedFUSE := filepath.Join(n.dataDir, "dataplane", "fuse")
 	for _, m := range mountsUnder(t, n.dataDir) {
 		if m == filepath.Join(n.dataDir, "oci") {
 			continue // the OCI data directory's bind onto itself, kept across restarts
+		}
+		if m == sharedFUSE && len(keep) > 0 {
+			continue // the data plane's, serving the kept sandboxes' disks
 		}
 		if !keep[containerOf(n.dataDir, m)] {
 			out = append(out, "mount "+m)
 		}
 	}
 	for dev, backing := range loopDevices(n.dataDir) {
-		if !keep[containerOf(n.dataDir, backing)] {
+		owner := containerOf(n.dataDir, backing)
+		if owner == "" {
+			// A file of the data plane's shared mount: the sandbox is where it is mounted.
+			owner = containerOf(n.dataDir, mountOfDevice(t, dev))
+		}
+		if !keep[owner] {
 			out = append(out, fmt.Sprintf("loop device %s (backing %s)", dev, backing))
 		}
 	}
@@ -237,6 +246,19 @@ func containerOf(dataDir, path string) string {
 		return ""
 	}
 	return strings.Split(rel, string(filepath.Separator))[0]
+}
+
+// mountOfDevice is where the block device dev is mounted ("" when nowhere).
+func mountOfDevice(t testing.TB, dev string) string {
+	t.Helper()
+	infos, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) { return m.Source != dev, false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(infos) == 0 {
+		return ""
+	}
+	return infos[0].Mountpoint
 }
 
 // loopDevices maps the loop devices whose backing file lies under dir to that file.

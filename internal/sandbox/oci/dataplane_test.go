@@ -13,12 +13,14 @@ import (
 // startDataPlane serves a data plane on a socket in a temp dir for the test's life.
 func startDataPlane(t *testing.T) *dataplane.Client {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "dp.sock")
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "dp.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := dataplane.NewServer("test", nil)
+	srv.FUSEDir = dataplane.FUSEDir(dir) // as `aenv dataplane` serves: one mount for all disks
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = srv.Serve(ctx, ln); close(done) }()

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -138,14 +139,41 @@ type MountOptions struct {
 	BufferedLoop bool
 }
 
-// MountFile mounts dir (created if missing) as root, without fusermount.
+// MountFile mounts dir (created if missing) as a filesystem of the one file FileName
+// serving dev (see mountFUSE).
+func MountFile(ctx context.Context, dir string, dev Device, o MountOptions) (*Mount, error) {
+	root := &rootNode{dev: dev, ro: o.ReadOnly}
+	server, err := mountFUSE(dir, root, fuseOptions{readOnly: o.ReadOnly, writeback: !o.NoWritebackCache && !o.ReadOnly,
+		budget: requestBudget})
+	if err != nil {
+		return nil, err
+	}
+	m := &Mount{dir: dir, server: server, root: root}
+	if err := pollHack(dir); err != nil {
+		return nil, errors.Join(err, m.Close())
+	}
+	slog.Debug("blockdev: fuse mounted", "dir", dir)
+	return m, nil
+}
+
+// fuseOptions are what differs between a one-device mount and a shared one.
+type fuseOptions struct {
+	readOnly, writeback bool
+	// budget is go-fuse's MaxInflightRequestBytes (see requestBudget).
+	budget int
+	// maxBackground is the kernel's max_background of the connection; 0 keeps go-fuse's.
+	maxBackground int
+}
+
+// mountFUSE mounts dir (created if missing) with root as its root node and starts serving
+// it, without fusermount.
 //
 // It opens /dev/fuse and calls mount(2) itself rather than letting go-fuse do it: go-fuse's
 // direct mount opens /dev/fuse without O_CLOEXEC, so every process the node starts (runc,
 // resize2fs) would inherit the connection, and one that outlives the node (an orphaned
 // `runc create`) keeps the connection open with no server, which wedges the loop device
 // and ext4 above it. go-fuse gets the descriptor through its /dev/fd/N convention.
-func MountFile(ctx context.Context, dir string, dev Device, o MountOptions) (*Mount, error) {
+func mountFUSE(dir string, root fs.InodeEmbedder, o fuseOptions) (*fuse.Server, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("blockdev: %w", err)
 	}
@@ -159,7 +187,7 @@ func MountFile(ctx context.Context, dir string, dev Device, o MountOptions) (*Mo
 	}
 	defer unix.Close(fd)
 	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
-	if o.ReadOnly {
+	if o.readOnly {
 		flags |= unix.MS_RDONLY
 	}
 	data := fmt.Sprintf("fd=%d,rootmode=%o,user_id=%d,group_id=%d,max_read=%d,allow_other",
@@ -173,7 +201,6 @@ func MountFile(ctx context.Context, dir string, dev Device, o MountOptions) (*Mo
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("blockdev: dup fuse fd: %w", err), lazyUnmount(dir))
 	}
-	root := &rootNode{dev: dev, ro: o.ReadOnly}
 	sec := time.Hour
 	mo := fuse.MountOptions{
 		FsName:        fsName,
@@ -181,28 +208,23 @@ func MountFile(ctx context.Context, dir string, dev Device, o MountOptions) (*Mo
 		AllowOther:    true,
 		MaxWrite:      maxWrite,
 		MaxReadAhead:  maxWrite,
+		MaxBackground: o.maxBackground,
 		DisableXAttrs: true,
 		// Every read is answered from memory (ReadResultData), which go-fuse cannot
 		// splice: with splicing on it still writes each reply's header into a pipe,
 		// finds it has no file to splice from, writes the reply normally and drains the
 		// pipe (a splice and an ioctl). That was 3 of the 6 syscalls of every 4 KiB read.
-		DisableSplice: true,
-		// See requestBudget.
-		MaxInflightRequestBytes: requestBudget,
+		DisableSplice:           true,
+		MaxInflightRequestBytes: o.budget,
 	}
-	if !o.NoWritebackCache && !o.ReadOnly {
+	if o.writeback {
 		mo.ExtraCapabilities = fuse.CAP_WRITEBACK_CACHE
 	}
 	server, err := fs.Mount(fmt.Sprintf("/dev/fd/%d", srvFd), root, &fs.Options{MountOptions: mo, AttrTimeout: &sec, EntryTimeout: &sec})
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("blockdev: serve fuse at %s: %w", dir, err), lazyUnmount(dir))
 	}
-	m := &Mount{dir: dir, server: server, root: root}
-	if err := pollHack(dir); err != nil {
-		return nil, errors.Join(err, m.Close())
-	}
-	slog.Debug("blockdev: fuse mounted", "dir", dir)
-	return m, nil
+	return server, nil
 }
 
 // pollHack does what go-fuse's WaitMount does for mounts it made itself (it cannot for a
@@ -307,7 +329,7 @@ type rootNode struct {
 var _ = (fs.NodeOnAdder)((*rootNode)(nil))
 
 func (r *rootNode) OnAdd(ctx context.Context) {
-	r.file = &fileNode{dev: r.dev, ro: r.ro}
+	r.file = &fileNode{dev: r.dev, ro: r.ro, yield: &yielder{}}
 	ch := r.NewPersistentInode(ctx, r.file, fs.StableAttr{Mode: syscall.S_IFREG, Ino: 2})
 	r.AddChild(FileName, ch, false)
 }
@@ -316,7 +338,35 @@ type fileNode struct {
 	fs.Inode
 	dev   Device
 	ro    bool
-	yield yielder
+	yield *yielder // shared by the files of one mount
+
+	// gone, when set (a file of a shared mount), is closed once the file was removed and
+	// every open of it released; opens counts them.
+	gone    chan struct{}
+	mu      sync.Mutex
+	opens   int
+	removed bool
+}
+
+// remove refuses later opens and closes gone once nothing has the file open.
+func (f *fileNode) remove() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.removed {
+		f.removed = true
+		if f.opens == 0 {
+			close(f.gone)
+		}
+	}
+}
+
+func (f *fileNode) release() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.opens--
+	if f.removed && f.opens == 0 {
+		close(f.gone)
+	}
 }
 
 // yielder makes the goroutines serving requests pass through the scheduler now and then.
@@ -371,7 +421,17 @@ func (f *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	if f.ro && flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
 		return nil, 0, syscall.EROFS
 	}
-	return nil, fuse.FOPEN_KEEP_CACHE, 0
+	if f.gone == nil {
+		return nil, fuse.FOPEN_KEEP_CACHE, 0
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.removed {
+		// Opened through a name the kernel still had cached.
+		return nil, 0, syscall.ENOENT
+	}
+	f.opens++
+	return &handle{f}, fuse.FOPEN_KEEP_CACHE, 0
 }
 
 func (f *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {

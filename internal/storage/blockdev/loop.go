@@ -29,6 +29,11 @@ type LoopOptions struct {
 	// above the loop device, instead of twice, and a flush of the device no longer
 	// has to write a second copy of the dirty data through FUSE first.
 	DirectIO bool
+	// Name is recorded in the device as its backing file's name (LO_NAME, 63 bytes) in
+	// place of the backing path: what a sweep matches against its root once the backing
+	// file is gone from view, so a device serving a directory's disk from a shared
+	// mount elsewhere (blockdev.Files) names that directory. Empty records the path.
+	Name string
 }
 
 // AttachLoop attaches backing (a regular file, e.g. Mount.Path()) to a free
@@ -77,7 +82,11 @@ func AttachLoopWith(ctx context.Context, backing string, o LoopOptions) (*Loop, 
 		if dio {
 			cfg.Info.Flags |= unix.LO_FLAGS_DIRECT_IO
 		}
-		copy(cfg.Info.File_name[:], backing)
+		name := o.Name
+		if name == "" {
+			name = backing
+		}
+		copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], name)
 		err = unix.IoctlLoopConfigure(int(lf.Fd()), &cfg)
 		if err == nil {
 			slog.Debug("blockdev: loop attached", "dev", path, "backing", backing)

@@ -45,11 +45,13 @@ func Sweep(ctx context.Context, root string) error {
 // loop device backed by one of those files, detaches the loop devices, and lazily
 // unmounts the FUSE mounts. A loop device whose FUSE mount is no longer visible (its
 // backing file shows as "/disk": the mount was detached, or lived in a mount namespace
-// that is gone) is recognised by the path AttachLoop recorded in it and by its backing
-// device, the FUSE connection. Connections and loop devices of other roots are left
-// alone, and so is everything under a directory in keep (devices a live process still
-// serves, e.g. the data plane's disks of adopted sandboxes). Each step is bounded by a
-// timeout and by ctx.
+// that is gone), or whose file a shared mount outside root serves (Files), is recognised
+// by the name AttachLoop recorded in it (LoopOptions.Name) and by its backing device,
+// the FUSE connection; a connection mounted outside root is not aborted (a live data
+// plane serves other disks through it). Connections and loop devices of other roots are
+// left alone, and so is everything under a directory in keep (devices a live process
+// still serves, e.g. the data plane's disks of adopted sandboxes, and its shared mount).
+// Each step is bounded by a timeout and by ctx.
 func SweepLoops(ctx context.Context, root string, keep ...string) ([]string, error) {
 	root, err := filepath.Abs(root)
 	if err != nil {
@@ -72,8 +74,12 @@ func SweepLoops(ctx context.Context, root string, keep ...string) ([]string, err
 	var errs []error
 	conns := map[uint64]bool{}     // FUSE connections (device numbers) of root
 	elsewhere := map[uint64]bool{} // devices mounted outside root
+	ourFUSE := map[string]bool{}   // every mount point of this package's
 	var fuseDirs []string
 	for _, m := range mounts {
+		if m.fstype == fsType && m.source == fsName {
+			ourFUSE[m.dir] = true
+		}
 		switch {
 		case m.fstype == fsType && m.source == fsName && under(m.dir, root):
 			conns[m.dev] = true
@@ -109,7 +115,9 @@ func SweepLoops(ctx context.Context, root string, keep ...string) ([]string, err
 				}
 			}
 		}
-		if !mine && l.backing != "/"+FileName {
+		// A device of root whose file is served from elsewhere (a shared mount, see
+		// Files), or whose mount is no longer visible, is known by the name it records.
+		if !mine && !ourFUSE[filepath.Dir(l.backing)] && !detachedFile(l.backing) {
 			continue
 		}
 		info, err := bounded(ctx, "status of "+l.path, func() (*unix.LoopInfo64, error) { return loopStatus(l.path) })
@@ -167,6 +175,14 @@ func SweepLoops(ctx context.Context, root string, keep ...string) ([]string, err
 		slog.Info("blockdev: swept fuse mount", "dir", dir)
 	}
 	return paths, errors.Join(errs...)
+}
+
+// detachedFile reports whether a loop device's backing file, as sysfs shows it, is a file
+// of this package's whose mount was detached: sysfs then shows the path from the
+// detached mount's root, "/disk" or a shared mount's "/disk.N".
+func detachedFile(backing string) bool {
+	name, ok := strings.CutPrefix(backing, "/"+FileName)
+	return ok && (name == "" || name[0] == '.' && !strings.Contains(name, "/"))
 }
 
 // bounded runs f on its own goroutine and stops waiting for it after opTimeout or when
