@@ -19,10 +19,13 @@ import (
 
 // sharedReaders is how many request buffers (and the goroutines and threads waiting in
 // read(2) with them) a shared mount keeps, and how many writes it serves at once (see
-// requestBudget): one connection's worth for every device it serves together. A mount
-// per device kept IdleReaders of each per device, ~0.35 MiB (two 136 KiB buffers, two
-// threads) for every idle sandbox.
-const sharedReaders = 8
+// requestBudget) for all the devices it serves together. A mount per device kept
+// IdleReaders of each per device, ~0.35 MiB (two 136 KiB buffers, two threads) for every
+// idle sandbox. More is not faster: every reader blocked in read(2) holds one of the
+// process's Ps (see IdleReaders), and with 8 BenchmarkRootIO measured 70-80 % more of the
+// data plane's CPU per 4 KiB request than a mount of its own (11.4 µs per random read);
+// with 4, 12.3 µs (with 2, 12.6), medians of 5 interleaved runs.
+const sharedReaders = 4
 
 // sharedMaxBackground is the kernel's max_background of a shared connection: the
 // asynchronous requests (a loop device's direct I/O, readahead) in flight on it at once,
