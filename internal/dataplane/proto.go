@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/storage/stack"
+	"github.com/aenv-dev/aenv/internal/storage/zfile"
 )
 
 // The socket API: newline-delimited JSON, one request and one response at a time per
@@ -84,6 +85,9 @@ type Stats struct {
 	// Layers is how many distinct lower layers are open: disks on the same layers share
 	// them (an older data plane leaves it 0).
 	Layers int `json:"layers,omitempty"`
+	// BlockCache counts the decompressed blocks of compressed lowers kept for all disks
+	// (see zfile.BlockCache; an older data plane leaves it zero).
+	BlockCache zfile.BlockCacheStats `json:"blockCache"`
 	// CPU is the process's user plus system CPU time since it started.
 	CPU time.Duration `json:"cpu"`
 }

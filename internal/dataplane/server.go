@@ -16,6 +16,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
+	"github.com/aenv-dev/aenv/internal/storage/zfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -49,12 +50,17 @@ type served struct {
 	opened time.Time
 }
 
+// blockCacheBytes bounds the decompressed blocks of compressed lowers the data plane keeps
+// for all its disks: what the sandboxes of a template read as they mount their roots and
+// start their first processes, decompressed once instead of once per sandbox.
+const blockCacheBytes = 32 << 20
+
 // NewServer returns a server with no disks.
 func NewServer(build string, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Server{Build: build, Log: log, lowers: stack.NewLowers(), disks: map[string]*served{}, opening: map[string]bool{},
+	return &Server{Build: build, Log: log, lowers: stack.NewLowersCached(zfile.NewBlockCache(blockCacheBytes)), disks: map[string]*served{}, opening: map[string]bool{},
 		started: time.Now(), stop: make(chan struct{})}
 }
 
@@ -363,6 +369,7 @@ func (s *Server) stats() Stats {
 	st := Stats{PID: os.Getpid(), APIVersion: APIVersion, Build: s.Build, Started: s.started, Disks: s.NumDisks()}
 	st.RSSBytes = selfRSS()
 	st.Layers = s.lowers.Stats().Layers
+	st.BlockCache = s.lowers.CacheStats()
 	var ru unix.Rusage
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
 		st.CPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())

@@ -110,7 +110,7 @@ func BenchmarkSealAndRestack(b *testing.B) {
 
 // zfileLower writes a ZFile-compressed (LZ4, 4 KiB blocks, as templates are) sealed layer
 // of size bytes of compressible data into dir.
-func zfileLower(b *testing.B, dir string, size int64) LayerRef {
+func zfileLower(b testing.TB, dir string, size int64) LayerRef {
 	b.Helper()
 	raw := filepath.Join(dir, "raw.img")
 	data := make([]byte, size)

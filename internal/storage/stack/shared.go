@@ -12,6 +12,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/storage/blob"
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
+	"github.com/aenv-dev/aenv/internal/storage/zfile"
 )
 
 // Lowers shares opened sealed layers between the stacks opened with it: a layer used by
@@ -28,11 +29,29 @@ type Lowers struct {
 	layers map[string]*sharedLayer
 	merged map[string]*sharedMerged
 	nextID uint64
+	// cache, when set, keeps the compressed layers' decompressed blocks for all stacks.
+	cache *zfile.BlockCache
 }
 
 // NewLowers returns an empty set.
 func NewLowers() *Lowers {
 	return &Lowers{layers: map[string]*sharedLayer{}, merged: map[string]*sharedMerged{}}
+}
+
+// NewLowersCached returns an empty set whose compressed layers keep their decompressed
+// blocks in c, shared by every stack reading them.
+func NewLowersCached(c *zfile.BlockCache) *Lowers {
+	ls := NewLowers()
+	ls.cache = c
+	return ls
+}
+
+// CacheStats are the counters of the set's block cache (zero without one).
+func (ls *Lowers) CacheStats() zfile.BlockCacheStats {
+	if ls.cache == nil {
+		return zfile.BlockCacheStats{}
+	}
+	return ls.cache.Stats()
 }
 
 // LowersStats are counts of what a Lowers holds open.

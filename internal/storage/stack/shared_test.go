@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/storage/zfile"
 )
 
 // sealedLayers writes n sealed layers into dir (layer i sets the first 64 KiB of its
@@ -268,4 +270,34 @@ func TestSharedLowersOpenerCanceled(t *testing.T) {
 	wantStats(t, ls, LowersStats{Layers: 1, Refs: 1, Merged: 1})
 	s.Close()
 	wantStats(t, ls, LowersStats{})
+}
+
+// TestSharedLowersBlockCache: stacks of a Lowers with a block cache read their compressed
+// lowers as stacks without one do, and a block one stack decompressed is read by the next
+// from the cache.
+func TestSharedLowersBlockCache(t *testing.T) {
+	ref := zfileLower(t, t.TempDir(), 4<<20)
+	plain := openShared(t, NewLowers(), []LayerRef{ref})
+	defer plain.Close()
+	c := zfile.NewBlockCache(8 << 20)
+	ls := NewLowersCached(c)
+	a, b := openShared(t, ls, []LayerRef{ref}), openShared(t, ls, []LayerRef{ref})
+	defer a.Close()
+	defer b.Close()
+	want, got := make([]byte, 256<<10), make([]byte, 256<<10)
+	for _, off := range []int64{0, 1<<20 + 512, 3 << 20} {
+		if _, err := plain.ReadAt(want, off); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.ReadAt(got, off); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("a cached stack reads other bytes at %d (%v)", off, err)
+		}
+		before := c.Stats()
+		if _, err := b.ReadAt(got, off); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("the second cached stack reads other bytes at %d (%v)", off, err)
+		}
+		if after := ls.CacheStats(); after.Misses != before.Misses || after.Hits <= before.Hits {
+			t.Fatalf("the second stack's read at %d was not served from the cache: %+v then %+v", off, before, after)
+		}
+	}
 }

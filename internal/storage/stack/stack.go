@@ -191,7 +191,11 @@ func (s *Stack) openLower(ctx context.Context, ref LayerRef) (*lower, error) {
 		return &lower{ref: ref, l: l, src: src}, nil
 	}
 	sh, err := s.opts.Lowers.acquire(ctx, s.m.abs(ref.Path), ref.Digest, func(ctx context.Context) (*blob.Layer, Source, error) {
-		return s.openLayer(ctx, ref)
+		l, src, err := s.openLayer(ctx, ref)
+		if err == nil && l.ZFile != nil && s.opts.Lowers.cache != nil {
+			l.ZFile.UseCache(s.opts.Lowers.cache)
+		}
+		return l, src, err
 	})
 	if err != nil {
 		return nil, err

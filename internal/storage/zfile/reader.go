@@ -37,6 +37,16 @@ type Reader struct {
 	raw     sync.Pool // one batch of compressed blocks (rawCap bytes)
 	rawCap  int
 	zdec    *zstd.Decoder
+
+	// cache, when set, keeps decompressed blocks (see UseCache) under cacheID.
+	cache   *BlockCache
+	cacheID uint64
+}
+
+// UseCache makes the reader keep the blocks it decompresses in c and read them from there
+// again. Call it before the first read.
+func (z *Reader) UseCache(c *BlockCache) {
+	z.cache, z.cacheID = c, c.id()
 }
 
 // Open parses the ZFile in r (size bytes) and loads its jump table. name
@@ -182,10 +192,17 @@ func (z *Reader) ReadAt(p []byte, off int64) (int, error) {
 	done := 0
 	for done < len(want) {
 		b0 := (off + int64(done)) / bs
-		// Coalesce whole blocks up to maxBatch compressed bytes.
+		if z.cache != nil {
+			if data, ok := z.cache.get(z.cacheID, int(b0)); ok {
+				done += copy(want[done:], data[off+int64(done)-b0*bs:])
+				continue
+			}
+		}
+		// Coalesce whole blocks up to maxBatch compressed bytes, and up to the next
+		// cached one.
 		b1 := b0 + 1
 		last := (off + int64(len(want)) - 1) / bs
-		for b1 <= last && z.offs[b1+1]-z.offs[b0] <= maxBatch {
+		for b1 <= last && z.offs[b1+1]-z.offs[b0] <= maxBatch && (z.cache == nil || !z.cache.has(z.cacheID, int(b1))) {
 			b1++
 		}
 		n, err := z.readBlocks(want[done:], off+int64(done), int(b0), int(b1))
@@ -249,6 +266,9 @@ func (z *Reader) readBlocks(p []byte, off int64, b0, b1 int) (int, error) {
 			return done, fmt.Errorf("%s: %w: block %d at offset %d decompresses to %d bytes, want %d: %v",
 				z.name, ErrFormat, b, z.offs[b], n, blen, err)
 		}
+		if z.cache != nil {
+			z.cache.add(z.cacheID, b, dst[:blen])
+		}
 		if direct {
 			done += int(blen)
 			continue
@@ -301,8 +321,11 @@ func (z *Reader) Verify() error {
 	return nil
 }
 
-// Close releases decoder resources.
+// Close releases decoder resources and the reader's cached blocks.
 func (z *Reader) Close() error {
+	if z.cache != nil {
+		z.cache.drop(z.cacheID)
+	}
 	if z.zdec != nil {
 		z.zdec.Close()
 	}
