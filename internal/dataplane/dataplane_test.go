@@ -205,6 +205,10 @@ func TestServeOverSocket(t *testing.T) {
 	if err := c.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Whoever saw the shutdown granted may remove the directory at once.
+	if raw, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(raw), " "+srv.FUSEDir+" ") {
+		t.Fatal("the shared FUSE mount is still mounted after a granted shutdown")
+	}
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):

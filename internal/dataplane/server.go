@@ -110,13 +110,19 @@ func (s *Server) Close() error {
 	for _, d := range disks {
 		errs = append(errs, d.d.Close())
 	}
+	return errors.Join(append(errs, s.closeFiles())...)
+}
+
+// closeFiles unmounts the shared mount, if any.
+func (s *Server) closeFiles() error {
 	s.filesMu.Lock()
 	defer s.filesMu.Unlock()
-	if s.files != nil {
-		errs = append(errs, s.files.Close())
-		s.files = nil
+	if s.files == nil {
+		return nil
 	}
-	return errors.Join(errs...)
+	err := s.files.Close()
+	s.files = nil
+	return err
 }
 
 // sharedFiles is the shared mount of FUSEDir, mounted at the first call; nil without
@@ -248,6 +254,11 @@ func (s *Server) do(req request) response {
 		s.mu.Unlock()
 		if n > 0 {
 			return errResp(fmt.Errorf("dataplane: %d disks still served", n), codeBusy)
+		}
+		// Unmounted before the socket closes: whoever waits for the data plane to stop
+		// answering finds its mount gone too (and may remove its directory).
+		if err := s.closeFiles(); err != nil {
+			s.Log.Warn("dataplane: unmount the shared mount", "err", err)
 		}
 		s.once.Do(func() { close(s.stop) })
 		return response{}
