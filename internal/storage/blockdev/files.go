@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
-	"github.com/hanwen/go-fuse/v2/fuse"
-	"golang.org/x/sys/unix"
 )
 
 // sharedReaders is how many request buffers (and the goroutines and threads waiting in
@@ -37,11 +35,11 @@ const sharedMaxBackground = 256
 // (see Add): one connection, one set of reader threads and buffers, and one mount table
 // line for all of them, where MountFile costs each device its own.
 type Files struct {
-	dir    string
-	server *fuse.Server
-	root   *filesRoot
-	next   atomic.Uint64
-	yield  yielder
+	dir   string
+	mount *Mount // stopping the server is a one-device mount's, root aside
+	root  *filesRoot
+	next  atomic.Uint64
+	yield yielder
 }
 
 type filesRoot struct{ fs.Inode }
@@ -58,11 +56,12 @@ func ServeFiles(ctx context.Context, dir string) (*Files, error) {
 		return nil, err
 	}
 	f := &Files{dir: dir, root: &filesRoot{}}
-	f.server, err = mountFUSE(dir, f.root, fuseOptions{writeback: true,
+	server, err := mountFUSE(dir, f.root, fuseOptions{writeback: true,
 		budget: sharedReaders*maxWrite + 128<<10, maxBackground: sharedMaxBackground})
 	if err != nil {
 		return nil, err
 	}
+	f.mount = &Mount{dir: dir, server: server}
 	if err := pollHack(dir); err != nil {
 		return nil, errors.Join(err, f.Close())
 	}
@@ -86,31 +85,9 @@ func clearMountsAt(dir string) error {
 	return errors.Join(errs...)
 }
 
-// Dir is the mount point.
-func (f *Files) Dir() string { return f.dir }
-
 // Close unmounts the filesystem (lazily when a file is still open) and stops serving it
-// once its last user let go. Close every File first.
-func (f *Files) Close() error {
-	if f.server == nil {
-		return nil
-	}
-	err := unix.Unmount(f.dir, 0)
-	if err != nil && !errors.Is(err, unix.EINVAL) {
-		if e := lazyUnmount(f.dir); e != nil {
-			return fmt.Errorf("blockdev: unmount %s: %w (lazy: %w)", f.dir, err, e)
-		}
-	}
-	done := make(chan struct{})
-	go func() { f.server.Wait(); close(done) }()
-	select {
-	case <-done:
-		f.server = nil
-		return nil
-	case <-time.After(5 * time.Second):
-		return fmt.Errorf("blockdev: %s: %w", f.dir, ErrStillInUse)
-	}
-}
+// once its last user let go (see Mount.Close). Close every File first.
+func (f *Files) Close() error { return f.mount.Close() }
 
 // Add serves dev as a new file of the filesystem, named so that no file of this mount's
 // life had the name before (a removed file's name may live on in a cache).

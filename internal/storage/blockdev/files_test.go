@@ -45,7 +45,7 @@ func TestFilesServeEach(t *testing.T) {
 			t.Fatalf("stat %s: %v, %v", f.Path(), fi, err)
 		}
 	}
-	if n := len(fuseMountsAt(t, dir)); n != 1 {
+	if n := len(mountsAt(t, dir)); n != 1 {
 		t.Fatalf("%d mounts at %s, want 1", n, dir)
 	}
 	if err := files[1].Close(); err != nil {
@@ -126,7 +126,7 @@ func TestServeFilesReplacesDeadMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fs.Close()
-	if n := len(fuseMountsAt(t, dir)); n != 1 {
+	if n := len(mountsAt(t, dir)); n != 1 {
 		t.Fatalf("%d mounts at %s, want 1", n, dir)
 	}
 	f, err := fs.Add(ctx, &memDev{b: []byte("served by the new one")})
@@ -152,21 +152,6 @@ func preadFile(t *testing.T, path string, n int, off int64) []byte {
 		t.Fatal(err)
 	}
 	return b
-}
-
-func fuseMountsAt(t *testing.T, dir string) []mountEntry {
-	t.Helper()
-	all, err := readMountinfo()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []mountEntry
-	for _, m := range all {
-		if m.dir == dir && m.fstype == fsType {
-			out = append(out, m)
-		}
-	}
-	return out
 }
 
 // TestSweepSharedFiles: a sweep of a root finds the loop devices of its directories whose
@@ -219,8 +204,18 @@ func TestSweepSharedFiles(t *testing.T) {
 }
 
 func loopAttached(dev string) bool {
-	_, err := os.Stat(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
+	_, err := LoopBacking(dev)
 	return err == nil
+}
+
+// mountsAt lists this package's FUSE mounts at dir (and below it: none in these tests).
+func mountsAt(t *testing.T, dir string) []string {
+	t.Helper()
+	ms, err := fuseMounts(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ms
 }
 
 func waitFor(d time.Duration, cond func() bool) bool {
