@@ -112,6 +112,11 @@ type Backend struct {
 	// UIDRanges is how many 65536-id ranges the node reserves: the most sandboxes it
 	// holds at once.
 	UIDRanges int `toml:"uid_ranges"`
+	// WarmContainers is how many containers (created, envd started) the oci backend keeps
+	// per recently launched template (0: none); a burst of launches grows a template's
+	// pool to the burst's size, up to WarmContainersMax, for ten minutes.
+	WarmContainers    int `toml:"warm_containers"`
+	WarmContainersMax int `toml:"warm_containers_max"`
 }
 
 // Network configures the sandboxes' network slots. Like the cgroup parent, the bridge,
@@ -599,6 +604,13 @@ func (c *Config) Validate() error {
 	case "auto", "tcg", "kvm":
 	default:
 		bad("backend.accel", "%q is not auto, tcg or kvm", c.Backend.Accel)
+	}
+	if c.Backend.WarmContainers < 0 || c.Backend.WarmContainers > 256 {
+		bad("backend.warm_containers", "%d is not 0 (none) or 1..256", c.Backend.WarmContainers)
+	}
+	if c.Backend.WarmContainersMax < c.Backend.WarmContainers || c.Backend.WarmContainersMax > 256 {
+		bad("backend.warm_containers_max", "%d is not between backend.warm_containers (%d) and 256",
+			c.Backend.WarmContainersMax, c.Backend.WarmContainers)
 	}
 	if c.Backend.SnapshotPool < 0 || c.Backend.SnapshotPool > 64 {
 		bad("backend.snapshot_pool", "%d is not 0 (no pool) or 1..64", c.Backend.SnapshotPool)

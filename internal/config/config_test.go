@@ -120,6 +120,8 @@ func TestLoadErrorsNameTheKey(t *testing.T) {
 		{"negative tb size", "", map[string]string{"AENV_BACKEND_TB_SIZE_MIB": "-1"}, "backend.tb_size_mib"},
 		{"huge tb size", "[backend]\ntb_size_mib = 5000\n", nil, "backend.tb_size_mib"},
 		{"negative snapshot pool", "", map[string]string{"AENV_BACKEND_SNAPSHOT_POOL": "-1"}, "backend.snapshot_pool"},
+		{"negative warm containers", "", map[string]string{"AENV_BACKEND_WARM_CONTAINERS": "-1"}, "backend.warm_containers"},
+		{"warm max below warm", "[backend]\nwarm_containers = 8\nwarm_containers_max = 4\n", nil, "backend.warm_containers_max"},
 		{"huge snapshot pool max", "[backend]\nsnapshot_pool_max = 5000\n", nil, "backend.snapshot_pool_max"},
 		{"bad shutdown action", "[sandbox]\nshutdown_action = \"explode\"\n", nil, "sandbox.shutdown_action"},
 		{"bad envd version", "", map[string]string{"AENV_ENVD_VERSION": "latest"}, "envd.version"},

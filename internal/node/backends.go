@@ -87,6 +87,15 @@ func (bs Backends) factory(kind string) (BackendFactory, error) {
 }
 
 // openOCI is the "oci" kind: containers run by an OCI runtime (package oci).
+// warmContainers maps backend.warm_containers (0: none) onto oci.Config's (0: the
+// default, negative: none).
+func warmContainers(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
+}
+
 func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 	cfg := env.Config
 	allowRanges, dns, err := egressSettings(cfg.Network)
@@ -94,16 +103,18 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 		return nil, err
 	}
 	b, err := oci.New(ctx, oci.Config{
-		DataDir:         env.DataDir,
-		EnvdPath:        env.EnvdPath,
-		Runtime:         cfg.Backend.Runtime,
-		Logger:          env.Logger,
-		CgroupParent:    cfg.Backend.CgroupParent,
-		UIDBase:         uint32(cfg.Backend.UIDBase),
-		UIDRanges:       cfg.Backend.UIDRanges,
-		SnapshotQuiesce: cfg.Snapshot.Quiesce,
-		LayerResolver:   env.Layers,
-		DataPlane:       ociDataPlane(env.DataPlane),
+		DataDir:           env.DataDir,
+		EnvdPath:          env.EnvdPath,
+		Runtime:           cfg.Backend.Runtime,
+		Logger:            env.Logger,
+		CgroupParent:      cfg.Backend.CgroupParent,
+		UIDBase:           uint32(cfg.Backend.UIDBase),
+		UIDRanges:         cfg.Backend.UIDRanges,
+		WarmContainers:    warmContainers(cfg.Backend.WarmContainers),
+		WarmContainersMax: cfg.Backend.WarmContainersMax,
+		SnapshotQuiesce:   cfg.Snapshot.Quiesce,
+		LayerResolver:     env.Layers,
+		DataPlane:         ociDataPlane(env.DataPlane),
 		Network: network.Config{
 			Bridge:      cfg.Network.Bridge,
 			Subnet:      cfg.Network.Subnet,

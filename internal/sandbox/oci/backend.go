@@ -110,6 +110,10 @@ type Config struct {
 	// recently used template (up to 4 templates), so a launch pays neither the runtime nor
 	// envd's start. Default 2; negative disables.
 	WarmContainers int
+	// WarmContainersMax is what a template's warm pool grows to after a burst of launches
+	// of it (as many as the burst, for burstHold). Default 16; below WarmContainers it is
+	// WarmContainers.
+	WarmContainersMax int
 	// PidsLimit caps processes per sandbox. Default 1024.
 	PidsLimit int64
 	// CgroupParent is the cgroup under which sandboxes live. Default "aenv".
@@ -177,6 +181,10 @@ func (c *Config) defaults() error {
 	if c.WarmContainers < 0 {
 		c.WarmContainers = 0
 	}
+	if c.WarmContainersMax == 0 {
+		c.WarmContainersMax = 16
+	}
+	c.WarmContainersMax = max(c.WarmContainersMax, c.WarmContainers)
 	if c.PidsLimit == 0 {
 		c.PidsLimit = 1024
 	}
@@ -312,7 +320,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	laps.Lap("network")
 	// After the pool, which makes the netns directory a mount point.
 	b.rt.ns = newLaunchNS(cfg.DataDir, network.NetnsDir, b.log)
-	b.warm = newWarmPool(b, cfg.WarmContainers)
+	b.warm = newWarmPool(b, cfg.WarmContainers, cfg.WarmContainersMax)
 	b.log.Info("oci backend ready", append([]any{"runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2,
 		"uid_base", cfg.UIDBase, "uid_ranges", cfg.UIDRanges}, laps.Attrs()...)...)
 	return b, nil

@@ -34,19 +34,30 @@ const prefetchLimit = 32 << 20
 // launched first out).
 const maxWarmTemplates = 4
 
+// warmTrimInterval is how often the filler checks for pools larger than their template's
+// demand (a burst older than burstHold) and removes the extra containers.
+const warmTrimInterval = time.Minute
+
 // warmPool keeps containers created (`runc create`: namespaces, cgroup, rootfs, network
 // all set up) and started (envd running, waiting for its /init) for recently launched
 // templates. A launch then only sets the sandbox's limits, hostname and network policy:
 // the runtime's work and envd's start are off its path.
 //
+// Each template's pool holds size containers, or as many as its largest recent burst of
+// launches (see demand) up to maxSize, so the next burst of that size finds every one of
+// its sandboxes warm.
+//
 // A warm container's id contains '.', which sandbox ids cannot, so the two never collide.
 type warmPool struct {
-	b    *Backend
-	size int
+	b       *Backend
+	size    int // containers kept per wanted template
+	maxSize int // what a burst may grow a template's pool to
+	now     func() time.Time
 
 	mu     sync.Mutex
 	ready  map[string][]*Instance // by root key: a template's lower dir, or blockKey
 	roots  map[string]createOpts  // the root each wanted key stands for
+	demand map[string]*demand     // launches of each wanted key
 	wanted []string               // most recently launched first
 	seq    int
 	// preparing is the root key the filler is creating a container for, and prepared is
@@ -60,11 +71,21 @@ type warmPool struct {
 	exited    chan struct{}
 }
 
-func newWarmPool(b *Backend, size int) *warmPool {
+func newWarmPool(b *Backend, size, maxSize int) *warmPool {
 	return &warmPool{
-		b: b, size: size, ready: map[string][]*Instance{}, roots: map[string]createOpts{},
+		b: b, size: size, maxSize: max(size, maxSize), now: time.Now,
+		ready: map[string][]*Instance{}, roots: map[string]createOpts{}, demand: map[string]*demand{},
 		wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{}),
 	}
+}
+
+// target is how many warm containers key's pool keeps now (w.mu held).
+func (w *warmPool) target(key string) int {
+	d := w.demand[key]
+	if d == nil {
+		return w.size
+	}
+	return d.size(w.now(), w.size, w.maxSize)
 }
 
 // take removes and returns a warm container of lower, or nil.
@@ -90,6 +111,12 @@ func (w *warmPool) want(lower string, root createOpts) {
 	var evicted []*Instance
 	w.mu.Lock()
 	w.roots[lower] = createOpts{lower: root.lower, layers: root.layers, vsize: root.vsize}
+	d := w.demand[lower]
+	if d == nil {
+		d = &demand{}
+		w.demand[lower] = d
+	}
+	d.launched(w.now())
 	list := []string{lower}
 	for _, l := range w.wanted {
 		if l != lower {
@@ -100,6 +127,7 @@ func (w *warmPool) want(lower string, root createOpts) {
 		evicted = append(evicted, w.ready[l]...)
 		delete(w.ready, l)
 		delete(w.roots, l)
+		delete(w.demand, l)
 	}
 	w.wanted = list[:min(len(list), maxWarmTemplates)]
 	w.mu.Unlock()
@@ -130,11 +158,18 @@ func (w *warmPool) start() {
 
 func (w *warmPool) loop() {
 	defer close(w.exited)
+	trim := time.NewTicker(warmTrimInterval)
+	defer trim.Stop()
 	for {
 		select {
 		case <-w.done:
 			return
 		case <-w.wake:
+		case <-trim.C:
+			for _, inst := range w.excess() {
+				w.discard(inst)
+			}
+			continue
 		}
 		for {
 			lower := w.needed()
@@ -185,11 +220,26 @@ func (w *warmPool) needed() string {
 		return ""
 	}
 	for _, l := range w.wanted {
-		if len(w.ready[l]) < w.size {
+		if len(w.ready[l]) < w.target(l) {
 			return l
 		}
 	}
 	return ""
+}
+
+// excess removes from the pools the containers beyond their template's target (a burst's
+// that is now past) and returns them, to be discarded.
+func (w *warmPool) excess() []*Instance {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*Instance
+	for l, q := range w.ready {
+		if n := w.target(l); len(q) > n {
+			out = append(out, q[n:]...)
+			w.ready[l] = q[:n:n]
+		}
+	}
+	return out
 }
 
 func (w *warmPool) isWanted(lower string) bool {
