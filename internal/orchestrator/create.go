@@ -163,7 +163,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 		if err != nil {
 			return nil, err
 		}
-		plan.Kind, plan.Snapshot = sandbox.LaunchFromSnapshot, c
+		plan.Kind, plan.Snapshot, plan.SnapshotTemplate = sandbox.LaunchFromSnapshot, c, true
 		rec.Launch.ParentSnapshot = tpl.ID
 		// The snapshot's memory (a backend that keeps processes) holds its source's envd.
 		held = tpl.EnvdAccessToken

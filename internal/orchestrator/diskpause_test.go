@@ -56,7 +56,7 @@ func TestPauseToDiskAndConnect(t *testing.T) {
 			if p := inst.Processes(); len(p) != 0 {
 				t.Fatalf("processes after resume from disk = %v, want fresh ones", p)
 			}
-			if inst.Plan().Kind != sandbox.LaunchFromSnapshot || inst.Plan().SandboxID != sb.ID {
+			if inst.Plan().Kind != sandbox.LaunchFromSnapshot || inst.Plan().SandboxID != sb.ID || inst.Plan().SnapshotTemplate {
 				t.Fatalf("resume plan %+v", inst.Plan())
 			}
 			inits := inst.Envd().Inits()

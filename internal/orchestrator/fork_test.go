@@ -43,6 +43,9 @@ func TestForkChildrenAreIsolatedCopies(t *testing.T) {
 					t.Fatalf("child %d shares identity with another sandbox: %+v", i, c)
 				}
 				seen[c.ID] = true
+				if plan := h.inst(c.ID).Plan(); plan.Kind != sandbox.LaunchFromSnapshot || plan.SnapshotTemplate {
+					t.Fatalf("child %d plan %+v: a fork's capture is no snapshot template", i, plan)
+				}
 				if c.TemplateID != src.TemplateID || c.Metadata["run"] != "1" || c.EnvVars["OWN"] != "x" ||
 					!c.AutoPause || !c.AutoResume || c.State != StateRunning {
 					t.Fatalf("child %d did not inherit the source's settings: %+v", i, c)

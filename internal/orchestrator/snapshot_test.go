@@ -102,7 +102,7 @@ func TestSnapshotKeepsSourceRunningAndCreatesFromIt(t *testing.T) {
 				if got := h.file(child.ID, "/a"); got != "1" {
 					t.Fatalf("child from %q sees /a=%q, want the snapshot's 1", ref, got)
 				}
-				if ci.Plan().Kind != sandbox.LaunchFromSnapshot || ci.Plan().Snapshot == nil {
+				if ci.Plan().Kind != sandbox.LaunchFromSnapshot || ci.Plan().Snapshot == nil || !ci.Plan().SnapshotTemplate {
 					t.Fatalf("child plan %+v", ci.Plan())
 				}
 				wantProcs := []string(nil)

@@ -94,6 +94,11 @@ type LaunchPlan struct {
 	// ColdBoot asks LaunchFromSnapshot for fresh processes on the captured filesystem
 	// even when the capture holds memory (a pause to disk, E2B's memory:false).
 	ColdBoot bool
+	// SnapshotTemplate is set for LaunchFromSnapshot when Snapshot is a snapshot template,
+	// created from again and again (E2B's snapshots), rather than a fork's or a pause's
+	// capture, launched once per child or resume: a backend may keep instances of it
+	// ready ahead of demand, as it does for templates.
+	SnapshotTemplate bool
 	// Mounts are host directories (volumes) bind-mounted read-write into the sandbox, on
 	// every launch kind; only backends that are a VolumeMounter get any.
 	Mounts []Mount

@@ -707,7 +707,7 @@ func (b *Backend) resume(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 			return nil, err
 		}
 		// The new root references the layers itself; the capture is no longer needed.
-		if err := b.discardCapture(ps.Disk); err != nil {
+		if err := b.discardCapture(ctx, ps.Disk); err != nil {
 			b.log.Warn("oci: discard capture after resume", "id", plan.SandboxID, "err", err)
 		}
 		return inst, nil

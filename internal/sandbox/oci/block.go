@@ -129,8 +129,9 @@ func (b *Backend) launchBlock(ctx context.Context, plan sandbox.LaunchPlan, laye
 		return nil, err
 	}
 	root := createOpts{layers: layers, vsize: vsize}
-	if plan.Kind == sandbox.LaunchFresh {
-		// Templates are launched again and again; a capture usually once per fork.
+	if plan.Kind == sandbox.LaunchFresh || plan.SnapshotTemplate {
+		// Templates (snapshot templates too) are launched again and again; a fork's or a
+		// pause's capture once per child or resume.
 		return b.launchWarmOrNew(ctx, inst, plan, blockKey(layers, vsize), root)
 	}
 	return b.launchNew(ctx, inst, plan, root)
@@ -303,26 +304,33 @@ func (i *Instance) pauseToDisk(ctx context.Context) (sandbox.PausedState, error)
 // DiscardSnapshot tells the backend the orchestrator no longer references c (snapshot
 // deleted, fork done, sandbox resumed or killed while paused to disk). Its record goes,
 // and with it every layer no live root or other capture uses.
-func (b *Backend) DiscardSnapshot(_ context.Context, c sandbox.Captured) error {
+func (b *Backend) DiscardSnapshot(ctx context.Context, c sandbox.Captured) error {
 	cc, ok := c.(*Captured)
 	if !ok || cc == nil {
 		return fmt.Errorf("oci: discard: capture is %T, not this backend's", c)
 	}
-	return b.discardCapture(cc)
+	return b.discardCapture(ctx, cc)
 }
 
 // DiscardPaused drops what a sandbox paused to disk holds (its capture), for a kill of
 // the paused sandbox. Pauses in place hold nothing outside the instance.
-func (b *Backend) DiscardPaused(_ context.Context, _ string, ps sandbox.PausedState) error {
+func (b *Backend) DiscardPaused(ctx context.Context, _ string, ps sandbox.PausedState) error {
 	if p, ok := ps.(pausedState); ok && p.Disk != nil {
-		return b.discardCapture(p.Disk)
+		return b.discardCapture(ctx, p.Disk)
 	}
 	return nil
 }
 
-func (b *Backend) discardCapture(c *Captured) error {
+func (b *Backend) discardCapture(ctx context.Context, c *Captured) error {
 	if !idRE.MatchString(c.ID) {
 		return fmt.Errorf("oci: discard: bad capture id %q", c.ID)
+	}
+	// Warm containers of a snapshot template hold its layers open (and would keep the
+	// space of the files gcLayers deletes); its top layer is its own.
+	if top := c.Layers[len(c.Layers)-1]; b.warm != nil {
+		if err := b.warm.forget(ctx, func(o createOpts) bool { return hasLayer(o.layers, top) }); err != nil {
+			return fmt.Errorf("oci: discard capture %s: warm containers: %w", c.ID, err)
+		}
 	}
 	b.layersMu.Lock()
 	err := os.Remove(b.capturePath(c.ID))

@@ -53,3 +53,72 @@ func TestWarmPoolSizedToBurst(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSnapshotTemplateWarm: creates from a snapshot template come from the warm pool like
+// a template's, a fork's child (no SnapshotTemplate) never makes the pool keep its
+// capture, and discarding the snapshot removes its warm containers.
+func TestSnapshotTemplateWarm(t *testing.T) {
+	e := newTestBackend(t, func(c *Config) { c.WarmContainers = 1 })
+	ctx := context.Background()
+	a := e.launchBlock(t, "st-a", testLayered(t), sandbox.Resources{})
+	e.mustSh(t, a, "echo pinned > /root/state && sync -f / && cat /root/state")
+	c, err := a.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	capd := c.(*Captured)
+	key := blockKey(capd.Layers, capd.VirtualSize)
+	wanted := func() bool {
+		e.b.warm.mu.Lock()
+		defer e.b.warm.mu.Unlock()
+		_, ok := e.b.warm.roots[key]
+		return ok
+	}
+
+	f := e.launchPlan(t, sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: "st-fork", Snapshot: c})
+	if strings.HasPrefix(f.cid, "warm.") || wanted() {
+		t.Fatalf("a fork's child: cid %s, capture kept warm %v", f.cid, wanted())
+	}
+	plan := func(id string) sandbox.LaunchPlan {
+		return sandbox.LaunchPlan{Kind: sandbox.LaunchFromSnapshot, SandboxID: id, Snapshot: c, SnapshotTemplate: true}
+	}
+	k1 := e.launchPlan(t, plan("st-k1"))
+	if !wanted() {
+		t.Fatal("a create from a snapshot template did not make the pool keep it warm")
+	}
+	waitWarm(t, e.b, key, 1)
+	k2 := e.launchPlan(t, plan("st-k2"))
+	if !strings.HasPrefix(k2.cid, "warm.") {
+		t.Fatalf("second create from the snapshot template: cid %s, not a warm container", k2.cid)
+	}
+	for _, k := range []*Instance{f, k1, k2} {
+		if out := e.mustSh(t, k, "cat /root/state"); out != "pinned\n" {
+			t.Fatalf("%s sees %q", k.id, out)
+		}
+	}
+	waitWarm(t, e.b, key, 1)
+	e.b.warm.mu.Lock()
+	warm := e.b.warm.ready[key][0].cid
+	e.b.warm.mu.Unlock()
+
+	if err := e.b.DiscardSnapshot(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if wanted() {
+		t.Fatal("discarded snapshot still kept warm")
+	}
+	cs, err := e.b.rt.list(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range cs {
+		if x.ID == warm {
+			t.Fatalf("warm container %s of the discarded snapshot still exists", warm)
+		}
+	}
+	for _, i := range []*Instance{a, f, k1, k2} {
+		if err := i.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

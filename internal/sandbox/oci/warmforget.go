@@ -78,6 +78,7 @@ func (w *warmPool) forget(ctx context.Context, match func(createOpts) bool) erro
 			drop = append(drop, w.ready[key]...)
 			delete(w.ready, key)
 			delete(w.roots, key)
+			delete(w.demand, key)
 			continue
 		}
 		keep = append(keep, key)
