@@ -238,8 +238,14 @@ func (b *Block) DiskPath() string { return b.disk.Path() }
 // Size is the block device's size in bytes.
 func (b *Block) Size() int64 { return b.disk.Size() }
 
-// Lowers returns the stack's current sealed layers, bottom first.
-func (b *Block) Lowers() []stack.LayerRef { return b.disk.Lowers() }
+// Lowers returns the stack's current sealed layers, bottom first; none once closed or
+// abandoned.
+func (b *Block) Lowers() []stack.LayerRef {
+	if b.disk == nil {
+		return nil
+	}
+	return b.disk.Lowers()
+}
 
 // UpperBytes is the size of the upper's data file (what this root wrote since its last
 // snapshot, plus headers).

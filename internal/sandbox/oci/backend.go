@@ -175,11 +175,10 @@ func (c *Config) defaults() error {
 	if c.UIDRangeFile == "" {
 		c.UIDRangeFile = DefaultUIDRangeFile
 	}
+	// Negative stays negative (not 0, the default), so a Config that went through New
+	// once means the same the second time (tests reopen a backend with b.cfg).
 	if c.WarmContainers == 0 {
 		c.WarmContainers = 2
-	}
-	if c.WarmContainers < 0 {
-		c.WarmContainers = 0
 	}
 	if c.WarmContainersMax == 0 {
 		c.WarmContainersMax = 16
@@ -320,7 +319,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	laps.Lap("network")
 	// After the pool, which makes the netns directory a mount point.
 	b.rt.ns = newLaunchNS(cfg.DataDir, network.NetnsDir, b.log)
-	b.warm = newWarmPool(b, cfg.WarmContainers, cfg.WarmContainersMax)
+	b.warm = newWarmPool(b, max(cfg.WarmContainers, 0), cfg.WarmContainersMax)
 	b.log.Info("oci backend ready", append([]any{"runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2,
 		"uid_base", cfg.UIDBase, "uid_ranges", cfg.UIDRanges}, laps.Attrs()...)...)
 	return b, nil
