@@ -25,6 +25,10 @@ var firstCommandFiles = []string{
 	"/etc/bashrc", "/etc/environment", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf",
 	"/root/.bashrc", "/root/.profile", "/root/.bash_profile",
 	"/home/user/.bashrc", "/home/user/.profile", "/home/user/.bash_profile",
+	// Debian's /etc/profile runs `id -u`; a UTF-8 LANG (the base template's) loads the
+	// locale's files and the gconv cache.
+	"/usr/bin/id", "/usr/lib/locale/C.utf8", "/usr/lib/locale/C.utf8/LC_MESSAGES",
+	"/usr/lib/x86_64-linux-gnu/gconv/gconv-modules.cache",
 }
 
 // prefetchLimit bounds the bytes Prefetch reads into a warm container's page cache.

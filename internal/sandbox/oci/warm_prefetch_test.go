@@ -1,11 +1,13 @@
 package oci
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
 	"unsafe"
 
+	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -76,5 +78,39 @@ func TestBlockWarmPrefetched(t *testing.T) {
 	}
 	if res, n := residentPages(t, probe); res == n {
 		t.Fatalf("%s: all %d pages cached after they were dropped", probe, n)
+	}
+}
+
+// TestFirstCommandFilesDebian: on a Debian-style root, the warm pool's prefetch list takes
+// in what a login shell's first command reads besides the shell: `id` (Debian's
+// /etc/profile runs `id -u`) and, for a UTF-8 LANG, the locale's files and the gconv
+// cache. Each was a page fault through FUSE in a sandbox's first command.
+func TestFirstCommandFilesDebian(t *testing.T) {
+	root := t.TempDir()
+	files := map[string]int{
+		"usr/bin/id":                                         3000,
+		"usr/lib/locale/C.utf8/LC_CTYPE":                     5000,
+		"usr/lib/locale/C.utf8/LC_NUMERIC":                   50,
+		"usr/lib/locale/C.utf8/LC_MESSAGES/SYS_LC_MESSAGES":  48,
+		"usr/lib/x86_64-linux-gnu/gconv/gconv-modules.cache": 700,
+		"etc/profile":                                        600,
+	}
+	want := int64(0)
+	for name, size := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, make([]byte, size), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		want += int64(size)
+	}
+	got, err := rootfs.Prefetch(context.Background(), root, firstCommandFiles, prefetchLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("prefetched %d bytes of the first command's files, want all %d", got, want)
 	}
 }
