@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/aenv-dev/aenv/internal/orchestrator"
+	"github.com/aenv-dev/aenv/internal/relay"
 	"github.com/aenv-dev/aenv/internal/sandboxconn"
 )
 
@@ -312,24 +313,7 @@ func (p *sandboxProxy) forward(w http.ResponseWriter, r *http.Request, t target)
 	// The sandbox's own connections: addresses are reused, and the one the orchestrator
 	// opened for /init is there to carry the first request.
 	ctx = sandboxconn.WithSandbox(ctx, t.id)
-	// The request body belongs to the transport until it has seen EOF, and envd can answer
-	// before that: it starts a Connect stream once it has the request envelope, while the
-	// transport, having sent Content-Length bytes, still has one read to make to check for
-	// more. By default an HTTP/1 server drains and closes the request body when the handler
-	// writes the response headers; that read then fails, the transport closes the upstream
-	// connection, and the stream it is relaying is cut ("terminated" in the SDK). Full duplex
-	// leaves the body to the transport, which also lets a request body keep streaming while
-	// the response does. HTTP/2 is always full duplex and reports ErrNotSupported.
-	duplex := http.NewResponseController(w).EnableFullDuplex() == nil
-	p.rp.ServeHTTP(w, r.WithContext(ctx))
-	if duplex {
-		// Drain what the transport left unread while the handler still runs: drained after
-		// it returns, the body's EOF starts the server's background read too late for it to
-		// be stopped, and the next request on the client's connection panics in net/http
-		// and drops the connection (golang/go#68560), e.g. after a 502 for a sandbox that
-		// refused the connection before the body was sent.
-		r.Body.Close()
-	}
+	relay.Serve(p.rp, w, r.WithContext(ctx))
 }
 
 // envdTokenExempt: /health is public, and /files authorizes itself inside envd by header

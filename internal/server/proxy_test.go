@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/orchestrator"
+	"github.com/aenv-dev/aenv/internal/relay/relaytest"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/sandboxconn"
 )
@@ -508,50 +509,6 @@ func TestProxyWebSocketUpgrade(t *testing.T) {
 	}
 }
 
-// gatedConn holds each write after the request headers (the body) until gate is closed, and
-// reports its own Close.
-type gatedConn struct {
-	net.Conn
-	gate      <-chan struct{}
-	closed    chan struct{}
-	closeOnce sync.Once
-}
-
-func (c *gatedConn) Write(b []byte) (int, error) {
-	n, err := c.Conn.Write(b)
-	if !bytes.HasPrefix(b, []byte("POST ")) {
-		select {
-		case <-c.gate:
-		case <-time.After(10 * time.Second):
-		}
-	}
-	return n, err
-}
-
-func (c *gatedConn) Close() error {
-	c.closeOnce.Do(func() { close(c.closed) })
-	return c.Conn.Close()
-}
-
-// eofSignal reports the first error (io.EOF included) a read of the body returns.
-type eofSignal struct {
-	io.ReadCloser
-	done chan<- error
-	once sync.Once
-}
-
-func (b *eofSignal) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil {
-		b.once.Do(func() { b.done <- err })
-	}
-	return n, err
-}
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
 // TestProxyStreamSurvivesUpstreamAnsweringBeforeBodyEOF: envd starts a Connect server
 // stream (process.Start) as soon as it has the request envelope, and that can be before
 // the proxy's transport has made its last read of the request body (after Content-Length
@@ -584,7 +541,7 @@ func TestProxyStreamSurvivesUpstreamAnsweringBeforeBodyEOF(t *testing.T) {
 	var gateOnce sync.Once
 	openGate := func() { gateOnce.Do(func() { close(gate) }) }
 	t.Cleanup(openGate)
-	conns := make(chan *gatedConn, 4)
+	conns := make(chan *relaytest.GatedConn, 4)
 	tr := sandboxconn.NewTransport()
 	dial := tr.DialContext
 	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -592,16 +549,16 @@ func TestProxyStreamSurvivesUpstreamAnsweringBeforeBodyEOF(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		gc := &gatedConn{Conn: c, gate: gate, closed: make(chan struct{})}
+		gc := relaytest.NewGatedConn(c, gate)
 		conns <- gc
 		return gc, nil
 	}
 	t.Cleanup(tr.CloseIdleConnections)
 	bodyDone := make(chan error, 1)
 	e := newEnv(t, func(o *Options) {
-		o.Transport = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		o.Transport = relaytest.RoundTripFunc(func(r *http.Request) (*http.Response, error) {
 			r = r.Clone(r.Context())
-			r.Body = &eofSignal{ReadCloser: r.Body, done: bodyDone}
+			r.Body = &relaytest.EOFSignal{ReadCloser: r.Body, Done: bodyDone}
 			return tr.RoundTrip(r)
 		})
 	})
@@ -635,7 +592,7 @@ func TestProxyStreamSurvivesUpstreamAnsweringBeforeBodyEOF(t *testing.T) {
 	}
 	// A transport that failed that read closes the connection right after it.
 	select {
-	case <-(<-conns).closed:
+	case <-(<-conns).Closed:
 		t.Error("the proxy closed its upstream connection while the stream was running")
 	case <-time.After(100 * time.Millisecond):
 	}

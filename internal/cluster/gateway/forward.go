@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/aenv-dev/aenv/internal/cluster/scheduler/gen/schedulerv1"
+	"github.com/aenv-dev/aenv/internal/relay"
 )
 
 // target is the node a request is forwarded to.
@@ -37,7 +38,7 @@ func targetOf(n *pb.NodeInfo) (*target, error) {
 
 // forward proxies r to t, streaming both ways.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, t *target) {
-	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+	relay.Serve(g.proxy, w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
 }
 
 // toSandbox forwards r to the node holding sandbox id, or says clearly why it cannot:
