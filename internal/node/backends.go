@@ -86,7 +86,6 @@ func (bs Backends) factory(kind string) (BackendFactory, error) {
 	return f, nil
 }
 
-// openOCI is the "oci" kind: containers run by an OCI runtime (package oci).
 // warmContainers maps backend.warm_containers (0: none) onto oci.Config's (0: the
 // default, negative: none).
 func warmContainers(n int) int {
@@ -96,6 +95,7 @@ func warmContainers(n int) int {
 	return n
 }
 
+// openOCI is the "oci" kind: containers run by an OCI runtime (package oci).
 func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 	cfg := env.Config
 	allowRanges, dns, err := egressSettings(cfg.Network)

@@ -181,9 +181,8 @@ func (c *Config) defaults() error {
 		c.WarmContainers = 2
 	}
 	if c.WarmContainersMax == 0 {
-		c.WarmContainersMax = 16
+		c.WarmContainersMax = 16 // newWarmPool raises it to WarmContainers when below
 	}
-	c.WarmContainersMax = max(c.WarmContainersMax, c.WarmContainers)
 	if c.PidsLimit == 0 {
 		c.PidsLimit = 1024
 	}

@@ -327,7 +327,8 @@ func (b *Backend) discardCapture(ctx context.Context, c *Captured) error {
 	}
 	// Warm containers of a snapshot template hold its layers open (and would keep the
 	// space of the files gcLayers deletes); its top layer is its own.
-	if top := c.Layers[len(c.Layers)-1]; b.warm != nil {
+	if n := len(c.Layers); n > 0 && b.warm != nil {
+		top := c.Layers[n-1]
 		if err := b.warm.forget(ctx, func(o createOpts) bool { return hasLayer(o.layers, top) }); err != nil {
 			return fmt.Errorf("oci: discard capture %s: warm containers: %w", c.ID, err)
 		}
