@@ -176,6 +176,7 @@ func TestConnectWhileKilling(t *testing.T) {
 	}
 	second := make(chan error, 1)
 	go func() { second <- h.o.Kill(ctx, sb.ID) }() // joins
+	waitForWaiter(t, h, sb.ID)                     // released first, it found the sandbox gone (CI)
 	close(bl.release)
 	if err := <-killed; err != nil {
 		t.Fatal(err)
