@@ -125,7 +125,14 @@ test('allowOut by domain, rules inject headers, HTTPS by SNI, maskRequestHost', 
       await sleep(200)
     }
     assert.equal(res.status, 200)
-    assert.match(await sbx.files.read('/tmp/req'), /^Host: 8080-masked\.example\.com\r$/m)
+    // nc sends its canned answer without waiting for the request, so the client can have
+    // the 200 before nc has written what it received (CI: the file was still empty).
+    let req = ''
+    for (let i = 0; i < 30 && !req.includes('\r\n\r\n'); i++) {
+      req = await sbx.files.read('/tmp/req')
+      if (!req.includes('\r\n\r\n')) await sleep(100)
+    }
+    assert.match(req, /^Host: 8080-masked\.example\.com\r$/m)
   } finally {
     await sbx.kill()
   }
