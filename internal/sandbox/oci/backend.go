@@ -232,9 +232,11 @@ type Backend struct {
 	mountBin string
 	// emptyDir masks directories under /sys in every sandbox ("": a tmpfs each).
 	emptyDir string
-	pool     *network.Pool
-	warm     *warmPool
-	log      *slog.Logger
+	// blankRoot is the skeleton blank warm containers start on ("": none are kept).
+	blankRoot string
+	pool      *network.Pool
+	warm      *warmPool
+	log       *slog.Logger
 	// usernsFDs are the user namespaces id-mapped mounts are made for.
 	usernsFDs *usernsCache
 
@@ -296,6 +298,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	cfg.UIDBase = base
 	b := &Backend{cfg: cfg, v2: unifiedOnly(), log: cfg.Logger, emptyDir: emptyDir, instances: map[string]*Instance{}, tearing: map[string]int{}, usernsFDs: newUsernsCache()}
+	if b.blankRoot, err = makeBlankRoot(cfg.DataDir); err != nil {
+		b.log.Warn("oci: no blank warm containers: forks and resumes start their containers on their path", "err", err)
+	}
 	b.memsw = hostAccountsSwap(b.v2)
 	if mb, err := exec.LookPath("mount"); err == nil {
 		b.mountBin = mb
@@ -427,6 +432,7 @@ func (b *Backend) launchWarmOrNew(ctx context.Context, inst *Instance, plan sand
 		// A warm container's spec is written before anyone asks: it has no volumes.
 		return b.launchNew(ctx, inst, plan, root)
 	}
+	defer b.warm.begin()()
 	w := b.warm.take(key)
 	b.warm.want(key, root)
 	if w != nil {
@@ -492,6 +498,9 @@ type createOpts struct {
 	hostname      string
 	run           bool // start the init now (runc run -d) or leave it created (warm pool)
 	mounts        []sandbox.Mount
+	// blank creates the container on the backend's blank root, with no root of its own
+	// (a blank warm container, see reroot.go); lower and layers are unused.
+	blank bool
 }
 
 // create builds a container for inst (whose cid and bundle dir are set): network slot,
@@ -523,7 +532,10 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		return err
 	}
 	t1 := time.Now()
-	if len(o.layers) > 0 {
+	rootPath := inst.l.rootfs()
+	if o.blank {
+		rootPath = b.blankRoot
+	} else if len(o.layers) > 0 {
 		if err := b.mountBlock(ctx, inst, o, userns); err != nil {
 			return err
 		}
@@ -543,7 +555,7 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		}
 	}
 	spec := buildSpec(specParams{
-		rootfs: inst.l.rootfs(), hostname: o.hostname, netnsPath: slot.NetnsPath,
+		rootfs: rootPath, hostname: o.hostname, netnsPath: slot.NetnsPath,
 		envdPath: b.cfg.EnvdPath, args: b.initArgs(),
 		env: []string{
 			"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

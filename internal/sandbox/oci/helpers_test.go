@@ -116,8 +116,10 @@ func TestMain(m *testing.M) {
 	if templateDir != "" {
 		os.RemoveAll(filepath.Dir(templateDir))
 	}
-	if envdBin != "" {
-		os.Remove(envdBin)
+	for _, bin := range []string{envdBin, waitInitBin} {
+		if bin != "" {
+			os.Remove(bin)
+		}
 	}
 	// Each backend's cgroups are removed by its cleanup; the shared parent is the suite's.
 	parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + testCgroup)

@@ -38,6 +38,15 @@ const prefetchLimit = 32 << 20
 // launched first out).
 const maxWarmTemplates = 4
 
+// refillQuiet is how long after launches last overlapped the filler waits before growing
+// a pool beyond its floor (warm_containers). A burst's launches and their first commands
+// run in the ~0.3 s after it; refilled at once, the pool's new containers (runc, runc
+// init, envd: ~50 ms of CPU each) took half of this 2-vCPU host from them (fork 16 → all
+// answered 332 → 280 ms with the refill held back). Sequential launches never overlap, so
+// a steady stream of creates has the filler working all along, as it needs; the floor is
+// refilled at once either way.
+const refillQuiet = 200 * time.Millisecond
+
 // warmTrimInterval is how often the filler checks for pools larger than their template's
 // demand (a burst older than burstHold) and removes the extra containers.
 const warmTrimInterval = time.Minute
@@ -63,7 +72,11 @@ type warmPool struct {
 	roots  map[string]createOpts  // the root each wanted key stands for
 	demand map[string]*demand     // launches of each wanted key
 	wanted []string               // most recently launched first
-	seq    int
+	// inflight counts launches between begin and their end; overlapped is when two last
+	// ran at once (see refillQuiet).
+	inflight   int
+	overlapped time.Time
+	seq        int
 	// preparing is the root key the filler is creating a container for, and prepared is
 	// closed once that container is in the pool or discarded (forget waits for it).
 	preparing string
@@ -114,7 +127,7 @@ func (w *warmPool) want(lower string, root createOpts) {
 	}
 	var evicted []*Instance
 	w.mu.Lock()
-	w.roots[lower] = createOpts{lower: root.lower, layers: root.layers, vsize: root.vsize}
+	w.roots[lower] = createOpts{lower: root.lower, layers: root.layers, vsize: root.vsize, blank: root.blank}
 	d := w.demand[lower]
 	if d == nil {
 		d = &demand{}
@@ -139,6 +152,26 @@ func (w *warmPool) want(lower string, root createOpts) {
 		go w.discard(inst)
 	}
 	w.kick()
+}
+
+// begin records a launch in progress until the returned function is called; launches
+// that overlap make a burst, which holds back the pools' growth (see refillQuiet).
+func (w *warmPool) begin() (end func()) {
+	w.mu.Lock()
+	w.inflight++
+	if w.inflight > 1 {
+		w.overlapped = w.now()
+	}
+	w.mu.Unlock()
+	return func() {
+		w.mu.Lock()
+		if w.inflight > 1 {
+			w.overlapped = w.now()
+		}
+		w.inflight--
+		w.mu.Unlock()
+		w.kick()
+	}
 }
 
 func (w *warmPool) kick() {
@@ -176,7 +209,16 @@ func (w *warmPool) loop() {
 			continue
 		}
 		for {
-			lower := w.needed()
+			lower, wait := w.needed()
+			if wait > 0 {
+				// Only pools above their floor are short: try again once launches paused.
+				select {
+				case <-w.done:
+					return
+				case <-time.After(wait):
+				}
+				continue
+			}
 			if lower == "" {
 				break
 			}
@@ -216,19 +258,31 @@ func (w *warmPool) fill(lower string) bool {
 	return true
 }
 
-// needed returns a wanted template short of warm containers, or "".
-func (w *warmPool) needed() string {
+// needed returns a wanted template short of warm containers, or "". A pool below its
+// floor comes first; one that only lacks what a burst grew it to waits until launches
+// have not overlapped for refillQuiet: then needed returns "" and how long is left.
+func (w *warmPool) needed() (string, time.Duration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
-		return ""
+		return "", 0
 	}
+	grow := ""
 	for _, l := range w.wanted {
-		if len(w.ready[l]) < w.target(l) {
-			return l
+		switch n := len(w.ready[l]); {
+		case n < w.size:
+			return l, 0
+		case n < w.target(l) && grow == "":
+			grow = l
 		}
 	}
-	return ""
+	if grow == "" {
+		return "", 0
+	}
+	if quiet := w.now().Sub(w.overlapped); quiet < refillQuiet {
+		return "", refillQuiet - quiet
+	}
+	return grow, 0
 }
 
 // excess removes from the pools the containers beyond their template's target (a burst's
@@ -259,7 +313,11 @@ func (w *warmPool) prepare(lower string) (*Instance, error) {
 	w.mu.Lock()
 	o := w.roots[lower]
 	w.mu.Unlock()
-	if len(o.layers) > 0 {
+	if o.blank {
+		if w.b.blankRoot == "" {
+			return nil, errors.New("no blank root")
+		}
+	} else if len(o.layers) > 0 {
 		for _, l := range o.layers {
 			if l.Path == "" {
 				continue
@@ -342,6 +400,36 @@ func (w *warmPool) close(ctx context.Context) error {
 // startWarm turns warm container w into sandbox plan.SandboxID: its state, network policy,
 // cgroup limits and hostname, then starts its init unless the pool already did.
 func (b *Backend) startWarm(ctx context.Context, w *Instance, plan sandbox.LaunchPlan) error {
+	pid, err := b.warmPID(w)
+	if err != nil {
+		return err
+	}
+	return b.claimWarm(ctx, w, pid, plan)
+}
+
+// warmPID returns the pid of warm container w's init, checking that a started one still
+// runs.
+func (b *Backend) warmPID(w *Instance) (int, error) {
+	raw, err := os.ReadFile(w.l.pid())
+	if err != nil {
+		return 0, fmt.Errorf("oci: warm container pid: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		return 0, fmt.Errorf("oci: warm container pid %q: %w", raw, err)
+	}
+	if w.running && !b.initAlive(w.cid, pid) {
+		// Its envd ran unsupervised in the pool and died there (killed, or crashed): handed
+		// out, the launch would only learn it when envd never answered.
+		return 0, fmt.Errorf("%w: warm container %s", errInitGone, w.cid)
+	}
+	return pid, nil
+}
+
+// claimWarm gives warm container w (init pid) its sandbox's id, network policy, saved
+// state, cgroup limits and hostname. The state is saved once the container is on its
+// root: a node that restarts adopts only what is complete.
+func (b *Backend) claimWarm(ctx context.Context, w *Instance, pid int, plan sandbox.LaunchPlan) error {
 	w.id, w.res = plan.SandboxID, plan.Resources
 	if !plan.AllowInternet {
 		if err := b.pool.SetInternet(ctx, w.slot, false); err != nil {
@@ -353,19 +441,6 @@ func (b *Backend) startWarm(ctx context.Context, w *Instance, plan sandbox.Launc
 	}
 	if err := setLimits(b.cgroupsPath(w.cid), b.v2, b.memsw, plan.Resources); err != nil {
 		return err
-	}
-	raw, err := os.ReadFile(w.l.pid())
-	if err != nil {
-		return fmt.Errorf("oci: warm container pid: %w", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
-	if err != nil {
-		return fmt.Errorf("oci: warm container pid %q: %w", raw, err)
-	}
-	if w.running && !b.initAlive(w.cid, pid) {
-		// Its envd ran unsupervised in the pool and died there (killed, or crashed): handed
-		// out, the launch would only learn it when envd never answered.
-		return fmt.Errorf("%w: warm container %s", errInitGone, w.cid)
 	}
 	if err := setHostname(pid, hostname(plan.SandboxID)); err != nil {
 		return err

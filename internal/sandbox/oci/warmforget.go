@@ -47,6 +47,9 @@ func hasLayer(layers []stack.LayerRef, l stack.LayerRef) bool {
 
 // rootGone reports whether a warm root's files were deleted.
 func rootGone(o createOpts) bool {
+	if o.blank {
+		return false
+	}
 	if len(o.layers) == 0 {
 		_, err := os.Stat(o.lower)
 		return errors.Is(err, os.ErrNotExist)

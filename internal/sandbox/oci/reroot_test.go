@@ -1,0 +1,239 @@
+package oci
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+func TestCheckMountPoints(t *testing.T) {
+	cases := []struct {
+		name       string
+		make       func(dir string) error
+		resolvConf bool
+		ok         bool
+	}{
+		{"complete", nil, true, true},
+		{"no resolv.conf, none configured", func(d string) error { return os.Remove(filepath.Join(d, "etc/resolv.conf")) }, false, true},
+		{"no resolv.conf", func(d string) error { return os.Remove(filepath.Join(d, "etc/resolv.conf")) }, true, false},
+		{"no envd file", func(d string) error { return os.Remove(filepath.Join(d, envdMount)) }, true, false},
+		{"envd is a directory", func(d string) error {
+			p := filepath.Join(d, envdMount)
+			return errors.Join(os.Remove(p), os.Mkdir(p, 0o755))
+		}, true, false},
+		{"proc is a symlink", func(d string) error {
+			p := filepath.Join(d, "proc")
+			return errors.Join(os.Remove(p), os.Symlink("/proc", p))
+		}, true, false},
+		{"no dev", func(d string) error { return os.Remove(filepath.Join(d, "dev")) }, true, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, p := range []string{"proc", "dev", "sys", "etc", ".aenv"} {
+				if err := os.Mkdir(filepath.Join(dir, p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, p := range []string{envdMount, "/etc/resolv.conf"} {
+				if err := os.WriteFile(filepath.Join(dir, p), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c.make != nil {
+				if err := c.make(dir); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := checkMountPoints(dir, c.resolvConf)
+			if (err == nil) != c.ok || err != nil && !errors.Is(err, errNoMountPoint) {
+				t.Fatalf("checkMountPoints: %v, want ok=%v", err, c.ok)
+			}
+		})
+	}
+}
+
+var (
+	waitInitOnce sync.Once
+	waitInitBin  string
+	waitInitErr  error
+)
+
+// waitInit builds testdata/waitinit once per test binary: the init of the tests' blank
+// containers, which runs httpdInit once the container is on its root (httpdInit's busybox
+// is the root's).
+func waitInit(t *testing.T) []string {
+	t.Helper()
+	waitInitOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		waitInitBin = filepath.Join(os.TempDir(), fmt.Sprintf("aenv-oci-waitinit-%d", os.Getpid()))
+		cmd := exec.Command("go", "build", "-o", waitInitBin, "./testdata/waitinit")
+		cmd.Dir = filepath.Dir(file)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			waitInitErr = fmt.Errorf("build waitinit: %w: %s", err, out)
+		}
+	})
+	if waitInitErr != nil {
+		t.Fatal(waitInitErr)
+	}
+	return append([]string{envdMount}, httpdInit...)
+}
+
+// mountTable is what a sandbox's mount table looks like from inside: each mount point
+// with its filesystem type and its options, sorted.
+const mountTable = `awk '{ for (i = 7; $i != "-"; i++); print $5, $(i+1), $6 }' /proc/self/mountinfo | sort`
+
+// TestBlankWarmFork: once a fork made blank containers wanted, a fork's child comes from a
+// blank warm container moved onto the capture's root: it sees the source's files, its
+// init runs on that root, its mounts are those of a container runc made on the root, its
+// writes land in its own upper, and it can be snapshotted and forked in turn.
+func TestBlankWarmFork(t *testing.T) {
+	needRuntime(t)
+	needBlock(t)
+	init := waitInit(t)
+	e := newTestBackend(t, func(c *Config) { c.WarmContainers, c.EnvdPath, c.InitArgs = 1, waitInitBin, init })
+	ctx := context.Background()
+	a := e.launchBlock(t, "bl-a", testLayered(t), sandbox.Resources{})
+	e.mustSh(t, a, "echo pinned > /root/state && sync -f /")
+	fork := func(src *Instance, id string) *Instance {
+		t.Helper()
+		res, err := src.Fork(ctx, []sandbox.ForkSpec{{SandboxID: id}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Err != nil {
+			t.Fatal(res[0].Err)
+		}
+		k := res[0].Instance.(*Instance)
+		e.waitReady(t, k)
+		return k
+	}
+	cold := fork(a, "bl-cold")
+	if cold.cid != cold.id {
+		t.Fatalf("first child %s came from container %s with no blank container made yet", cold.id, cold.cid)
+	}
+	waitWarm(t, e.b, blankKey, 1)
+	k := fork(a, "bl-warm")
+	if !strings.HasPrefix(k.cid, "warm.") {
+		t.Fatalf("child after the pool filled: container %s, not a blank warm one", k.cid)
+	}
+	if out := e.mustSh(t, k, "cat /root/state /proc/1/root/root/state; hostname"); out != "pinned\npinned\n"+hostname("bl-warm")+"\n" {
+		t.Fatalf("blank child sees %q", out)
+	}
+	want, got := e.mustSh(t, cold, mountTable), e.mustSh(t, k, mountTable)
+	if got != want {
+		t.Fatalf("blank child's mounts:\n%s\nwant (as runc made them):\n%s", got, want)
+	}
+	t.Logf("mounts:\n%s", got)
+	if strings.Contains(got, stageDir) || !strings.Contains(got, envdMount) {
+		t.Fatalf("blank child's mounts:\n%s", got)
+	}
+	e.mustSh(t, k, "echo child > /root/child && sync -f /")
+	if b, err := os.ReadFile(filepath.Join(k.l.rootfs(), "root/child")); err != nil || string(b) != "child\n" {
+		t.Fatalf("child's write on the host: %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(e.b.blankRoot, "root")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("blank root written to: %v", err)
+	}
+	waitWarm(t, e.b, blankKey, 1)
+	g := fork(k, "bl-grandchild")
+	if !strings.HasPrefix(g.cid, "warm.") {
+		t.Fatalf("grandchild: container %s, not a blank warm one", g.cid)
+	}
+	if out := e.mustSh(t, g, "cat /root/state /root/child"); out != "pinned\nchild\n" {
+		t.Fatalf("grandchild sees %q", out)
+	}
+	for _, i := range []*Instance{a, cold, k, g} {
+		if err := i.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestAdoptBlankFork: a node crash leaves a fork's child that came from a blank warm
+// container and another blank container still waiting in the pool. The next backend
+// adopts the child (same init, on its own root, files intact) and removes the waiting
+// one with the rest.
+func TestAdoptBlankFork(t *testing.T) {
+	needRuntime(t)
+	needBlock(t)
+	init := waitInit(t)
+	dp := startDataPlane(t)
+	e := newTestBackend(t, func(c *Config) {
+		c.DataPlane, c.WarmContainers, c.EnvdPath, c.InitArgs = dp, 1, waitInitBin, init
+	})
+	ctx := context.Background()
+	src := e.launchBlock(t, "ab-src", testLayered(t), sandbox.Resources{})
+	e.mustSh(t, src, "echo pinned > /root/state && sync -f /")
+	fork := func(id string) *Instance {
+		t.Helper()
+		res, err := src.Fork(ctx, []sandbox.ForkSpec{{SandboxID: id}})
+		if err != nil || res[0].Err != nil {
+			t.Fatal(err, res[0].Err)
+		}
+		k := res[0].Instance.(*Instance)
+		e.waitReady(t, k)
+		return k
+	}
+	cold := fork("ab-cold")
+	waitWarm(t, e.b, blankKey, 1)
+	k := fork("ab-kid")
+	if !strings.HasPrefix(k.cid, "warm.") {
+		t.Fatalf("child: container %s, not a blank warm one", k.cid)
+	}
+	e.mustSh(t, k, "echo kid > /root/kid && sync -f /")
+	waitWarm(t, e.b, blankKey, 1)
+	// The crash: the pool stops where it is (its waiting container stays), and this
+	// process's handles on the roots go; the data plane's stay.
+	e.b.warm.mu.Lock()
+	waiting := e.b.warm.ready[blankKey][0].cid
+	e.b.warm.ready, e.b.warm.wanted = map[string][]*Instance{}, nil
+	e.b.warm.mu.Unlock()
+	pid := k.pidOf(t)
+	for _, i := range []*Instance{src, cold, k} {
+		i.block.Abandon()
+	}
+
+	b2, err := New(ctx, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive, err := b2.Reconcile(ctx, []string{"ab-kid"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adopted, ok := alive["ab-kid"].(*Instance)
+	if !ok || len(alive) != 1 {
+		t.Fatalf("alive %v, want only ab-kid", alive)
+	}
+	if got := adopted.pidOf(t); got != pid {
+		t.Fatalf("adopted init is pid %d, was %d", got, pid)
+	}
+	env2 := &testEnv{b: b2, cfg: b2.cfg, template: e.template}
+	if out := env2.mustSh(t, adopted, "cat /root/state /root/kid"); out != "pinned\nkid\n" {
+		t.Fatalf("adopted child reads %q", out)
+	}
+	if _, err := os.Stat(filepath.Join(b2.rt.root, waiting)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("blank container %s left waiting after the restart (%v)", waiting, err)
+	}
+	if err := adopted.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := dp.List(ctx); len(got) != 0 {
+		t.Fatalf("the data plane still serves %v after the stop", got)
+	}
+	// The first backend's instances are the same sandboxes: nothing of them is left.
+	e.b.mu.Lock()
+	clear(e.b.instances)
+	e.b.mu.Unlock()
+}
