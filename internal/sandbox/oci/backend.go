@@ -426,27 +426,45 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 }
 
 // launchWarmOrNew starts the reserved inst from a warm container of root (key names it)
-// when one is ready, else creates one; either way the pool learns root is in demand.
+// when one is ready, else, for a block root, from a blank warm container (reroot.go), else
+// creates one; either way the pool learns what was in demand. key "" is a root launched
+// once (a fork's child, a resume from disk): it has no pool of its own.
 func (b *Backend) launchWarmOrNew(ctx context.Context, inst *Instance, plan sandbox.LaunchPlan, key string, root createOpts) (sandbox.Instance, error) {
 	if len(plan.Mounts) > 0 {
 		// A warm container's spec is written before anyone asks: it has no volumes.
 		return b.launchNew(ctx, inst, plan, root)
 	}
 	defer b.warm.begin()()
-	w := b.warm.take(key)
-	b.warm.want(key, root)
-	if w != nil {
-		err := b.startWarm(ctx, w, plan)
-		if err == nil {
-			inst.adopt(w)
+	if key != "" {
+		w := b.warm.take(key)
+		b.warm.want(key, root)
+		if w != nil && b.claim(ctx, inst, w, func() error { return b.startWarm(ctx, w, plan) }) {
 			return inst, nil
 		}
-		b.log.Warn("oci: warm container failed; creating a fresh one", "id", plan.SandboxID, "err", err)
-		if cerr := w.Stop(context.WithoutCancel(ctx)); cerr != nil {
-			b.log.Warn("oci: cleanup of a failed warm container", "cid", w.cid, "err", cerr)
+	}
+	if len(root.layers) > 0 && b.blankRoot != "" {
+		w := b.warm.take(blankKey)
+		b.warm.want(blankKey, createOpts{blank: true})
+		if w != nil && b.claim(ctx, inst, w, func() error { return b.startBlank(ctx, w, plan, root) }) {
+			return inst, nil
 		}
 	}
 	return b.launchNew(ctx, inst, plan, root)
+}
+
+// claim makes warm container w the reserved inst with start; false (w stopped) when
+// start failed.
+func (b *Backend) claim(ctx context.Context, inst, w *Instance, start func() error) bool {
+	err := start()
+	if err == nil {
+		inst.adopt(w)
+		return true
+	}
+	b.log.Warn("oci: warm container failed; creating a fresh one", "id", inst.id, "cid", w.cid, "err", err)
+	if cerr := w.Stop(context.WithoutCancel(ctx)); cerr != nil {
+		b.log.Warn("oci: cleanup of a failed warm container", "cid", w.cid, "err", cerr)
+	}
+	return false
 }
 
 // reserve registers a new instance under plan.SandboxID, or fails if the id is taken.

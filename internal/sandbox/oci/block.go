@@ -134,7 +134,7 @@ func (b *Backend) launchBlock(ctx context.Context, plan sandbox.LaunchPlan, laye
 		// pause's capture once per child or resume.
 		return b.launchWarmOrNew(ctx, inst, plan, blockKey(layers, vsize), root)
 	}
-	return b.launchBlank(ctx, inst, plan, root)
+	return b.launchWarmOrNew(ctx, inst, plan, "", root)
 }
 
 // blockKey names a layered root in the warm pool.

@@ -154,15 +154,18 @@ func newTestBackend(t *testing.T, mod func(*Config)) *testEnv {
 	t.Helper()
 	needRuntime(t)
 	tmpl := testTemplate(t)
+	init := waitInit(t)
 	dataDir := t.TempDir()
 	// t.TempDir's parents are 0700; user-namespaced sandbox roots must traverse them.
 	for d := dataDir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
 		os.Chmod(d, 0o711)
 	}
 	cfg := Config{
-		DataDir:      dataDir,
-		EnvdPath:     "/bin/busybox",
-		InitArgs:     httpdInit,
+		DataDir: dataDir,
+		// waitinit runs httpdInit once the root's busybox is there: at once, or in a
+		// blank warm container once it is moved onto its root.
+		EnvdPath:     waitInitBin,
+		InitArgs:     init,
 		CgroupParent: fmt.Sprintf("%s/%d-%d", testCgroup, os.Getpid(), backendSeq.Add(1)),
 		PidsLimit:    256,
 		// Off by default so each test controls what exists; TestWarmContainers turns it on.

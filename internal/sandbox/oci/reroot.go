@@ -8,7 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -22,7 +24,9 @@ import (
 // template only. A fork's children, a resume from disk and a create from a snapshot
 // that is not a template each launch a root that exists once, after the request came:
 // nothing could be created for it in advance, and every child paid the runtime's whole
-// start (runc, runc init, the hook, envd's start: ~45 ms of CPU each) on its path.
+// start (runc, runc init, the hook, envd's start: ~45 ms of CPU each) on its path. So did
+// a template's creates beyond what its pool held (its first burst, and bursts that come
+// faster than the pool refills).
 //
 // A blank warm container is created (and its envd started) on blankRoot, a read-only
 // skeleton shared by all of them that holds only the mount points of the spec's mounts.
@@ -35,6 +39,10 @@ import (
 // built on that root: the same mounts, namespaces, cgroup, capabilities and seccomp
 // filter, all of which runc set up before its init ran and none of which depend on the
 // root's files.
+//
+// Blank containers are one more pool (blankKey), wanted by the launches that took or
+// missed one: those without a pool of their own, and template launches that found their
+// template's pool empty.
 
 // blankRootName is the skeleton's directory under the data directory.
 const blankRootName = "blankroot"
@@ -82,29 +90,44 @@ func makeBlankRoot(dataDir string) (string, error) {
 // container cannot be moved onto it (runc would have created it).
 var errNoMountPoint = errors.New("oci: root lacks a mount point")
 
-// checkMountPoints reports whether the root mounted at dir (on the host) has the mount
-// points of a sandbox's top-level mounts, of the right kind.
-func checkMountPoints(dir string, resolvConf bool) error {
+// checkMountPoints checks that the root mounted at dir (on the host) has the mount points
+// of a sandbox's top-level mounts, of the right kind, and returns them. No component of
+// their paths may be a symbolic link: the root's files are the sandbox's (a fork's
+// source wrote them), and a link would send a mount elsewhere when it is moved in.
+// Nothing runs on the root yet, so what is checked here is what the move finds.
+func checkMountPoints(dir string, resolvConf bool) ([]string, error) {
 	want := map[string]bool{"/proc": true, "/dev": true, "/sys": true, envdMount: false}
 	if resolvConf {
 		want["/etc/resolv.conf"] = false
 	}
+	paths := make([]string, 0, len(want))
 	for p, isDir := range want {
-		fi, err := os.Lstat(filepath.Join(dir, p))
-		if err != nil {
-			return fmt.Errorf("%w: %s: %w", errNoMountPoint, p, err)
+		paths = append(paths, p)
+		var fi fs.FileInfo
+		cur := dir
+		for _, c := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
+			cur = filepath.Join(cur, c)
+			var err error
+			if fi, err = os.Lstat(cur); err != nil {
+				return nil, fmt.Errorf("%w: %s: %w", errNoMountPoint, p, err)
+			}
+			if fi.Mode()&fs.ModeSymlink != 0 {
+				return nil, fmt.Errorf("%w: %s: %s is a symbolic link", errNoMountPoint, p, c)
+			}
 		}
-		if fi.IsDir() != isDir || fi.Mode()&fs.ModeSymlink != 0 {
-			return fmt.Errorf("%w: %s is a %s", errNoMountPoint, p, fi.Mode().Type())
+		if fi.IsDir() != isDir {
+			return nil, fmt.Errorf("%w: %s is a %s", errNoMountPoint, p, fi.Mode().Type())
 		}
 	}
-	return nil
+	sort.Strings(paths)
+	return paths, nil
 }
 
 // reroot moves the mount namespace of the container whose init is pid from the blank
-// root onto the filesystem mounted at newRoot in the node's namespace (see above). It
+// root onto the filesystem mounted at newRoot in the node's namespace (see above), with
+// its mounts at points (checked by checkMountPoints; a mount elsewhere is an error). It
 // runs on a thread of its own that joins the container's namespace and ends there.
-func reroot(pid int, newRoot string) error {
+func reroot(pid int, newRoot string, points []string) error {
 	errc := make(chan error, 1)
 	go func() {
 		// Never unlocked: Go ends the thread, in the container's namespace, with this
@@ -115,7 +138,7 @@ func reroot(pid int, newRoot string) error {
 			errc <- errMainThread
 			return
 		}
-		errc <- rerootThread(pid, newRoot)
+		errc <- rerootThread(pid, newRoot, points)
 	}()
 	if err := <-errc; err != nil {
 		return fmt.Errorf("oci: move container onto its root: %w", err)
@@ -123,7 +146,7 @@ func reroot(pid int, newRoot string) error {
 	return nil
 }
 
-func rerootThread(pid int, newRoot string) error {
+func rerootThread(pid int, newRoot string, points []string) error {
 	// Cloned here, where the root is mounted; the clone keeps the id mapping.
 	tree, err := unix.OpenTree(unix.AT_FDCWD, newRoot, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
@@ -138,6 +161,11 @@ func rerootThread(pid int, newRoot string) error {
 	tops, err := topMounts(pid)
 	if err != nil {
 		return err
+	}
+	for _, m := range tops {
+		if !slices.Contains(points, m) {
+			return fmt.Errorf("the container has a mount at %s, which the root was not checked for", m)
+		}
 	}
 	// setns into a mount namespace needs a thread whose root and working directory are
 	// its own (Go's threads share them); it lands on the namespace's root.
@@ -211,30 +239,6 @@ func topMounts(pid int) ([]string, error) {
 	return out, nil
 }
 
-// launchBlank starts the reserved inst on block root root (a capture's layers) from a
-// blank warm container when one is ready, else creates a container for it; either way the
-// pool learns that blank containers are in demand.
-func (b *Backend) launchBlank(ctx context.Context, inst *Instance, plan sandbox.LaunchPlan, root createOpts) (sandbox.Instance, error) {
-	if len(plan.Mounts) > 0 || b.blankRoot == "" {
-		return b.launchNew(ctx, inst, plan, root)
-	}
-	defer b.warm.begin()()
-	w := b.warm.take(blankKey)
-	b.warm.want(blankKey, createOpts{blank: true})
-	if w != nil {
-		err := b.startBlank(ctx, w, plan, root)
-		if err == nil {
-			inst.adopt(w)
-			return inst, nil
-		}
-		b.log.Warn("oci: blank warm container failed; creating a fresh one", "id", plan.SandboxID, "err", err)
-		if cerr := w.Stop(context.WithoutCancel(ctx)); cerr != nil {
-			b.log.Warn("oci: cleanup of a failed warm container", "cid", w.cid, "err", cerr)
-		}
-	}
-	return b.launchNew(ctx, inst, plan, root)
-}
-
 // startBlank mounts root for blank warm container w as launchNew would for a container
 // of its own, moves w onto it and claims it for plan. On error w is left to be stopped.
 func (b *Backend) startBlank(ctx context.Context, w *Instance, plan sandbox.LaunchPlan, root createOpts) error {
@@ -253,11 +257,12 @@ func (b *Backend) startBlank(ctx context.Context, w *Instance, plan sandbox.Laun
 	if err := b.mountBlock(ctx, w, root, userns); err != nil {
 		return err
 	}
-	if err := checkMountPoints(w.l.rootfs(), b.cfg.ResolvConf != ""); err != nil {
+	points, err := checkMountPoints(w.l.rootfs(), b.cfg.ResolvConf != "")
+	if err != nil {
 		return err
 	}
 	t1 := time.Now()
-	if err := reroot(pid, w.l.rootfs()); err != nil {
+	if err := reroot(pid, w.l.rootfs(), points); err != nil {
 		return err
 	}
 	t2 := time.Now()

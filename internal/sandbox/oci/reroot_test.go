@@ -35,6 +35,14 @@ func TestCheckMountPoints(t *testing.T) {
 			return errors.Join(os.Remove(p), os.Symlink("/proc", p))
 		}, true, false},
 		{"no dev", func(d string) error { return os.Remove(filepath.Join(d, "dev")) }, true, false},
+		{"a directory on the way is a symlink", func(d string) error {
+			return errors.Join(os.Rename(filepath.Join(d, ".aenv"), filepath.Join(d, "elsewhere")),
+				os.Symlink("elsewhere", filepath.Join(d, ".aenv")))
+		}, true, false},
+		{"etc is a symlink, no resolv.conf configured", func(d string) error {
+			return errors.Join(os.Rename(filepath.Join(d, "etc"), filepath.Join(d, "elsewhere")),
+				os.Symlink("elsewhere", filepath.Join(d, "etc")))
+		}, false, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -54,9 +62,12 @@ func TestCheckMountPoints(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			err := checkMountPoints(dir, c.resolvConf)
+			points, err := checkMountPoints(dir, c.resolvConf)
 			if (err == nil) != c.ok || err != nil && !errors.Is(err, errNoMountPoint) {
 				t.Fatalf("checkMountPoints: %v, want ok=%v", err, c.ok)
+			}
+			if want := 4 + map[bool]int{true: 1}[c.resolvConf]; c.ok && len(points) != want {
+				t.Fatalf("mount points %v, want %d", points, want)
 			}
 		})
 	}
@@ -68,9 +79,9 @@ var (
 	waitInitErr  error
 )
 
-// waitInit builds testdata/waitinit once per test binary: the init of the tests' blank
-// containers, which runs httpdInit once the container is on its root (httpdInit's busybox
-// is the root's).
+// waitInit builds testdata/waitinit once per test binary and returns the init arguments
+// of the tests' containers: httpdInit, run by waitinit once the root's busybox is there
+// (in a blank warm container, once it is on its root).
 func waitInit(t *testing.T) []string {
 	t.Helper()
 	waitInitOnce.Do(func() {
@@ -93,17 +104,19 @@ func waitInit(t *testing.T) []string {
 // with its filesystem type and its options, sorted.
 const mountTable = `awk '{ for (i = 7; $i != "-"; i++); print $5, $(i+1), $6 }' /proc/self/mountinfo | sort`
 
-// TestBlankWarmFork: once a fork made blank containers wanted, a fork's child comes from a
-// blank warm container moved onto the capture's root: it sees the source's files, its
-// init runs on that root, its mounts are those of a container runc made on the root, its
-// writes land in its own upper, and it can be snapshotted and forked in turn.
+// TestBlankWarmFork: a fork's child comes from a blank warm container (wanted since the
+// source's launch missed its template's pool) moved onto the capture's root: it sees the
+// source's files, its init runs on that root, its mounts are those of a container runc
+// made, its writes land in its own upper, and it can be forked in turn.
 func TestBlankWarmFork(t *testing.T) {
 	needRuntime(t)
 	needBlock(t)
-	init := waitInit(t)
-	e := newTestBackend(t, func(c *Config) { c.WarmContainers, c.EnvdPath, c.InitArgs = 1, waitInitBin, init })
+	e := newTestBackend(t, func(c *Config) { c.WarmContainers = 1 })
 	ctx := context.Background()
 	a := e.launchBlock(t, "bl-a", testLayered(t), sandbox.Resources{})
+	if a.cid != a.id {
+		t.Fatalf("first launch came from container %s with no pool filled yet", a.cid)
+	}
 	e.mustSh(t, a, "echo pinned > /root/state && sync -f /")
 	fork := func(src *Instance, id string) *Instance {
 		t.Helper()
@@ -118,10 +131,6 @@ func TestBlankWarmFork(t *testing.T) {
 		e.waitReady(t, k)
 		return k
 	}
-	cold := fork(a, "bl-cold")
-	if cold.cid != cold.id {
-		t.Fatalf("first child %s came from container %s with no blank container made yet", cold.id, cold.cid)
-	}
 	waitWarm(t, e.b, blankKey, 1)
 	k := fork(a, "bl-warm")
 	if !strings.HasPrefix(k.cid, "warm.") {
@@ -130,11 +139,10 @@ func TestBlankWarmFork(t *testing.T) {
 	if out := e.mustSh(t, k, "cat /root/state /proc/1/root/root/state; hostname"); out != "pinned\npinned\n"+hostname("bl-warm")+"\n" {
 		t.Fatalf("blank child sees %q", out)
 	}
-	want, got := e.mustSh(t, cold, mountTable), e.mustSh(t, k, mountTable)
+	want, got := e.mustSh(t, a, mountTable), e.mustSh(t, k, mountTable)
 	if got != want {
 		t.Fatalf("blank child's mounts:\n%s\nwant (as runc made them):\n%s", got, want)
 	}
-	t.Logf("mounts:\n%s", got)
 	if strings.Contains(got, stageDir) || !strings.Contains(got, envdMount) {
 		t.Fatalf("blank child's mounts:\n%s", got)
 	}
@@ -153,7 +161,7 @@ func TestBlankWarmFork(t *testing.T) {
 	if out := e.mustSh(t, g, "cat /root/state /root/child"); out != "pinned\nchild\n" {
 		t.Fatalf("grandchild sees %q", out)
 	}
-	for _, i := range []*Instance{a, cold, k, g} {
+	for _, i := range []*Instance{a, k, g} {
 		if err := i.Stop(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -167,11 +175,8 @@ func TestBlankWarmFork(t *testing.T) {
 func TestAdoptBlankFork(t *testing.T) {
 	needRuntime(t)
 	needBlock(t)
-	init := waitInit(t)
 	dp := startDataPlane(t)
-	e := newTestBackend(t, func(c *Config) {
-		c.DataPlane, c.WarmContainers, c.EnvdPath, c.InitArgs = dp, 1, waitInitBin, init
-	})
+	e := newTestBackend(t, func(c *Config) { c.DataPlane, c.WarmContainers = dp, 1 })
 	ctx := context.Background()
 	src := e.launchBlock(t, "ab-src", testLayered(t), sandbox.Resources{})
 	e.mustSh(t, src, "echo pinned > /root/state && sync -f /")
@@ -185,7 +190,6 @@ func TestAdoptBlankFork(t *testing.T) {
 		e.waitReady(t, k)
 		return k
 	}
-	cold := fork("ab-cold")
 	waitWarm(t, e.b, blankKey, 1)
 	k := fork("ab-kid")
 	if !strings.HasPrefix(k.cid, "warm.") {
@@ -200,7 +204,7 @@ func TestAdoptBlankFork(t *testing.T) {
 	e.b.warm.ready, e.b.warm.wanted = map[string][]*Instance{}, nil
 	e.b.warm.mu.Unlock()
 	pid := k.pidOf(t)
-	for _, i := range []*Instance{src, cold, k} {
+	for _, i := range []*Instance{src, k} {
 		i.block.Abandon()
 	}
 
@@ -236,4 +240,40 @@ func TestAdoptBlankFork(t *testing.T) {
 	e.b.mu.Lock()
 	clear(e.b.instances)
 	e.b.mu.Unlock()
+}
+
+// TestBlankWarmTemplate: a template's launch that finds the template's pool empty takes a
+// blank warm container (and makes blank ones wanted); the sandbox is what a container of
+// its own on the template would be.
+func TestBlankWarmTemplate(t *testing.T) {
+	needRuntime(t)
+	needBlock(t)
+	e := newTestBackend(t, func(c *Config) { c.WarmContainers = 1 })
+	ctx := context.Background()
+	fs := testLayered(t)
+	cold := e.launchBlock(t, "bt-cold", fs, sandbox.Resources{})
+	if cold.cid != cold.id {
+		t.Fatalf("first launch came from container %s with no pool filled yet", cold.cid)
+	}
+	waitWarm(t, e.b, blankKey, 1)
+	// The template's pool empties (a burst took it; here it is dropped), so the next
+	// launch finds none of its own.
+	if err := e.b.warm.forget(ctx, func(o createOpts) bool { return !o.blank }); err != nil {
+		t.Fatal(err)
+	}
+	k := e.launchBlock(t, "bt-blank", fs, sandbox.Resources{})
+	if !strings.HasPrefix(k.cid, "warm.") {
+		t.Fatalf("launch with the template's pool empty: container %s, not a blank warm one", k.cid)
+	}
+	if want, got := e.mustSh(t, cold, mountTable), e.mustSh(t, k, mountTable); got != want {
+		t.Fatalf("blank sandbox's mounts:\n%s\nwant (as runc made them):\n%s", got, want)
+	}
+	if out := e.mustSh(t, k, "echo x > /root/x && cat /root/x && ls /bin/busybox"); out != "x\n/bin/busybox\n" {
+		t.Fatalf("blank sandbox: %q", out)
+	}
+	for _, i := range []*Instance{cold, k} {
+		if err := i.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

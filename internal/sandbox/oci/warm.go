@@ -208,8 +208,11 @@ func (w *warmPool) loop() {
 			}
 			continue
 		}
+		// A root whose container could not be made is retried at the next wake (a
+		// launch); the others are filled meanwhile.
+		failed := map[string]bool{}
 		for {
-			lower, wait := w.needed()
+			lower, wait := w.needed(failed)
 			if wait > 0 {
 				// Only pools above their floor are short: try again once launches paused.
 				select {
@@ -232,7 +235,7 @@ func (w *warmPool) loop() {
 			w.mu.Unlock()
 			close(done)
 			if !ok {
-				break // retried at the next launch
+				failed[lower] = true
 			}
 		}
 	}
@@ -261,7 +264,8 @@ func (w *warmPool) fill(lower string) bool {
 // needed returns a wanted template short of warm containers, or "". A pool below its
 // floor comes first; one that only lacks what a burst grew it to waits until launches
 // have not overlapped for refillQuiet: then needed returns "" and how long is left.
-func (w *warmPool) needed() (string, time.Duration) {
+// Roots in skip are passed over.
+func (w *warmPool) needed(skip map[string]bool) (string, time.Duration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -270,6 +274,7 @@ func (w *warmPool) needed() (string, time.Duration) {
 	grow := ""
 	for _, l := range w.wanted {
 		switch n := len(w.ready[l]); {
+		case skip[l]:
 		case n < w.size:
 			return l, 0
 		case n < w.target(l) && grow == "":
