@@ -140,13 +140,22 @@ func (w *warmPool) want(lower string, root createOpts) {
 			list = append(list, l)
 		}
 	}
-	for _, l := range list[min(len(list), maxWarmTemplates):] {
+	// Blank containers serve every template: they do not count as one.
+	w.wanted = list[:0]
+	templates := 0
+	for _, l := range list {
+		if l == blankKey || templates < maxWarmTemplates {
+			w.wanted = append(w.wanted, l)
+			if l != blankKey {
+				templates++
+			}
+			continue
+		}
 		evicted = append(evicted, w.ready[l]...)
 		delete(w.ready, l)
 		delete(w.roots, l)
 		delete(w.demand, l)
 	}
-	w.wanted = list[:min(len(list), maxWarmTemplates)]
 	w.mu.Unlock()
 	for _, inst := range evicted {
 		go w.discard(inst)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -109,6 +110,23 @@ func TestRefillWaitsForQuiet(t *testing.T) {
 	w.mu.Unlock()
 	if key, _ := w.needed(map[string]bool{"b": true}); key != "a" {
 		t.Errorf("needed() with b failing = %q, want a", key)
+	}
+}
+
+// TestWantKeepsBlank: the least recently launched template goes beyond maxWarmTemplates;
+// blank containers, which serve every template, are not one and stay.
+func TestWantKeepsBlank(t *testing.T) {
+	w := newWarmPool(nil, 1, 4)
+	w.want(blankKey, createOpts{blank: true})
+	for i := range maxWarmTemplates + 1 {
+		w.want(fmt.Sprintf("/t%d", i), createOpts{lower: fmt.Sprintf("/t%d", i)})
+	}
+	want := []string{"/t4", "/t3", "/t2", "/t1", blankKey}
+	if !slices.Equal(w.wanted, want) {
+		t.Fatalf("wanted %v, want %v", w.wanted, want)
+	}
+	if _, ok := w.roots["/t0"]; ok {
+		t.Fatal("the evicted template's root is still kept")
 	}
 }
 
