@@ -115,8 +115,12 @@ test('allowOut by domain, rules inject headers, HTTPS by SNI, maskRequestHost', 
     assert.deepEqual(await seen('snis'), ['www.egress.test'], 'the TLS server saw only the allowed SNI')
 
     // maskRequestHost: a server in the sandbox sees the mask, not 10.x.y.z:8080.
+    // nc answers as soon as a client connects and exits once its input ends: kept open a
+    // second, it reads the request before it closes (a close with the request unread
+    // resets the connection, a 502 at the proxy, CI), and the loop listens again for a
+    // retry.
     await sbx.commands.run(
-      "printf 'HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\nok' | nc -l -p 8080 > /tmp/req",
+      "while :; do (printf 'HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\nok'; sleep 1) | nc -l -p 8080 >> /tmp/req; done",
       { background: true })
     let res
     for (let i = 0; i < 30; i++) {
