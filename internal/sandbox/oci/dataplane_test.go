@@ -60,22 +60,11 @@ func TestAdoptBlockRoot(t *testing.T) {
 	keep.block.Abandon()
 	lost.block.Abandon()
 
-	b2, err := New(ctx, e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	alive, err := b2.Reconcile(ctx, []string{"dp-keep"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	adopted, ok := alive["dp-keep"].(*Instance)
-	if !ok || len(alive) != 1 {
-		t.Fatalf("alive %v, want only dp-keep", alive)
-	}
+	env2, adopted := e.restart(t, "dp-keep")
+	b2 := env2.b
 	if adopted.block == nil || adopted.block.Device() != dev {
 		t.Fatalf("adopted root %+v, was on %s", adopted.block, dev)
 	}
-	env2 := &testEnv{b: b2, cfg: b2.cfg, template: e.template}
 	if got := adopted.pidOf(t); got != pid {
 		t.Fatalf("adopted init is pid %d, was %d", got, pid)
 	}
@@ -99,10 +88,33 @@ func TestAdoptBlockRoot(t *testing.T) {
 	if got, _ := dp.List(ctx); len(got) != 0 {
 		t.Fatalf("the data plane still serves %v after the stop", got)
 	}
-	// The first backend's instances are the same sandboxes: nothing of them is left.
-	e.b.mu.Lock()
-	clear(e.b.instances)
-	e.b.mu.Unlock()
+}
+
+// restart opens a second backend on e's configuration, as a node does after a crash (e's
+// backend is simply no longer used), reconciles it wanting only sandbox id, checks that
+// exactly that one is adopted and returns it with the new backend. The first backend
+// forgets its instances when the test ends: they are the same sandboxes.
+func (e *testEnv) restart(t *testing.T, id string) (*testEnv, *Instance) {
+	t.Helper()
+	ctx := context.Background()
+	t.Cleanup(func() {
+		e.b.mu.Lock()
+		clear(e.b.instances)
+		e.b.mu.Unlock()
+	})
+	b2, err := New(ctx, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive, err := b2.Reconcile(ctx, []string{id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adopted, ok := alive[id].(*Instance)
+	if !ok || len(alive) != 1 {
+		t.Fatalf("alive %v, want only %s", alive, id)
+	}
+	return &testEnv{b: b2, cfg: b2.cfg, template: e.template}, adopted
 }
 
 // pidOf is the host pid of the sandbox's init, from the runtime.

@@ -85,6 +85,24 @@ func init() { runtime.LockOSThread() }
 // errMainThread means the launcher found itself on the main thread (see init).
 var errMainThread = errors.New("oci: launcher on the main thread")
 
+// onDiscardedThread runs fn on an OS thread of its own that is locked and never unlocked,
+// so Go ends it when fn returns: fn may move it into other namespaces (and start
+// processes there) without that thread serving any other goroutine afterwards. It returns
+// errMainThread, without running fn, when that thread is the main thread (see init).
+func onDiscardedThread(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			runtime.UnlockOSThread()
+			errc <- errMainThread
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
 // errPrivateNS means the private namespace could not be set up; nothing was run.
 var errPrivateNS = errors.New("oci: private mount namespace for the runtime")
 
@@ -138,23 +156,13 @@ func (ns *launchNS) run(cmd *exec.Cmd, dir, netns string) error {
 	if ns == nil || ns.off.Load() {
 		return cmd.Run()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread and its namespace end with this goroutine.
-		runtime.LockOSThread()
-		if unix.Gettid() == unix.Getpid() {
-			runtime.UnlockOSThread()
-			errc <- errMainThread
-			return
-		}
+	err := onDiscardedThread(func() error {
 		if err := ns.enter(dir, netns); err != nil {
-			errc <- fmt.Errorf("%w: %w", errPrivateNS, err)
-			return
+			return fmt.Errorf("%w: %w", errPrivateNS, err)
 		}
 		// os/exec forks on this (locked) thread: the child inherits its namespace.
-		errc <- cmd.Run()
-	}()
-	err := <-errc
+		return cmd.Run()
+	})
 	if errors.Is(err, errMainThread) {
 		return cmd.Run()
 	}

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -128,19 +127,7 @@ func checkMountPoints(dir string, resolvConf bool) ([]string, error) {
 // its mounts at points (checked by checkMountPoints; a mount elsewhere is an error). It
 // runs on a thread of its own that joins the container's namespace and ends there.
 func reroot(pid int, newRoot string, points []string) error {
-	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: Go ends the thread, in the container's namespace, with this
-		// goroutine.
-		runtime.LockOSThread()
-		if unix.Gettid() == unix.Getpid() {
-			runtime.UnlockOSThread()
-			errc <- errMainThread
-			return
-		}
-		errc <- rerootThread(pid, newRoot, points)
-	}()
-	if err := <-errc; err != nil {
+	if err := onDiscardedThread(func() error { return rerootThread(pid, newRoot, points) }); err != nil {
 		return fmt.Errorf("oci: move container onto its root: %w", err)
 	}
 	return nil

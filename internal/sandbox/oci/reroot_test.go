@@ -208,26 +208,14 @@ func TestAdoptBlankFork(t *testing.T) {
 		i.block.Abandon()
 	}
 
-	b2, err := New(ctx, e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	alive, err := b2.Reconcile(ctx, []string{"ab-kid"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	adopted, ok := alive["ab-kid"].(*Instance)
-	if !ok || len(alive) != 1 {
-		t.Fatalf("alive %v, want only ab-kid", alive)
-	}
+	env2, adopted := e.restart(t, "ab-kid")
 	if got := adopted.pidOf(t); got != pid {
 		t.Fatalf("adopted init is pid %d, was %d", got, pid)
 	}
-	env2 := &testEnv{b: b2, cfg: b2.cfg, template: e.template}
 	if out := env2.mustSh(t, adopted, "cat /root/state /root/kid"); out != "pinned\nkid\n" {
 		t.Fatalf("adopted child reads %q", out)
 	}
-	if _, err := os.Stat(filepath.Join(b2.rt.root, waiting)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(env2.b.rt.root, waiting)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("blank container %s left waiting after the restart (%v)", waiting, err)
 	}
 	if err := adopted.Stop(ctx); err != nil {
@@ -236,10 +224,6 @@ func TestAdoptBlankFork(t *testing.T) {
 	if got, _ := dp.List(ctx); len(got) != 0 {
 		t.Fatalf("the data plane still serves %v after the stop", got)
 	}
-	// The first backend's instances are the same sandboxes: nothing of them is left.
-	e.b.mu.Lock()
-	clear(e.b.instances)
-	e.b.mu.Unlock()
 }
 
 // TestBlankWarmTemplate: a template's launch that finds the template's pool empty takes a
