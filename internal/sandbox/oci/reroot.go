@@ -229,34 +229,41 @@ func topMounts(pid int) ([]string, error) {
 // startBlank mounts root for blank warm container w as launchNew would for a container
 // of its own, moves w onto it and claims it for plan. On error w is left to be stopped.
 func (b *Backend) startBlank(ctx context.Context, w *Instance, plan sandbox.LaunchPlan, root createOpts) error {
-	pid, err := b.warmPID(w)
-	if err != nil {
-		return err
-	}
-	userns := -1
-	if w.idmap != nil {
-		if userns, err = b.usernsFDs.get(*w.idmap); err != nil {
-			return err
-		}
-		defer unix.Close(userns)
-	}
 	t0 := time.Now()
-	if err := b.mountBlock(ctx, w, root, userns); err != nil {
-		return err
-	}
-	points, err := checkMountPoints(w.l.rootfs(), b.cfg.ResolvConf != "")
+	pid, err := b.moveBlank(ctx, w, root)
 	if err != nil {
 		return err
 	}
 	t1 := time.Now()
-	if err := reroot(pid, w.l.rootfs(), points); err != nil {
-		return err
-	}
-	t2 := time.Now()
 	if err := b.claimWarm(ctx, w, pid, plan); err != nil {
 		return err
 	}
 	b.log.Debug("oci: blank container moved onto its root", "id", plan.SandboxID, "cid", w.cid,
-		"rootfs", t1.Sub(t0), "reroot", t2.Sub(t1), "claim", time.Since(t2))
+		"move", t1.Sub(t0), "claim", time.Since(t1))
 	return nil
+}
+
+// moveBlank mounts root for blank warm container w and moves w onto it; it returns the
+// container's init pid. Until claimWarm saves the state, w is recorded as a warm container,
+// so a node that dies in between removes it (and its root) at the restart.
+func (b *Backend) moveBlank(ctx context.Context, w *Instance, root createOpts) (int, error) {
+	pid, err := b.warmPID(w)
+	if err != nil {
+		return 0, err
+	}
+	userns := -1
+	if w.idmap != nil {
+		if userns, err = b.usernsFDs.get(*w.idmap); err != nil {
+			return 0, err
+		}
+		defer unix.Close(userns)
+	}
+	if err := b.mountBlock(ctx, w, root, userns); err != nil {
+		return 0, err
+	}
+	points, err := checkMountPoints(w.l.rootfs(), b.cfg.ResolvConf != "")
+	if err != nil {
+		return 0, err
+	}
+	return pid, reroot(pid, w.l.rootfs(), points)
 }

@@ -11,8 +11,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 func TestCheckMountPoints(t *testing.T) {
@@ -223,6 +225,59 @@ func TestAdoptBlankFork(t *testing.T) {
 	}
 	if got, _ := dp.List(ctx); len(got) != 0 {
 		t.Fatalf("the data plane still serves %v after the stop", got)
+	}
+}
+
+// TestCrashMidReroot: a node that dies after moving a blank warm container onto a
+// sandbox's root but before recording the sandbox (its saved state still names a warm
+// container) leaves nothing the restart does not remove: the container, its processes
+// and cgroup, the root's mounts and loop device, the data plane's disk.
+func TestCrashMidReroot(t *testing.T) {
+	needRuntime(t)
+	needBlock(t)
+	dp := startDataPlane(t)
+	e := newTestBackend(t, func(c *Config) { c.DataPlane, c.WarmContainers = dp, 1 })
+	ctx := context.Background()
+	fs := testLayered(t)
+	src := e.launchBlock(t, "mr-src", fs, sandbox.Resources{}) // makes blank containers wanted
+	waitWarm(t, e.b, blankKey, 1)
+	w := e.b.warm.take(blankKey)
+	if w == nil {
+		t.Fatal("no blank container in the pool")
+	}
+	pid, err := e.b.moveBlank(ctx, w, createOpts{layers: layerRefs(fs.Layers), vsize: fs.VirtualSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d/root/bin/busybox", pid)); err != nil {
+		t.Fatalf("blank container not on the root after the move: %v", err)
+	}
+	// The crash, as in TestAdoptBlankFork.
+	e.b.warm.mu.Lock()
+	e.b.warm.ready, e.b.warm.wanted = map[string][]*Instance{}, nil
+	e.b.warm.mu.Unlock()
+	w.block.Abandon()
+	src.block.Abandon()
+
+	env2, adopted := e.restart(t, "mr-src")
+	for deadline := time.Now().Add(10 * time.Second); unix.Kill(pid, 0) == nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("moved container's init %d still runs after the restart", pid)
+		}
+	}
+	if left := blockLeftovers(t, w.l.dir); len(left) > 0 {
+		t.Fatalf("moved container's root left behind:\n%s", strings.Join(left, "\n"))
+	}
+	for _, p := range []string{filepath.Join(env2.b.rt.root, w.cid), w.l.dir, filepath.Join(cgroupRoot, e.b.cgroupsPath(w.cid))} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left behind (%v)", p, err)
+		}
+	}
+	if got, _ := dp.List(ctx); len(got) != 1 {
+		t.Fatalf("the data plane serves %v, want only the adopted source's disk", got)
+	}
+	if err := adopted.Stop(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
