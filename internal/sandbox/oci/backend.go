@@ -227,9 +227,9 @@ type Backend struct {
 	userns bool
 	v2     bool
 	memsw  bool
-	// mountBin binds each container's own boot id over the host's ("": not found, the
-	// host's shows through).
-	mountBin string
+	// bootIDs: each container gets a boot id of its own (bindBootID); false under
+	// gVisor, whose kernel makes its own.
+	bootIDs bool
 	// emptyDir masks directories under /sys in every sandbox ("": a tmpfs each).
 	emptyDir string
 	// blankRoot is the skeleton blank warm containers start on ("": none are kept).
@@ -302,11 +302,6 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		b.log.Warn("oci: no blank warm containers: forks and resumes start their containers on their path", "err", err)
 	}
 	b.memsw = hostAccountsSwap(b.v2)
-	if mb, err := exec.LookPath("mount"); err == nil {
-		b.mountBin = mb
-	} else {
-		b.log.Warn("oci: no mount binary: sandboxes see the host's boot id", "err", err)
-	}
 	laps := steptime.Start()
 	rt, userns, err := b.probe(ctx)
 	if err != nil {
@@ -315,6 +310,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	laps.Lap("probe")
 	binPath := rt.bin
 	b.rt, b.userns = rt.sealed(b.log), userns
+	b.bootIDs = rt.name != "runsc"
 	pool, err := network.New(ctx, cfg.Network)
 	if err != nil {
 		return nil, err
@@ -514,7 +510,7 @@ type createOpts struct {
 	allowInternet bool
 	res           sandbox.Resources
 	hostname      string
-	run           bool // start the init now (runc run -d) or leave it created (warm pool)
+	run           bool // start the init once created, or leave it created (warm pool)
 	mounts        []sandbox.Mount
 	// blank creates the container on the backend's blank root, with no root of its own
 	// (a blank warm container, see reroot.go); lower and layers are unused.
@@ -566,7 +562,7 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 	}
 	t2 := time.Now()
 	bootID := ""
-	if b.mountBin != "" {
+	if b.bootIDs {
 		bootID = filepath.Join(inst.l.dir, "boot_id")
 		if err := writeBootID(bootID); err != nil {
 			return fmt.Errorf("oci: boot id: %w", err)
@@ -586,19 +582,28 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		},
 		cgroupsPath: b.cgroupsPath(inst.cid), cpuCount: o.res.CPUCount,
 		memoryMB: o.res.MemoryMB, pidsLimit: b.cfg.PidsLimit, idmap: m, memsw: b.memsw,
-		resolvConf: b.cfg.ResolvConf, volumes: vols, bootID: bootID, mountBin: b.mountBin,
+		resolvConf: b.cfg.ResolvConf, volumes: vols,
 		emptyDir: b.emptyDir,
 	})
 	if err := writeJSON(filepath.Join(inst.l.dir, "config.json"), spec); err != nil {
 		return err
 	}
-	if o.run {
-		err = b.rt.runDetached(ctx, inst.cid, inst.l.dir, slot.NetnsPath, inst.l.pid(), inst.l.log())
-	} else {
-		err = b.rt.create(ctx, inst.cid, inst.l.dir, slot.NetnsPath, inst.l.pid(), inst.l.log())
-	}
-	if err != nil {
+	if err := b.rt.create(ctx, inst.cid, inst.l.dir, slot.NetnsPath, inst.l.pid(), inst.l.log()); err != nil {
 		return err
+	}
+	if bootID != "" {
+		pid, err := readPid(inst.l.pid())
+		if err != nil {
+			return err
+		}
+		if err := bindBootID(pid, bootID); err != nil {
+			return err
+		}
+	}
+	if o.run {
+		if err := b.rt.start(ctx, inst.cid); err != nil {
+			return err
+		}
 	}
 	b.log.Debug("oci: container created", "id", inst.id, "cid", inst.cid, "slot", slot.Index, "started", o.run,
 		"network", t1.Sub(t0), "rootfs", t2.Sub(t1), "runtime", time.Since(t2))

@@ -58,28 +58,6 @@ func (r runtimeCLI) output(ctx context.Context, args ...string) ([]byte, error) 
 	return stdout.Bytes(), nil
 }
 
-// runDetached creates and starts the container; it returns once the init has been exec'd.
-// The init's stdio goes to logPath (a file, so no pipe ties our process to the container).
-// netns is the sandbox's network namespace file (see launchNS.run).
-func (r runtimeCLI) runDetached(ctx context.Context, id, bundle, netns, pidFile, logPath string) error {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("oci: init log: %w", err)
-	}
-	defer logf.Close()
-	cmd := r.command(ctx, "run", "--detach", "--no-new-keyring", "--pid-file", pidFile, "--bundle", bundle, id)
-	cmd.Stdin = nil
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := r.ns.run(cmd, bundle, netns); err != nil {
-		tail, _ := os.ReadFile(logPath)
-		if len(tail) > 2000 {
-			tail = tail[len(tail)-2000:]
-		}
-		return fmt.Errorf("oci: %s run %s: %w: %s", r.name, id, err, strings.TrimSpace(string(tail)))
-	}
-	return nil
-}
-
 // create creates the container without starting its init (the warm pool); start runs it.
 func (r runtimeCLI) create(ctx context.Context, id, bundle, netns, pidFile, logPath string) error {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)

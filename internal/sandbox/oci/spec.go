@@ -1,10 +1,7 @@
 package oci
 
 import (
-	"crypto/rand"
-	"fmt"
 	"os"
-	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
@@ -26,32 +23,10 @@ type specParams struct {
 	idmap       *idMap // nil = no user namespace
 	memsw       bool   // the host accounts swap (v1 memory.memsw.*): pin swap to the limit
 	resolvConf  string // host file bind-mounted at /etc/resolv.conf; "" = none
-	// bootID is a host file with this container's boot id, bound read-only over
-	// /proc/sys/kernel/random/boot_id by mountBin (runc only lets a few lxcfs files be
-	// mounted under /proc, so a createContainer hook does it, before pivot_root); "" =
-	// the host's boot id shows through.
-	bootID   string
-	mountBin string
-	volumes  []specs.Mount
+	volumes     []specs.Mount
 	// emptyDir is a host directory, empty and read-only, bound over the masked
 	// directories under /sys instead of a tmpfs each (see hostSysDirs); "" = tmpfs.
 	emptyDir string
-}
-
-// bootIDPath is the kernel's per-boot id: a fresh sandbox (new processes, as after a
-// reboot) sees a new one; one thawed from a freeze keeps it.
-const bootIDPath = "/proc/sys/kernel/random/boot_id"
-
-// writeBootID writes a fresh random boot id (the kernel's UUID form) into path.
-func writeBootID(path string) error {
-	b := make([]byte, 16)
-	if _, err := rand.Read(b); err != nil {
-		return err
-	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	id := fmt.Sprintf("%x-%x-%x-%x-%x\n", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
-	return os.WriteFile(path, []byte(id), 0o444)
 }
 
 // envdMount is where the host's envd appears inside every sandbox.
@@ -126,13 +101,7 @@ func buildSpec(p specParams) *specs.Spec {
 			Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
 	mounts = append(mounts, p.volumes...)
-	var hooks *specs.Hooks
-	if p.bootID != "" && p.mountBin != "" {
-		hooks = &specs.Hooks{CreateContainer: []specs.Hook{{Path: p.mountBin,
-			Args: []string{"mount", "--bind", "-o", "ro", p.bootID, filepath.Join(p.rootfs, bootIDPath)}}}}
-	}
 	return &specs.Spec{
-		Hooks:    hooks,
 		Version:  specs.Version,
 		Hostname: p.hostname,
 		Root:     &specs.Root{Path: p.rootfs},

@@ -424,13 +424,9 @@ func (b *Backend) startWarm(ctx context.Context, w *Instance, plan sandbox.Launc
 // warmPID returns the pid of warm container w's init, checking that a started one still
 // runs.
 func (b *Backend) warmPID(w *Instance) (int, error) {
-	raw, err := os.ReadFile(w.l.pid())
+	pid, err := readPid(w.l.pid())
 	if err != nil {
-		return 0, fmt.Errorf("oci: warm container pid: %w", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
-	if err != nil {
-		return 0, fmt.Errorf("oci: warm container pid %q: %w", raw, err)
+		return 0, err
 	}
 	if w.running && !b.initAlive(w.cid, pid) {
 		// Its envd ran unsupervised in the pool and died there (killed, or crashed): handed
@@ -463,6 +459,19 @@ func (b *Backend) claimWarm(ctx context.Context, w *Instance, pid int, plan sand
 		return nil
 	}
 	return b.rt.start(ctx, w.cid)
+}
+
+// readPid reads the pid file the runtime wrote for a created container.
+func readPid(path string) (int, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("oci: container pid: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		return 0, fmt.Errorf("oci: container pid %q: %w", raw, err)
+	}
+	return pid, nil
 }
 
 // initAlive reports whether the init of started container cid (pid, from its pid file)
