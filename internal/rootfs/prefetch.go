@@ -27,31 +27,88 @@ var libDirs = []string{"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/l
 // and a decompression for every readahead window of the shell, its libraries and
 // its profile scripts. A directory's regular files are read too (one level), and
 // so are an ELF file's interpreter and needed libraries. Missing paths are
-// skipped; at most limit bytes are read. It returns the bytes read.
-func Prefetch(ctx context.Context, root string, paths []string, limit int64) (int64, error) {
-	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+// skipped; at most limit bytes are read. It returns the bytes read and the files
+// read, in order: PrefetchFiles reads the same files in another root with the same
+// contents (a template's next warm container) without resolving them again.
+func Prefetch(ctx context.Context, root string, paths []string, limit int64) (int64, []string, error) {
+	rfd, err := openRoot(root)
 	if err != nil {
-		return 0, fmt.Errorf("rootfs: prefetch: open %s: %w", root, err)
+		return 0, nil, err
 	}
 	defer unix.Close(rfd)
 	p := prefetcher{rfd: rfd, left: limit, seen: map[string]bool{}, read: map[[2]uint64]bool{}, buf: make([]byte, 256<<10)}
 	for _, name := range paths {
 		if err := ctx.Err(); err != nil {
-			return limit - p.left, err
+			return limit - p.left, p.files, err
 		}
 		if err := p.path(name, true); err != nil {
-			return limit - p.left, err
+			return limit - p.left, p.files, err
 		}
 	}
-	return limit - p.left, nil
+	return limit - p.left, p.files, nil
+}
+
+// PrefetchFiles puts the regular files at names (as Prefetch returned them) inside the
+// filesystem mounted at root into its page cache, at most limit bytes, and returns the
+// bytes asked for. It does not wait for the reads (POSIX_FADV_WILLNEED queues them)
+// and copies nothing out. Names that are missing or not regular files are skipped.
+func PrefetchFiles(ctx context.Context, root string, names []string, limit int64) (int64, error) {
+	rfd, err := openRoot(root)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(rfd)
+	left := limit
+	for _, name := range names {
+		if left <= 0 {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return limit - left, err
+		}
+		// Non-blocking and no controlling tty: opening what is not a regular file
+		// (a root unlike the one the names came from) has no effect; it is skipped.
+		fd, err := unix.Openat2(rfd, name, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+			n := min(st.Size, left)
+			// The kernel reads at most a device's readahead or I/O size (128 KiB and up)
+			// per call: one call per such chunk.
+			for off := int64(0); off < n; off += willNeedChunk {
+				if unix.Fadvise(fd, off, min(willNeedChunk, n-off), unix.FADV_WILLNEED) != nil {
+					break
+				}
+			}
+			left -= n
+		}
+		unix.Close(fd)
+	}
+	return limit - left, nil
+}
+
+// willNeedChunk is what one POSIX_FADV_WILLNEED asks for: the kernel caps each call at
+// the device's readahead window or largest I/O, whichever is larger (128 KiB by default).
+const willNeedChunk = 128 << 10
+
+func openRoot(root string) (int, error) {
+	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("rootfs: prefetch: open %s: %w", root, err)
+	}
+	return rfd, nil
 }
 
 type prefetcher struct {
-	rfd  int
-	left int64
-	seen map[string]bool
-	read map[[2]uint64]bool // files read, by device and inode (names alias through links)
-	buf  []byte
+	rfd   int
+	left  int64
+	seen  map[string]bool
+	read  map[[2]uint64]bool // files read, by device and inode (names alias through links)
+	buf   []byte
+	files []string // regular files read, in order
 }
 
 // open opens name read-only, or only as a path (O_PATH) when it is not a
@@ -124,6 +181,7 @@ func (p *prefetcher) path(name string, dir bool) error {
 		}
 		p.read[id] = true
 	}
+	p.files = append(p.files, name)
 	n, err := io.CopyBuffer(io.Discard, io.LimitReader(onlyReader{f}, p.left), p.buf)
 	p.left -= n
 	if err != nil {

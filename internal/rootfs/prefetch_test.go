@@ -87,14 +87,39 @@ func TestPrefetch(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			tc.setup(t, root)
-			got, err := Prefetch(context.Background(), root, tc.paths, tc.limit)
+			got, files, err := Prefetch(context.Background(), root, tc.paths, tc.limit)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got != tc.want {
 				t.Fatalf("read %d bytes, want %d", got, tc.want)
 			}
+			// The same tree elsewhere: the files Prefetch listed come to the same bytes.
+			other := t.TempDir()
+			tc.setup(t, other)
+			if got, err := PrefetchFiles(context.Background(), other, files, tc.limit); err != nil || got != tc.want {
+				t.Fatalf("PrefetchFiles of %v: %d bytes (%v), want %d", files, got, err, tc.want)
+			}
 		})
+	}
+}
+
+// TestPrefetchFilesSkips: names that are missing, not regular files, or lead out of the
+// root in the root PrefetchFiles is given are skipped (a FIFO is not waited on).
+func TestPrefetchFilesSkips(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "secret")
+	writeSized(t, outside, 7)
+	root := t.TempDir()
+	writeSized(t, root+"/etc/profile", 100)
+	if err := unix.Mkfifo(root+"/fifo", 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, root+"/abs"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := PrefetchFiles(context.Background(), root, []string{"/fifo", "/none", "/abs", "/etc", "/etc/profile"}, 1<<20)
+	if err != nil || got != 100 {
+		t.Fatalf("PrefetchFiles: %d bytes (%v), want 100", got, err)
 	}
 }
 
@@ -142,17 +167,21 @@ func TestPrefetchELFDeps(t *testing.T) {
 			writeSized(t, root+"/usr/lib/"+filepath.Base(l), 50)
 		}
 	}
-	got, err := Prefetch(context.Background(), root, []string{"/bin/prog"}, 1<<30)
+	got, files, err := Prefetch(context.Background(), root, []string{"/bin/prog"}, 1<<30)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got != want {
 		t.Fatalf("read %d bytes, want %d (binary %d, interpreter %s, libraries %v)", got, want, len(body), interp, libs)
 	}
+	// Listed: the binary, its interpreter, its libraries; read again from the list alone.
+	if got, err := PrefetchFiles(context.Background(), root, files, 1<<30); err != nil || got != want {
+		t.Fatalf("PrefetchFiles of %v: %d bytes (%v), want %d", files, got, err, want)
+	}
 }
 
 func TestPrefetchBadRoot(t *testing.T) {
-	if _, err := Prefetch(context.Background(), filepath.Join(t.TempDir(), "none"), []string{"/a"}, 1<<20); err == nil {
+	if _, _, err := Prefetch(context.Background(), filepath.Join(t.TempDir(), "none"), []string{"/a"}, 1<<20); err == nil {
 		t.Fatal("no error for a missing root")
 	}
 }

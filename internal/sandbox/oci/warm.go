@@ -71,7 +71,11 @@ type warmPool struct {
 	ready  map[string][]*Instance // by root key: a template's lower dir, or blockKey
 	roots  map[string]createOpts  // the root each wanted key stands for
 	demand map[string]*demand     // launches of each wanted key
-	wanted []string               // most recently launched first
+	// prefetch lists, by key, the files the first warm container of a block root read
+	// (rootfs.Prefetch); the next ones on the same layers read them without resolving
+	// them again (rootfs.PrefetchFiles).
+	prefetch map[string][]string
+	wanted   []string // most recently launched first
 	// inflight counts launches between begin and their end; overlapped is when two last
 	// ran at once (see refillQuiet).
 	inflight   int
@@ -92,7 +96,8 @@ func newWarmPool(b *Backend, size, maxSize int) *warmPool {
 	return &warmPool{
 		b: b, size: size, maxSize: max(size, maxSize), now: time.Now,
 		ready: map[string][]*Instance{}, roots: map[string]createOpts{}, demand: map[string]*demand{},
-		wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{}),
+		prefetch: map[string][]string{},
+		wake:     make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{}),
 	}
 }
 
@@ -155,6 +160,7 @@ func (w *warmPool) want(lower string, root createOpts) {
 		delete(w.ready, l)
 		delete(w.roots, l)
 		delete(w.demand, l)
+		delete(w.prefetch, l)
 	}
 	w.mu.Unlock()
 	for _, inst := range evicted {
@@ -361,7 +367,7 @@ func (w *warmPool) prepare(lower string) (*Instance, error) {
 		// A block root's page cache starts empty (its own ext4 on its own loop device), so
 		// what the first command reads is read now, off the launch path.
 		t0 := time.Now()
-		n, err := rootfs.Prefetch(ctx, inst.l.rootfs(), firstCommandFiles, prefetchLimit)
+		n, err := w.prefetchRoot(ctx, lower, inst.l.rootfs())
 		if err != nil {
 			w.b.log.Warn("oci: prefetch warm container root", "cid", cid, "err", err)
 		}
@@ -377,6 +383,27 @@ func (w *warmPool) prepare(lower string) (*Instance, error) {
 	}
 	inst.running = true
 	return inst, nil
+}
+
+// prefetchRoot reads the first command's files into the page cache of the root mounted
+// at dir, a warm container's for key: resolved and read the first time (shell,
+// libraries, profile scripts), then only queued for reading from the list that made.
+func (w *warmPool) prefetchRoot(ctx context.Context, key, dir string) (int64, error) {
+	w.mu.Lock()
+	files, ok := w.prefetch[key]
+	w.mu.Unlock()
+	if ok {
+		return rootfs.PrefetchFiles(ctx, dir, files, prefetchLimit)
+	}
+	n, files, err := rootfs.Prefetch(ctx, dir, firstCommandFiles, prefetchLimit)
+	if err == nil {
+		w.mu.Lock()
+		if _, wanted := w.roots[key]; wanted {
+			w.prefetch[key] = files
+		}
+		w.mu.Unlock()
+	}
+	return n, err
 }
 
 func (w *warmPool) discard(inst *Instance) {

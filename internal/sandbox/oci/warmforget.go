@@ -82,6 +82,7 @@ func (w *warmPool) forget(ctx context.Context, match func(createOpts) bool) erro
 			delete(w.ready, key)
 			delete(w.roots, key)
 			delete(w.demand, key)
+			delete(w.prefetch, key)
 			continue
 		}
 		keep = append(keep, key)
