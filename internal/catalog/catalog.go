@@ -77,7 +77,7 @@ func Open(path string) (*Catalog, error) {
 		return nil, fmt.Errorf("catalog: init buckets: %w", err)
 	}
 	c := &Catalog{db: db}
-	c.sandboxes = &Sandboxes{db: db}
+	c.sandboxes = &Sandboxes{db: db, writes: &groupCommit{db: db}}
 	c.templates = &Templates{db: db}
 	c.apiKeys = &APIKeys{db: db}
 	return c, nil

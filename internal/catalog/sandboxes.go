@@ -6,15 +6,19 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Sandboxes stores one opaque record (the orchestrator's JSON) per sandbox id.
-type Sandboxes struct{ db *bolt.DB }
+// Sandboxes stores one opaque record (the orchestrator's JSON) per sandbox id. Puts and
+// deletes from concurrent callers share transactions (groupCommit).
+type Sandboxes struct {
+	db     *bolt.DB
+	writes *groupCommit
+}
 
 // Put creates or replaces the record of id.
 func (s *Sandboxes) Put(id string, rec []byte) error {
 	if id == "" {
 		return fmt.Errorf("%w: empty sandbox id", ErrInvalid)
 	}
-	return wrap("put sandbox", s.db.Update(func(tx *bolt.Tx) error {
+	return wrap("put sandbox", s.writes.do(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).Put([]byte(id), rec)
 	}))
 }
@@ -36,7 +40,7 @@ func (s *Sandboxes) Get(id string) ([]byte, error) {
 // Delete removes the record of id; deleting a missing record is not an error, so a
 // retried kill stays idempotent.
 func (s *Sandboxes) Delete(id string) error {
-	return wrap("delete sandbox", s.db.Update(func(tx *bolt.Tx) error {
+	return wrap("delete sandbox", s.writes.do(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
 	}))
 }
