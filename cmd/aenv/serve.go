@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"time"
 
@@ -223,6 +224,11 @@ func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w (set debug_listen or AENV_DEBUG_LISTEN)", addr, err)
 	}
+	// The mutex and block profiles are empty unless sampled: contention between the
+	// API's handlers under a burst is what they are for. Sampled sparsely (1 in 100
+	// contended unlocks, a sample per ms blocked), the cost is small.
+	runtime.SetMutexProfileFraction(100)
+	runtime.SetBlockProfileRate(int(time.Millisecond))
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
