@@ -201,10 +201,7 @@ func TestAdoptBlankFork(t *testing.T) {
 	waitWarm(t, e.b, blankKey, 1)
 	// The crash: the pool stops where it is (its waiting container stays), and this
 	// process's handles on the roots go; the data plane's stay.
-	e.b.warm.mu.Lock()
-	waiting := e.b.warm.ready[blankKey][0].cid
-	e.b.warm.ready, e.b.warm.wanted = map[string][]*Instance{}, nil
-	e.b.warm.mu.Unlock()
+	waiting := stopPoolAsCrash(t, e.b)[blankKey][0]
 	pid := k.pidOf(t)
 	for _, i := range []*Instance{src, k} {
 		i.block.Abandon()
@@ -253,9 +250,7 @@ func TestCrashMidReroot(t *testing.T) {
 		t.Fatalf("blank container not on the root after the move: %v", err)
 	}
 	// The crash, as in TestAdoptBlankFork.
-	e.b.warm.mu.Lock()
-	e.b.warm.ready, e.b.warm.wanted = map[string][]*Instance{}, nil
-	e.b.warm.mu.Unlock()
+	stopPoolAsCrash(t, e.b)
 	w.block.Abandon()
 	src.block.Abandon()
 
@@ -279,6 +274,28 @@ func TestCrashMidReroot(t *testing.T) {
 	if err := adopted.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// stopPoolAsCrash stops b's warm pool as a node crash would: its filler ends (one it was
+// making is removed; the restart would have) and the containers waiting in it stay where
+// they are, for the restart to find. It returns those, by pool key.
+func stopPoolAsCrash(t *testing.T, b *Backend) map[string][]string {
+	t.Helper()
+	b.warm.mu.Lock()
+	waiting := map[string][]string{}
+	for key, q := range b.warm.ready {
+		for _, w := range q {
+			waiting[key] = append(waiting[key], w.cid)
+		}
+	}
+	b.warm.ready, b.warm.wanted = map[string][]*Instance{}, nil
+	b.warm.mu.Unlock()
+	// Without the filler ended, it goes on making containers beside the restart, which no
+	// crashed node does (and the restart's runc list trips on their state coming and going).
+	if err := b.warm.close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return waiting
 }
 
 // TestBlankWarmTemplate: a template's launch that finds the template's pool empty takes a

@@ -38,11 +38,17 @@ func startRunc(ctx context.Context, dir, proc string) error {
 		return fmt.Errorf("oci: start: runc state %s not understood", dir)
 	}
 	fifo := filepath.Join(dir, "exec.fifo")
-	if _, err := os.Lstat(fifo); err != nil {
+	// Both ends are opened through a descriptor of the fifo itself, not its path: if the
+	// state directory goes while the reader waits (a reconcile removing the container),
+	// the blocked reader can still be released.
+	pfd, err := unix.Open(fifo, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
 		return fmt.Errorf("oci: start %s: not a created container: %w", st.ID, err)
 	}
+	defer unix.Close(pfd)
+	ref := fmt.Sprintf("/proc/self/fd/%d", pfd)
 	done := make(chan error, 1)
-	go func() { done <- readExecFifo(fifo) }()
+	go func() { done <- readExecFifo(ref) }()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -59,13 +65,13 @@ func startRunc(ctx context.Context, dir, proc string) error {
 			if alive(proc, *st.InitPid, *st.InitStart) {
 				continue
 			}
-			if err := releaseExecFifo(fifo, done); err == nil {
+			if err := releaseExecFifo(ref, done); err == nil {
 				// It wrote its byte and exec'd, then exited: it was started.
 				return os.Remove(fifo)
 			}
 			return fmt.Errorf("%w: %s", errInitGone, st.ID)
 		case <-ctx.Done():
-			_ = releaseExecFifo(fifo, done)
+			_ = releaseExecFifo(ref, done)
 			return fmt.Errorf("oci: start %s: %w", st.ID, ctx.Err())
 		}
 	}
@@ -95,8 +101,11 @@ func readExecFifo(fifo string) error {
 // open that fails (ENXIO), so it retries until the reader answers, and returns its answer.
 func releaseExecFifo(fifo string, done <-chan error) error {
 	for {
-		if fd, err := unix.Open(fifo, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err == nil {
+		fd, err := unix.Open(fifo, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err == nil {
 			unix.Close(fd)
+		} else if !errors.Is(err, unix.ENXIO) {
+			return fmt.Errorf("oci: release %s: %w", fifo, err)
 		}
 		select {
 		case err := <-done:

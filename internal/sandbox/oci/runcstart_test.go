@@ -60,6 +60,9 @@ func TestStartRunc(t *testing.T) {
 		{name: "init dies", script: `sleep 0.2; exit 0`, timeout: 5 * time.Second, wantErr: errInitGone, fifo: true},
 		// The init opens its end and dies without writing.
 		{name: "no byte", script: `exec 3> "$FIFO"; exit 0`, timeout: 5 * time.Second, wantErr: errInitGone, fifo: true},
+		// The state directory's fifo is removed (a reconcile removing the container)
+		// while the reader waits, and the init dies: the reader is still released.
+		{name: "fifo removed", script: `sleep 0.5; rm "$FIFO"; exit 0`, timeout: 5 * time.Second, wantErr: errInitGone},
 		// The init never opens the fifo: the caller's deadline ends the wait.
 		{name: "deadline", script: `exec sleep 5`, timeout: 300 * time.Millisecond, wantErr: context.DeadlineExceeded, fifo: true},
 	}
