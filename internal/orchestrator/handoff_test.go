@@ -179,3 +179,54 @@ func TestAdoptKeepsWhatThePauseKept(t *testing.T) {
 		})
 	}
 }
+
+// TestConnectWaitsForHandoffForget: a connect (cluster, Adopt) that reaches a node while
+// it forgets a record that moved elsewhere (reconcileHandoff's kill) waits for the forget
+// and adopts the sandbox, instead of failing with a conflict.
+func TestConnectWaitsForHandoffForget(t *testing.T) {
+	opts := mock.Options{StopOnPause: true, Capabilities: sandbox.Capabilities{
+		MemorySnapshots: true, PauseKeepsProcesses: true, PauseReleasesMemory: true, Snapshots: true}}
+	ctx := context.Background()
+	f := &fakeHandoffs{}
+	var nodes [2]*harness
+	for i := range nodes {
+		nodes[i] = newHarness(t, opts, nil)
+		nodes[i].wrap = func(b *mock.Backend) sandbox.Backend { return capturerBackend{b} }
+		nodes[i].restart()
+		nodes[i].o.EnableHandoff(f, fmt.Sprintf("node-%d", i))
+	}
+	a, b := nodes[0], nodes[1]
+	sb := a.create(CreateRequest{Timeout: time.Hour})
+	if err := a.o.Pause(ctx, sb.ID, sandbox.PauseOptions{KeepMemory: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.o.Connect(ctx, sb.ID, ConnectOptions{Timeout: time.Hour, Adopt: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.o.Pause(ctx, sb.ID, sandbox.PauseOptions{KeepMemory: true}); err != nil {
+		t.Fatal(err)
+	}
+	// a starts forgetting its stale record, as reconcileHandoff does.
+	e, _, err := a.o.acquire(ctx, sb.ID, waitOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := a.o.begin(e, StateKilling)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := a.o.Connect(ctx, sb.ID, ConnectOptions{Timeout: time.Hour, Adopt: true})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("connect during the forget returned %v; want it to wait", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	a.o.forget(ctx, e, p, nil)
+	if err := <-done; err != nil {
+		t.Fatalf("connect after the forget: %v", err)
+	}
+	if got, err := a.o.Get(ctx, sb.ID); err != nil || got.State != StateRunning {
+		t.Fatalf("after the connect a holds %+v, %v; want it running", got, err)
+	}
+}

@@ -270,8 +270,14 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, opts ConnectOptio
 		return nil, false, err
 	}
 	resumed := false
+	w := waitOpts{join: StateResuming, conflict: []State{StateKilling}}
+	if opts.Adopt {
+		// In a cluster a kill in flight may be this node forgetting a record that moved to
+		// another node (reconcileHandoff): wait for it, then adopt, rather than 409.
+		w.conflict = nil
+	}
 	for {
-		e, joined, err := o.acquire(ctx, id, waitOpts{join: StateResuming, conflict: []State{StateKilling}})
+		e, joined, err := o.acquire(ctx, id, w)
 		if errors.Is(err, ErrNotFound) && opts.Adopt {
 			sb, err := o.adopt(ctx, id, timeout)
 			return sb, err == nil, err
