@@ -156,8 +156,8 @@ func TestRestartRemovesTempFiles(t *testing.T) {
 	}
 	n := newNode(t, "node-a", remote, Options{})
 	n.pub.Close()
-	left := []string{"layers/.fetch-1", "digests/.tmp-2", "records/.tmp-3", "publishing/.tmp-4"}
-	kept := []string{"records/keep.json"}
+	left := []string{"layers/.fetch-1", "digests/.tmp-2", "records/.tmp-3", "publishing/.tmp-4", "blockhashes/.tmp-5"}
+	kept := []string{"records/keep.json", "blockhashes/" + strings.Repeat("ab", 32) + ".bh"}
 	for _, f := range append(left, kept...) {
 		if err := os.WriteFile(filepath.Join(n.state, f), []byte("{}"), 0o600); err != nil {
 			t.Fatal(err)

@@ -280,7 +280,9 @@ func New(repo repository.Repository, cat CatalogStore, o Options) (*Publisher, e
 }
 
 // stateDirs are the directories of the publisher's state under Options.StateDir.
-func stateDirs() []string { return []string{"publishing", "records", "digests", "layers"} }
+func stateDirs() []string {
+	return []string{"publishing", "records", "digests", "layers", "blockhashes"}
+}
 
 func (p *Publisher) path(elem ...string) string {
 	return filepath.Join(append([]string{p.o.StateDir}, elem...)...)

@@ -246,8 +246,8 @@ func (p *Publisher) materialize(ctx context.Context, d repository.Digest) (strin
 }
 
 // cleanTmp removes the temporary files a crash left in the publisher's state:
-// interrupted fetches (layers/.fetch-*) and atomic writes (writeFileAtomic's .tmp-*
-// in digests, records and publishing).
+// interrupted fetches (layers/.fetch-*) and atomic writes (.tmp-* in digests,
+// records, publishing and blockhashes).
 func (p *Publisher) cleanTmp() {
 	for _, dir := range stateDirs() {
 		ents, _ := os.ReadDir(p.path(dir))

@@ -27,6 +27,10 @@ type HashIndex interface {
 // (computed from the file) and when it syncs a record that names a list
 // (fetched and checked against the record's digest); the node's data
 // directory is trusted like its block cache. A restart fetches nothing.
+//
+// A write goes through a temporary file named TempPrefix + random in Dir; a
+// crash mid-write leaves it there, and the owner of Dir removes such files
+// when it opens (the publisher's sweep of its state).
 type HashStore struct {
 	Dir string
 
@@ -71,6 +75,9 @@ func (s *HashStore) ListDigest(d repository.Digest) (repository.Digest, bool) {
 	return repository.DigestOf(b), true
 }
 
+// TempPrefix starts the names of Put's temporary files.
+const TempPrefix = ".tmp-"
+
 // Put stores h as layer d's list and returns the digest it is published
 // under.
 func (s *HashStore) Put(d repository.Digest, h *repository.BlockHashes) (repository.Digest, error) {
@@ -83,7 +90,11 @@ func (s *HashStore) Put(d repository.Digest, h *repository.BlockHashes) (reposit
 	if err := os.MkdirAll(s.Dir, 0o755); err != nil {
 		return "", fmt.Errorf("layers: %w", err)
 	}
-	if err := atomicfile.WriteFile(s.path(d), b, 0o644); err != nil {
+	err := atomicfile.Fill(s.path(d), TempPrefix, 0o644, func(f *os.File) error {
+		_, err := f.Write(b)
+		return err
+	})
+	if err != nil {
 		return "", fmt.Errorf("layers: store block hashes of %s: %w", d, err)
 	}
 	return repository.DigestOf(b), nil
