@@ -142,24 +142,30 @@ func TestHandoffOfPauseInPlace(t *testing.T) {
 	}
 }
 
+// handoffNodes makes two nodes of one cluster (their backends capture memory on a pause
+// and keep it, as microVMs do) sharing the handoff store f.
+func handoffNodes(t *testing.T) (f *fakeHandoffs, a, b *harness) {
+	opts := mock.Options{StopOnPause: true, Capabilities: sandbox.Capabilities{
+		MemorySnapshots: true, PauseKeepsProcesses: true, PauseReleasesMemory: true, Snapshots: true}}
+	f = &fakeHandoffs{}
+	var nodes [2]*harness
+	for i := range nodes {
+		nodes[i] = newHarness(t, opts, nil)
+		nodes[i].wrap = func(b *mock.Backend) sandbox.Backend { return capturerBackend{b} }
+		nodes[i].restart()
+		nodes[i].o.EnableHandoff(f, fmt.Sprintf("node-%d", i))
+	}
+	return f, nodes[0], nodes[1]
+}
+
 // Another node adopts a published pause with its processes and memory when the pause
 // kept them, and with fresh processes after a pause to disk (memory:false), as the node
 // that paused it would have resumed it.
 func TestAdoptKeepsWhatThePauseKept(t *testing.T) {
-	opts := mock.Options{StopOnPause: true, Capabilities: sandbox.Capabilities{
-		MemorySnapshots: true, PauseKeepsProcesses: true, PauseReleasesMemory: true, Snapshots: true}}
 	for _, keep := range []bool{true, false} {
 		t.Run(fmt.Sprintf("memory=%t", keep), func(t *testing.T) {
 			ctx := context.Background()
-			f := &fakeHandoffs{}
-			var nodes [2]*harness
-			for i := range nodes {
-				nodes[i] = newHarness(t, opts, nil)
-				nodes[i].wrap = func(b *mock.Backend) sandbox.Backend { return capturerBackend{b} }
-				nodes[i].restart()
-				nodes[i].o.EnableHandoff(f, fmt.Sprintf("node-%d", i))
-			}
-			a, b := nodes[0], nodes[1]
+			f, a, b := handoffNodes(t)
 			sb := a.create(CreateRequest{Timeout: time.Hour})
 			if err := a.o.Pause(ctx, sb.ID, sandbox.PauseOptions{KeepMemory: keep}); err != nil {
 				t.Fatal(err)
@@ -184,18 +190,8 @@ func TestAdoptKeepsWhatThePauseKept(t *testing.T) {
 // it forgets a record that moved elsewhere (reconcileHandoff's kill) waits for the forget
 // and adopts the sandbox, instead of failing with a conflict.
 func TestConnectWaitsForHandoffForget(t *testing.T) {
-	opts := mock.Options{StopOnPause: true, Capabilities: sandbox.Capabilities{
-		MemorySnapshots: true, PauseKeepsProcesses: true, PauseReleasesMemory: true, Snapshots: true}}
 	ctx := context.Background()
-	f := &fakeHandoffs{}
-	var nodes [2]*harness
-	for i := range nodes {
-		nodes[i] = newHarness(t, opts, nil)
-		nodes[i].wrap = func(b *mock.Backend) sandbox.Backend { return capturerBackend{b} }
-		nodes[i].restart()
-		nodes[i].o.EnableHandoff(f, fmt.Sprintf("node-%d", i))
-	}
-	a, b := nodes[0], nodes[1]
+	_, a, b := handoffNodes(t)
 	sb := a.create(CreateRequest{Timeout: time.Hour})
 	if err := a.o.Pause(ctx, sb.ID, sandbox.PauseOptions{KeepMemory: true}); err != nil {
 		t.Fatal(err)

@@ -40,16 +40,8 @@ func bindBootID(pid int, src string) error {
 		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 			return fmt.Errorf("make it read-only: %w", err)
 		}
-		ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("container's mount namespace: %w", err)
-		}
-		defer unix.Close(ns)
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			return fmt.Errorf("unshare fs: %w", err)
-		}
-		if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
-			return fmt.Errorf("join the container's mount namespace: %w", err)
+		if err := joinMountNS(pid); err != nil {
+			return err
 		}
 		if err := unix.MoveMount(tree, "", unix.AT_FDCWD, bootIDPath, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 			return fmt.Errorf("attach it: %w", err)

@@ -103,6 +103,25 @@ func onDiscardedThread(fn func() error) error {
 	return <-errc
 }
 
+// joinMountNS moves the calling thread into the mount namespace of process pid, at its
+// root. Only for a thread that onDiscardedThread throws away afterwards: setns into a
+// mount namespace needs a thread whose root and working directory are its own (Go's
+// threads share them), and the thread can never come back.
+func joinMountNS(pid int) error {
+	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("container's mount namespace: %w", err)
+	}
+	defer unix.Close(ns)
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unshare fs: %w", err)
+	}
+	if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("join the container's mount namespace: %w", err)
+	}
+	return nil
+}
+
 // errPrivateNS means the private namespace could not be set up; nothing was run.
 var errPrivateNS = errors.New("oci: private mount namespace for the runtime")
 

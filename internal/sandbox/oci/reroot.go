@@ -140,11 +140,6 @@ func rerootThread(pid int, newRoot string, points []string) error {
 		return fmt.Errorf("clone %s: %w", newRoot, err)
 	}
 	defer unix.Close(tree)
-	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("container's mount namespace: %w", err)
-	}
-	defer unix.Close(ns)
 	tops, err := topMounts(pid)
 	if err != nil {
 		return err
@@ -154,13 +149,8 @@ func rerootThread(pid int, newRoot string, points []string) error {
 			return fmt.Errorf("the container has a mount at %s, which the root was not checked for", m)
 		}
 	}
-	// setns into a mount namespace needs a thread whose root and working directory are
-	// its own (Go's threads share them); it lands on the namespace's root.
-	if err := unix.Unshare(unix.CLONE_FS); err != nil {
-		return fmt.Errorf("unshare fs: %w", err)
-	}
-	if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
-		return fmt.Errorf("join the container's mount namespace: %w", err)
+	if err := joinMountNS(pid); err != nil {
+		return err
 	}
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, stageDir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("attach the root: %w", err)
