@@ -243,7 +243,7 @@ func (b *Backend) moveBlank(ctx context.Context, w *Instance, root createOpts) (
 	}
 	userns := -1
 	if w.idmap != nil {
-		if userns, err = b.usernsFDs.get(*w.idmap); err != nil {
+		if userns, err = b.initUserns(pid, *w.idmap); err != nil {
 			return 0, err
 		}
 		defer unix.Close(userns)

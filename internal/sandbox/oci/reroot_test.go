@@ -134,9 +134,14 @@ func TestBlankWarmFork(t *testing.T) {
 		return k
 	}
 	waitWarm(t, e.b, blankKey, 1)
+	made := usernsMade(e.b)
 	k := fork(a, "bl-warm")
 	if !strings.HasPrefix(k.cid, "warm.") {
 		t.Fatalf("child after the pool filled: container %s, not a blank warm one", k.cid)
+	}
+	// Its root is id-mapped with the namespace the runtime made for the container.
+	if n := usernsMade(e.b); k.idmap != nil && n != made {
+		t.Fatalf("moving the blank container made %d user namespaces by a fork", n-made)
 	}
 	if out := e.mustSh(t, k, "cat /root/state /proc/1/root/root/state; hostname"); out != "pinned\npinned\n"+hostname("bl-warm")+"\n" {
 		t.Fatalf("blank child sees %q", out)
@@ -332,4 +337,11 @@ func TestBlankWarmTemplate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// usernsMade is how many user namespaces b's cache has made by a fork.
+func usernsMade(b *Backend) int {
+	b.usernsFDs.mu.Lock()
+	defer b.usernsFDs.mu.Unlock()
+	return b.usernsFDs.made
 }

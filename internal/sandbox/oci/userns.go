@@ -102,6 +102,23 @@ func (c *usernsCache) keeper(m *idMap) func(pid, pidfd int) {
 	}
 }
 
+// initUserns returns an fd of the user namespace of warm container init pid, whose
+// mapping is m, for the id-mapped mount of the root it is moved onto. The runtime made
+// that namespace with the container, and nothing of a sandbox's has run in it yet, so it
+// is used as it is: getting one from the cache instead made one by a fork whenever the
+// cache had none for m (a slot's first sandbox), serialized, on every such child's path.
+// The cache's is the fallback should the init's not be what the runtime made.
+func (b *Backend) initUserns(pid int, m idMap) (int, error) {
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err == nil && mapsAre(pid, m) {
+		return fd, nil
+	}
+	if err == nil {
+		unix.Close(fd)
+	}
+	return b.usernsFDs.get(m)
+}
+
 // mapsAre reports whether process pid's user namespace maps ids exactly as m does, for
 // users and for groups, as seen from the node's namespace.
 func mapsAre(pid int, m idMap) bool {
