@@ -72,6 +72,9 @@ func newBenchCmd() *cobra.Command {
 			if len(conc) == 0 || slices.Min(conc) < 1 {
 				return fmt.Errorf("--concurrency %v: want positive values", conc)
 			}
+			if co.Gap < 0 || (co.Gap > 0 && sdkScript != "") {
+				return fmt.Errorf("--gap %v: want a positive duration, and no --sdk-script (its runs take none)", co.Gap)
+			}
 			co.CPU, err = cpuf.meter(cmd, base)
 			if err != nil {
 				return err
@@ -127,6 +130,7 @@ func newBenchCmd() *cobra.Command {
 	cf.IntVar(&repeat, "repeat", 1, "runs per concurrency; percentiles are reported as medians over them")
 	cf.IntVar(&co.Warmup, "warmup", 2, "unmeasured sandboxes before each run (fills the node's warm pools)")
 	cf.StringVar(&co.Command, "command", "true", "the first command")
+	cf.DurationVar(&co.Gap, "gap", 0, "pause after each sandbox's kill (REST runs): the node's refill and teardown run between sandboxes, so cpu→cmd is the request's own")
 	cf.StringVar(&sdkScript, "sdk-script", "", "also measure through the E2B JS SDK with this script (test/e2e/bench.mjs)")
 	cf.StringVar(&node, "node", "node", "node binary for --sdk-script")
 	cf.StringVarP(&createOut, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")

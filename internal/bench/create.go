@@ -25,6 +25,11 @@ type CreateOptions struct {
 	// SandboxTimeout is the TTL given to each sandbox (seconds), so one a crashed benchmark
 	// leaves behind expires by itself. Default 120.
 	SandboxTimeout int
+	// Gap is how long each worker waits after a sandbox's kill before its next create
+	// (REST runs): the node's background work (the warm pool's refill, the kill's
+	// teardown) then runs between sandboxes rather than during the next one, so a
+	// sequential run's CPUToAnswer is the request's own. Rate and Wall count the gaps.
+	Gap time.Duration
 	// Progress, when set, is called after each measured sandbox.
 	Progress func(done, total int)
 	// CPU, when set, measures the CPU the node's machine spends per sandbox.
@@ -95,6 +100,9 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 	if o.N <= 0 || o.Concurrency <= 0 {
 		return Result{}, fmt.Errorf("bench: n (%d) and concurrency (%d) must be positive", o.N, o.Concurrency)
 	}
+	if o.Gap < 0 {
+		return Result{}, fmt.Errorf("bench: negative gap %v", o.Gap)
+	}
 	if o.Command == "" {
 		o.Command = "true"
 	}
@@ -135,6 +143,12 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 				samples[i] = createAndRun(ctx, c, o, phases)
 				if o.Progress != nil {
 					o.Progress(int(done.Add(1)), o.N)
+				}
+				if o.Gap > 0 && i < o.N-1 {
+					select {
+					case <-ctx.Done():
+					case <-time.After(o.Gap):
+					}
 				}
 			}
 		}()

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/envd"
 	"github.com/aenv-dev/aenv/internal/envd/identity"
@@ -345,5 +346,24 @@ func TestRunCreateClientShare(t *testing.T) {
 		case conc > 1 && r.Client.N != 0:
 			t.Errorf("c=%d: client share measured: %+v", conc, r.Client)
 		}
+	}
+}
+
+// A gap between sandboxes spaces a run's creates: every worker waits it after each of its
+// sandboxes but the run's last, and a negative gap is refused.
+func TestRunCreateGap(t *testing.T) {
+	n := newFakeNode(t)
+	c := NewClient(n.url, "key", 2)
+	defer c.Close()
+	const gap = 50 * time.Millisecond
+	r, err := RunCreate(t.Context(), c, CreateOptions{Template: "base", N: 3, Concurrency: 1, Gap: gap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Failures != 0 || r.Total.N != 3 || r.Wall < 2*gap {
+		t.Fatalf("3 sandboxes with a gap of %v: %d failures, %d samples, wall %v", gap, r.Failures, r.Total.N, r.Wall)
+	}
+	if _, err := RunCreate(t.Context(), c, CreateOptions{Template: "base", N: 1, Concurrency: 1, Gap: -gap}); err == nil {
+		t.Fatal("a negative gap was accepted")
 	}
 }

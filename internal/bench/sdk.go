@@ -43,6 +43,9 @@ func RunSDK(ctx context.Context, o SDKOptions) (Result, error) {
 	if o.Node == "" {
 		o.Node = "node"
 	}
+	if o.Gap != 0 {
+		return Result{}, fmt.Errorf("bench: the SDK script takes no gap between sandboxes (%v asked)", o.Gap)
+	}
 	if _, err := os.Stat(o.Script); err != nil {
 		return Result{}, fmt.Errorf("bench: SDK script: %w (run from the repository root or pass --sdk-script)", err)
 	}
