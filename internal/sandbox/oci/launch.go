@@ -169,11 +169,14 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 	}
 	if b.userns {
 		m = &idMap{HostID: b.cfg.UIDBase + uint32(slot.Index)*idRangeSize, Size: idRangeSize}
+	}
+	if m != nil && !o.blank {
 		if userns, err = b.usernsFDs.get(*m); err != nil {
 			return err
 		}
-		// Only the id-mapped mounts below use it; the container's own namespace,
-		// with the same mapping, is kept when it stops (usernsCache.keeper).
+		// Only the id-mapped mounts below use it (a blank container has none: its root is
+		// mapped when it is moved onto one, with its own namespace); the container's own
+		// namespace, with the same mapping, is kept when it stops (usernsCache.keeper).
 		defer unix.Close(userns)
 	}
 	inst.idmap = m

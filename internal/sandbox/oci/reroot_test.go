@@ -134,14 +134,17 @@ func TestBlankWarmFork(t *testing.T) {
 		return k
 	}
 	waitWarm(t, e.b, blankKey, 1)
+	waitFilled(t, e.b) // the template's pool too: its containers take namespaces
 	made := usernsMade(e.b)
 	k := fork(a, "bl-warm")
 	if !strings.HasPrefix(k.cid, "warm.") {
 		t.Fatalf("child after the pool filled: container %s, not a blank warm one", k.cid)
 	}
-	// Its root is id-mapped with the namespace the runtime made for the container.
+	// Its root is id-mapped with the namespace the runtime made for the container, and
+	// the blank container that replaces it in the pool needs none.
+	waitWarm(t, e.b, blankKey, 1)
 	if n := usernsMade(e.b); k.idmap != nil && n != made {
-		t.Fatalf("moving the blank container made %d user namespaces by a fork", n-made)
+		t.Fatalf("moving the blank container and refilling the pool made %d user namespaces by a fork", n-made)
 	}
 	if out := e.mustSh(t, k, "cat /root/state /proc/1/root/root/state; hostname"); out != "pinned\npinned\n"+hostname("bl-warm")+"\n" {
 		t.Fatalf("blank child sees %q", out)
@@ -344,4 +347,26 @@ func usernsMade(b *Backend) int {
 	b.usernsFDs.mu.Lock()
 	defer b.usernsFDs.mu.Unlock()
 	return b.usernsFDs.made
+}
+
+// waitFilled waits until b's filler has every wanted pool at its target and is making
+// nothing.
+func waitFilled(t *testing.T, b *Backend) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		b.warm.mu.Lock()
+		full := b.warm.preparing == ""
+		for _, k := range b.warm.wanted {
+			full = full && len(b.warm.ready[k]) >= b.warm.target(k)
+		}
+		b.warm.mu.Unlock()
+		if full {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("warm pools not filled after 20s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
