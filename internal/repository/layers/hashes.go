@@ -28,7 +28,7 @@ type HashIndex interface {
 // (fetched and checked against the record's digest); the node's data
 // directory is trusted like its block cache. A restart fetches nothing.
 //
-// A write goes through a temporary file named TempPrefix + random in Dir; a
+// A write goes through a temporary file named tempPrefix + random in Dir; a
 // crash mid-write leaves it there, and the owner of Dir removes such files
 // when it opens (the publisher's sweep of its state).
 type HashStore struct {
@@ -75,8 +75,9 @@ func (s *HashStore) ListDigest(d repository.Digest) (repository.Digest, bool) {
 	return repository.DigestOf(b), true
 }
 
-// TempPrefix starts the names of Put's temporary files.
-const TempPrefix = ".tmp-"
+// tempPrefix starts the names of Put's temporary files: a dot, which the publisher's
+// startup sweep of its state removes.
+const tempPrefix = ".tmp-"
 
 // Put stores h as layer d's list and returns the digest it is published
 // under.
@@ -90,7 +91,7 @@ func (s *HashStore) Put(d repository.Digest, h *repository.BlockHashes) (reposit
 	if err := os.MkdirAll(s.Dir, 0o755); err != nil {
 		return "", fmt.Errorf("layers: %w", err)
 	}
-	err := atomicfile.Fill(s.path(d), TempPrefix, 0o644, func(f *os.File) error {
+	err := atomicfile.Fill(s.path(d), tempPrefix, 0o644, func(f *os.File) error {
 		_, err := f.Write(b)
 		return err
 	})
