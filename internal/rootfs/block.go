@@ -94,6 +94,9 @@ type Spec struct {
 	// Open serves the disk; nil (and any root with a lower that has no path) serves it
 	// in this process.
 	Open Opener
+	// ReadOnly mounts the filesystem read-only: a shared lower (see Lowers), which only
+	// ever reads what the sealed layers hold.
+	ReadOnly bool
 	// MaxDirty caps the page cache the root may hold dirty (bytes; 0 = DefaultMaxDirty),
 	// and with it what a snapshot has to flush; the upper's unsynced growth on the host
 	// stays within 4*MaxDirty.
@@ -166,7 +169,7 @@ func Open(ctx context.Context, spec Spec) (b *Block, err error) {
 	if err := os.MkdirAll(spec.Target, 0o755); err != nil {
 		return b, fmt.Errorf("rootfs: %w", err)
 	}
-	if err := mountExt4(b.loop.Path(), spec.Target, spec.UserNS); err != nil {
+	if err := mountExt4(b.loop.Path(), spec.Target, spec.UserNS, spec.ReadOnly); err != nil {
 		return b, err
 	}
 	// The mount holds the device now; this process's descriptor would only be copied
@@ -302,8 +305,8 @@ func unmount(dir string) error {
 }
 
 // mountExt4 mounts dev at target with the new mount API, id-mapped to userns when >= 0,
-// so the mount exists only once (no plain mount to bind from).
-func mountExt4(dev, target string, userns int) error {
+// so the mount exists only once (no plain mount to bind from); read-only with ro.
+func mountExt4(dev, target string, userns int, ro bool) error {
 	fsfd, err := unix.Fsopen("ext4", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("rootfs: fsopen ext4: %w", err)
@@ -317,10 +320,17 @@ func mountExt4(dev, target string, userns int) error {
 	if err := unix.FsconfigSetFlag(fsfd, "noinit_itable"); err != nil {
 		return fmt.Errorf("rootfs: fsconfig noinit_itable: %w", err)
 	}
+	attrs := unix.MOUNT_ATTR_NOATIME | unix.MOUNT_ATTR_NODEV
+	if ro {
+		if err := unix.FsconfigSetFlag(fsfd, "ro"); err != nil {
+			return fmt.Errorf("rootfs: fsconfig ro: %w", err)
+		}
+		attrs |= unix.MOUNT_ATTR_RDONLY
+	}
 	if err := unix.FsconfigCreate(fsfd); err != nil {
 		return fmt.Errorf("rootfs: mount ext4 from %s: %w", dev, err)
 	}
-	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOATIME|unix.MOUNT_ATTR_NODEV)
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, attrs)
 	if err != nil {
 		return fmt.Errorf("rootfs: fsmount %s: %w", dev, err)
 	}
