@@ -174,6 +174,9 @@ type OverlaySpec struct {
 }
 
 // Overlay is a mounted overlay root. Close releases it; the upper's files stay in Dir.
+// What a crash leaves of one: the overlay at Target and the lower's view in Dir, which
+// whoever owns them unmounts (the OCI backend's bundle teardown does), and the upper's
+// and the lower's block devices, which Sweep of their directories removes.
 type Overlay struct {
 	lowers *Lowers
 	lower  *SharedLower
