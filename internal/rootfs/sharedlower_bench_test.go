@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/storage/lsmt"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 	"golang.org/x/sys/unix"
 )
@@ -59,6 +61,34 @@ func cachedBytes(b *testing.B) int64 {
 // the reads (/proc/stat, so the kernel's loop and FUSE work counts; run it on an idle
 // machine) and the page cache the reads added per root.
 func BenchmarkFirstRead(b *testing.B) {
+	files := map[string]string{}
+	for i := range 6 {
+		buf := make([]byte, 1<<20)
+		rand.Read(buf)
+		files[fmt.Sprintf("usr/lib/f%d", i)] = string(buf)
+	}
+	benchFirstUse(b, func(b *testing.B, dir string) stack.LayerRef { return baseLayer(b, dir, 256, files) },
+		func(b *testing.B, root string) { readAll(b, root, files) })
+}
+
+// BenchmarkFirstCommand is BenchmarkFirstRead with a real first command, `bash -l -c
+// true` chrooted into each root, on a root filesystem tree named by AENV_BENCH_ROOTFS
+// (a debootstrap tree, such as the base template's, /var/cache/aenv/base-debian after
+// `make test`).
+func BenchmarkFirstCommand(b *testing.B) {
+	tree := os.Getenv("AENV_BENCH_ROOTFS")
+	if tree == "" {
+		b.Skip("set AENV_BENCH_ROOTFS to a root filesystem tree with /bin/bash")
+	}
+	benchFirstUse(b, func(b *testing.B, dir string) stack.LayerRef { return treeLayer(b, dir, tree, 1024) },
+		func(b *testing.B, root string) {
+			if out, err := exec.Command("chroot", root, "/bin/bash", "-l", "-c", "true").CombinedOutput(); err != nil {
+				b.Fatalf("chroot %s: %v: %s", root, err, out)
+			}
+		})
+}
+
+func benchFirstUse(b *testing.B, layer func(b *testing.B, dir string) stack.LayerRef, use func(b *testing.B, root string)) {
 	const roots = 32
 	for _, mode := range []string{"block", "overlay"} {
 		b.Run("root="+mode, func(b *testing.B) {
@@ -66,19 +96,13 @@ func BenchmarkFirstRead(b *testing.B) {
 			b.StopTimer()
 			ctx := b.Context()
 			dir := b.TempDir()
-			files := map[string]string{}
-			for i := range 6 {
-				buf := make([]byte, 1<<20)
-				rand.Read(buf)
-				files[fmt.Sprintf("usr/lib/f%d", i)] = string(buf)
-			}
-			base := baseLayer(b, dir, 256, files)
+			base := layer(b, dir)
 			empty, err := EmptyUpper(ctx, dir, 256)
 			if err != nil {
 				b.Fatal(err)
 			}
 			lowers := NewLowers(filepath.Join(dir, "lowers"), nil)
-			var openCPU, readCPU time.Duration
+			var openCPU, useCPU time.Duration
 			var cached int64
 			for n := 0; n < b.N; n++ {
 				var closers []func() error
@@ -89,7 +113,7 @@ func BenchmarkFirstRead(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					readAll(b, l.Path(), files) // an earlier sandbox's first command
+					use(b, l.Path()) // an earlier sandbox's first command
 					closers = append(closers, func() error { return lowers.Release(l) })
 					c0 = systemBusy(b)
 					for i := range roots {
@@ -117,10 +141,10 @@ func BenchmarkFirstRead(b *testing.B) {
 				c0, m0 := systemBusy(b), cachedBytes(b)
 				b.StartTimer()
 				for _, m := range mnts {
-					readAll(b, m, files)
+					use(b, m)
 				}
 				b.StopTimer()
-				readCPU += systemBusy(b) - c0
+				useCPU += systemBusy(b) - c0
 				cached += cachedBytes(b) - m0
 				for i := len(closers) - 1; i >= 0; i-- {
 					if err := closers[i](); err != nil {
@@ -129,10 +153,39 @@ func BenchmarkFirstRead(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(openCPU.Microseconds())/float64(b.N*roots), "open-cpu-us/root")
-			b.ReportMetric(float64(readCPU.Microseconds())/float64(b.N*roots), "read-cpu-us/root")
+			b.ReportMetric(float64(useCPU.Microseconds())/float64(b.N*roots), "use-cpu-us/root")
 			b.ReportMetric(float64(cached>>10)/float64(b.N*roots), "cache-KiB/root")
 		})
 	}
+}
+
+// treeLayer makes a sealed layer holding an ext4 filesystem of sizeMB built from the
+// directory tree src.
+func treeLayer(b *testing.B, dir, src string, sizeMB int) stack.LayerRef {
+	b.Helper()
+	img := filepath.Join(dir, "tree.img")
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-E", "root_owner=0:0", "-d", src, img, strconv.Itoa(sizeMB)+"M").CombinedOutput(); err != nil {
+		b.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	defer os.Remove(img)
+	raw, err := os.Open(img)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer raw.Close()
+	path := filepath.Join(dir, "tree.commit")
+	out, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	info, err := lsmt.Import(out, raw, lsmt.CommitOptions{})
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return stack.LayerRef{Path: path, Size: info.Size, UUID: info.UUID}
 }
 
 func readAll(b *testing.B, root string, files map[string]string) {
