@@ -74,7 +74,7 @@ func BenchmarkFirstRead(b *testing.B) {
 // BenchmarkFirstCommand is BenchmarkFirstRead with a real first command, `bash -l -c
 // true` chrooted into each root, on a root filesystem tree named by AENV_BENCH_ROOTFS
 // (a debootstrap tree, such as the base template's, /var/cache/aenv/base-debian after
-// `make test`).
+// `make base`).
 func BenchmarkFirstCommand(b *testing.B) {
 	tree := os.Getenv("AENV_BENCH_ROOTFS")
 	if tree == "" {
