@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 
 // startDataPlane runs a data plane in a child process until the benchmark ends; pid is
 // the child's.
-func startDataPlane(b *testing.B) (c *dataplane.Client, pid int) {
+func startDataPlane(b testing.TB) (c *dataplane.Client, pid int) {
 	b.Helper()
 	dir := b.TempDir()
 	cmd := exec.Command(os.Args[0])

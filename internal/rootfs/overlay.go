@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/aenv-dev/aenv/internal/image"
+	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/lsmt"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 	"golang.org/x/sys/unix"
@@ -43,6 +44,9 @@ type Lowers struct {
 // NewLowers keeps its mounts in directories under dir (created if missing), serving
 // their disks with open (nil: in this process).
 func NewLowers(dir string, open Opener) *Lowers {
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
 	return &Lowers{dir: dir, open: open, m: map[string]*SharedLower{}}
 }
 
@@ -151,6 +155,56 @@ func (ls *Lowers) Release(l *SharedLower) error {
 	return err
 }
 
+// hold takes one more use of l for an overlay root, which only a holder of l may do.
+func (ls *Lowers) hold(l *SharedLower) error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.m[l.key] != l || l.refs == 0 {
+		return errors.New("rootfs: overlay root over a lower that is not held")
+	}
+	l.refs++
+	return nil
+}
+
+// Adopt takes over a shared lower that a previous process mounted and whose disk the data
+// plane still serves; it counts as an Acquire. Adopt each lower before the overlay roots
+// over it (AdoptOverlay), then Release it: a lower that no root was adopted over is
+// unmounted then. On error nothing is changed.
+func (ls *Lowers) Adopt(disk ServedDisk, mounts blockdev.Mounts) (*SharedLower, error) {
+	dir := disk.Dir()
+	key := lowerKey(disk.Lowers())
+	if filepath.Dir(dir) != ls.dir || !strings.HasPrefix(filepath.Base(dir), key+"-") {
+		return nil, fmt.Errorf("rootfs: adopt %s: not a shared lower of %s for its layers", dir, ls.dir)
+	}
+	l := &SharedLower{key: key, dir: dir, ready: make(chan struct{}), refs: 1}
+	close(l.ready)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.m[key] != nil {
+		return nil, fmt.Errorf("rootfs: adopt %s: its layers are mounted already (%s)", dir, ls.m[key].dir)
+	}
+	blk, err := Adopt(disk, l.Path(), mounts)
+	if err != nil {
+		return nil, err
+	}
+	l.blk = blk
+	ls.m[key] = l
+	return l, nil
+}
+
+// Abandon lets go of every lower's handles without unmounting or closing anything: what
+// a crash of the process does (tests use it).
+func (ls *Lowers) Abandon() {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for k, l := range ls.m {
+		if l.blk != nil {
+			l.blk.Abandon()
+		}
+		delete(ls.m, k)
+	}
+}
+
 // OverlaySpec describes one overlay root.
 type OverlaySpec struct {
 	// Dir is private to this root: the upper's disk and mount, the lower's id-mapped view.
@@ -203,13 +257,9 @@ func (ls *Lowers) OpenOverlay(ctx context.Context, spec OverlaySpec) (o *Overlay
 	if spec.Dir, err = filepath.Abs(spec.Dir); err != nil {
 		return nil, fmt.Errorf("rootfs: %w", err)
 	}
-	ls.mu.Lock()
-	if ls.m[spec.Lower.key] != spec.Lower || spec.Lower.refs == 0 {
-		ls.mu.Unlock()
-		return nil, errors.New("rootfs: overlay root over a lower that is not held")
+	if err := ls.hold(spec.Lower); err != nil {
+		return nil, err
 	}
-	spec.Lower.refs++
-	ls.mu.Unlock()
 	o = &Overlay{lowers: ls, lower: spec.Lower, dir: spec.Dir, target: spec.Target}
 	defer func() {
 		if err != nil {
@@ -245,6 +295,44 @@ func (ls *Lowers) OpenOverlay(ctx context.Context, spec OverlaySpec) (o *Overlay
 		return o, err
 	}
 	return o, nil
+}
+
+// AdoptOverlay takes over an overlay root a previous process opened (as spec describes
+// it: Dir, Target and Lower, which must be held, as Adopt leaves it) and that still runs:
+// its upper's disk, which the data plane still serves, is upperDisk; mounts is the mount
+// table read once for every root adopted. On error nothing is changed.
+func (ls *Lowers) AdoptOverlay(spec OverlaySpec, upperDisk ServedDisk, mounts blockdev.Mounts) (*Overlay, error) {
+	if spec.Lower == nil {
+		return nil, errors.New("rootfs: adopt an overlay root without its lower")
+	}
+	var err error
+	if spec.Dir, err = filepath.Abs(spec.Dir); err != nil {
+		return nil, fmt.Errorf("rootfs: %w", err)
+	}
+	if upperDisk.Dir() != spec.upperDir() {
+		return nil, fmt.Errorf("rootfs: adopt %s: the upper's disk is %s, not %s", spec.Target, upperDisk.Dir(), spec.upperDir())
+	}
+	if t := mounts.FSType(spec.Target); t != "overlay" {
+		return nil, fmt.Errorf("rootfs: adopt %s: no overlay mounted there (%q)", spec.Target, t)
+	}
+	upper, err := Adopt(upperDisk, spec.upperFS(), mounts)
+	if err != nil {
+		return nil, err
+	}
+	if err := ls.hold(spec.Lower); err != nil {
+		upper.Abandon()
+		return nil, err
+	}
+	return &Overlay{lowers: ls, lower: spec.Lower, upper: upper, dir: spec.Dir, target: spec.Target}, nil
+}
+
+// Abandon lets go of this process's handles on the root without unmounting or closing
+// anything, and forgets its use of the lower: what a crash does (tests use it).
+func (o *Overlay) Abandon() {
+	if o.upper != nil {
+		o.upper.Abandon()
+	}
+	o.upper, o.lower, o.target = nil, nil, ""
 }
 
 // idmappedView mounts a read-only, id-mapped clone of src's mount at dst.

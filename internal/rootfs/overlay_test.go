@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 	"golang.org/x/sys/unix"
 )
@@ -307,5 +308,125 @@ func TestOverlayIDMapped(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(e.dir, "plain", "root", "d/x")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("snapshot has the removed d/x: %v", err)
+	}
+}
+
+// TestOverlayAdopt: overlay roots and their lowers, served by a data plane, outlive the
+// process that opened them. A new one adopts every lower, then the roots over them, then
+// releases its adoption of the lowers: a lower that no root was adopted over goes, the
+// others stay, and the adopted roots read and write as before and close cleanly. An
+// overlay root with the wrong upper disk is refused and nothing changes.
+func TestOverlayAdopt(t *testing.T) {
+	e := newOverlayEnv(t)
+	ctx := context.Background()
+	c, _ := startDataPlane(t)
+	open := RemoteOpener(c)
+	lowersDir := filepath.Join(e.dir, "lowers")
+	e.lowers = NewLowers(lowersDir, open)
+	other := baseLayer(t, t.TempDir(), 32, map[string]string{"o": "other"})
+
+	l, err := e.lowers.Acquire(ctx, []stack.LayerRef{e.base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unused, err := e.lowers.Acquire(ctx, []stack.LayerRef{other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := func(name string, l *SharedLower) OverlaySpec {
+		return OverlaySpec{Dir: filepath.Join(e.dir, name), Target: filepath.Join(e.dir, name, "root"), Lower: l,
+			Upper: []stack.LayerRef{e.empty}, UserNS: -1, Open: open}
+	}
+	var roots []*Overlay
+	for _, name := range []string{"a", "b"} {
+		o, err := e.lowers.OpenOverlay(ctx, spec(name, l))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(e.dir, name, "root", "w"), []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		roots = append(roots, o)
+	}
+	// The crash.
+	for _, o := range roots {
+		o.Abandon()
+	}
+	e.lowers.Abandon()
+	_ = unused
+
+	ls := NewLowers(lowersDir, open)
+	infos, err := c.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts, err := blockdev.ReadMounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	disks := map[string]ServedDisk{}
+	var adopted []*SharedLower
+	for _, info := range infos {
+		disks[info.Dir] = c.Attach(info)
+		if filepath.Dir(info.Dir) == lowersDir {
+			al, err := ls.Adopt(c.Attach(info), mounts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			adopted = append(adopted, al)
+		}
+	}
+	if len(adopted) != 2 {
+		t.Fatalf("adopted %d lowers, want 2", len(adopted))
+	}
+	var lower *SharedLower
+	for _, al := range adopted {
+		if al.Path() == l.Path() {
+			lower = al
+		}
+	}
+	if lower == nil {
+		t.Fatal("the roots' lower was not adopted")
+	}
+	sa, sb := spec("a", lower), spec("b", lower)
+	if _, err := ls.AdoptOverlay(sa, disks[sb.upperDir()], mounts); err == nil {
+		t.Fatal("an overlay root adopted with another root's upper disk")
+	}
+	var back []*Overlay
+	for _, s := range []OverlaySpec{sa, sb} {
+		o, err := ls.AdoptOverlay(s, disks[s.upperDir()], mounts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back = append(back, o)
+	}
+	for _, al := range adopted {
+		if err := ls.Release(al); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if isMount(t, unused.Path()) {
+		t.Fatal("a lower no root was adopted over is still mounted")
+	}
+	if !isMount(t, lower.Path()) {
+		t.Fatal("the adopted roots' lower was unmounted")
+	}
+	for n, name := range []string{"a", "b"} {
+		root := filepath.Join(e.dir, name, "root")
+		if got := readFile(t, filepath.Join(root, "w")); got != name {
+			t.Errorf("%s reads %q after adoption", name, got)
+		}
+		if err := os.WriteFile(filepath.Join(root, "after"), []byte("x"), 0o644); err != nil {
+			t.Errorf("%s: write after adoption: %v", name, err)
+		}
+		if err := back[n].Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if raw, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(raw), e.dir) {
+		t.Fatalf("mounts left under %s", e.dir)
+	}
+	if infos, err := c.List(ctx); err != nil || len(infos) != 0 {
+		t.Fatalf("the data plane still serves %d disks (%v)", len(infos), err)
 	}
 }

@@ -173,25 +173,36 @@ func ReadMounts() (Mounts, error) {
 // Device is the block device (/dev/NAME) of the filesystem mounted at dir (the topmost
 // mount there).
 func (ms Mounts) Device(dir string) (string, error) {
-	for i := len(ms.entries) - 1; i >= 0; i-- {
-		m := ms.entries[i]
-		if m.dir != dir {
-			continue
-		}
-		// The link's last element is the device's kernel name (DEVNAME), with '!' for '/':
-		// one readlink, where its uevent file takes an open, a stat, two reads and a close
-		// (a restart does it for every root it adopts).
-		link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(m.dev), unix.Minor(m.dev)))
-		if err != nil {
-			return "", fmt.Errorf("blockdev: %s is not mounted from a block device: %w", dir, err)
-		}
-		name := strings.ReplaceAll(filepath.Base(link), "!", "/")
-		if name == "" || name == "." || name == "/" {
-			return "", fmt.Errorf("blockdev: no device name for the mount at %s", dir)
-		}
-		return "/dev/" + name, nil
+	m := ms.top(dir)
+	if m.dir == "" {
+		return "", fmt.Errorf("blockdev: nothing mounted at %s", dir)
 	}
-	return "", fmt.Errorf("blockdev: nothing mounted at %s", dir)
+	// The link's last element is the device's kernel name (DEVNAME), with '!' for '/':
+	// one readlink, where its uevent file takes an open, a stat, two reads and a close
+	// (a restart does it for every root it adopts).
+	link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(m.dev), unix.Minor(m.dev)))
+	if err != nil {
+		return "", fmt.Errorf("blockdev: %s is not mounted from a block device: %w", dir, err)
+	}
+	name := strings.ReplaceAll(filepath.Base(link), "!", "/")
+	if name == "" || name == "." || name == "/" {
+		return "", fmt.Errorf("blockdev: no device name for the mount at %s", dir)
+	}
+	return "/dev/" + name, nil
+}
+
+// FSType is the filesystem type of the topmost mount at dir, "" when nothing is mounted
+// there.
+func (ms Mounts) FSType(dir string) string { return ms.top(dir).fstype }
+
+// top is the topmost mount at dir.
+func (ms Mounts) top(dir string) mountEntry {
+	for i := len(ms.entries) - 1; i >= 0; i-- {
+		if ms.entries[i].dir == dir {
+			return ms.entries[i]
+		}
+	}
+	return mountEntry{}
 }
 
 // FUSEUnder lists the mount points of this package's FUSE files under root that are not

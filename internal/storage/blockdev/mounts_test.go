@@ -72,13 +72,3 @@ func TestMountsDevice(t *testing.T) {
 		t.Error("Device of a directory with nothing mounted: no error")
 	}
 }
-
-// top is the topmost mount at dir.
-func (ms Mounts) top(dir string) mountEntry {
-	for i := len(ms.entries) - 1; i >= 0; i-- {
-		if ms.entries[i].dir == dir {
-			return ms.entries[i]
-		}
-	}
-	return mountEntry{}
-}
