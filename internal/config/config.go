@@ -117,6 +117,10 @@ type Backend struct {
 	// pool to the burst's size, up to WarmContainersMax, for ten minutes.
 	WarmContainers    int `toml:"warm_containers"`
 	WarmContainersMax int `toml:"warm_containers_max"`
+	// OverlayRoots gives the oci backend's sandboxes on layered templates an overlay
+	// root over a lower shared by every sandbox on the same layers (see
+	// docs/operations.md, "Overlay roots over a shared lower").
+	OverlayRoots bool `toml:"overlay_roots"`
 }
 
 // Network configures the sandboxes' network slots. Like the cgroup parent, the bridge,

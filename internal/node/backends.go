@@ -112,6 +112,7 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 		UIDRanges:         cfg.Backend.UIDRanges,
 		WarmContainers:    warmContainers(cfg.Backend.WarmContainers),
 		WarmContainersMax: cfg.Backend.WarmContainersMax,
+		OverlayRoots:      cfg.Backend.OverlayRoots,
 		SnapshotQuiesce:   cfg.Snapshot.Quiesce,
 		LayerResolver:     env.Layers,
 		DataPlane:         ociDataPlane(env.DataPlane),

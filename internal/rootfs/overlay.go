@@ -34,21 +34,26 @@ import (
 // the overlay roots over it. The mount goes when the last root over it is closed (its
 // page cache with it). Safe for concurrent use.
 type Lowers struct {
-	dir  string
-	open Opener
+	dir      string
+	open     Opener
+	resolver stack.Resolver
 
 	mu sync.Mutex
 	m  map[string]*SharedLower
 }
 
 // NewLowers keeps its mounts in directories under dir (created if missing), serving
-// their disks with open (nil: in this process).
-func NewLowers(dir string, open Opener) *Lowers {
+// their disks with open (nil: in this process) and opening layers that have no path
+// with resolver (optional; see Spec.Resolver).
+func NewLowers(dir string, open Opener, resolver stack.Resolver) *Lowers {
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
-	return &Lowers{dir: dir, open: open, m: map[string]*SharedLower{}}
+	return &Lowers{dir: dir, open: open, resolver: resolver, m: map[string]*SharedLower{}}
 }
+
+// Dir is the directory the lowers are mounted under.
+func (ls *Lowers) Dir() string { return ls.dir }
 
 // SharedLower is one stack mounted read-only for the overlay roots over it.
 type SharedLower struct {
@@ -62,6 +67,9 @@ type SharedLower struct {
 
 // Path is where the lower's filesystem is mounted (read-only).
 func (l *SharedLower) Path() string { return filepath.Join(l.dir, "root") }
+
+// Size is the lower's device size in bytes.
+func (l *SharedLower) Size() int64 { return l.blk.Size() }
 
 // lowerKey names a stack by its layers, in order: two roots share a lower only when
 // their layers are the same files.
@@ -124,7 +132,7 @@ func (ls *Lowers) mount(ctx context.Context, l *SharedLower, layers []stack.Laye
 		return fmt.Errorf("rootfs: %w", err)
 	}
 	l.dir = dir
-	l.blk, err = Open(ctx, Spec{Dir: dir, Lowers: layers, Target: l.Path(), UserNS: -1, ReadOnly: true, Open: ls.open})
+	l.blk, err = Open(ctx, Spec{Dir: dir, Lowers: layers, Target: l.Path(), UserNS: -1, ReadOnly: true, Open: ls.open, Resolver: ls.resolver})
 	if err != nil {
 		os.RemoveAll(dir)
 		return fmt.Errorf("rootfs: shared lower: %w", err)
@@ -136,8 +144,8 @@ func (ls *Lowers) mount(ctx context.Context, l *SharedLower, layers []stack.Laye
 func (ls *Lowers) Release(l *SharedLower) error {
 	ls.mu.Lock()
 	l.refs--
-	last := l.refs == 0 && ls.m[l.key] == l
-	if last {
+	last := l.refs == 0
+	if last && ls.m[l.key] == l {
 		delete(ls.m, l.key)
 	}
 	ls.mu.Unlock()
@@ -192,6 +200,15 @@ func (ls *Lowers) Adopt(disk ServedDisk, mounts blockdev.Mounts) (*SharedLower, 
 	return l, nil
 }
 
+// Forget makes the next Acquire of any stack mount it anew; the lowers mounted now go
+// when their last user releases them. For lowers whose disks died (the data plane's
+// crash).
+func (ls *Lowers) Forget() {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	clear(ls.m)
+}
+
 // Abandon lets go of every lower's handles without unmounting or closing anything: what
 // a crash of the process does (tests use it).
 func (ls *Lowers) Abandon() {
@@ -214,10 +231,11 @@ type OverlaySpec struct {
 	// Upper are the upper filesystem's sealed layers, bottom first: an EmptyUpper layer,
 	// then what snapshots of the root sealed.
 	Upper []stack.LayerRef
-	// VirtualSize, UserNS, Open and MaxDirty are the upper's, as in Spec; UserNS id-maps
-	// the lower's view too.
+	// VirtualSize, UserNS, Open, Resolver and MaxDirty are the upper's, as in Spec;
+	// UserNS id-maps the lower's view too.
 	VirtualSize uint64
 	UserNS      int
+	Resolver    stack.Resolver
 	// RootID is the host id UserNS maps its root to (ignored without UserNS): the
 	// overlay's own work in the upper is done as that id (see mountOverlay).
 	RootID   int
@@ -267,7 +285,7 @@ func (ls *Lowers) OpenOverlay(ctx context.Context, spec OverlaySpec) (o *Overlay
 		}
 	}()
 	o.upper, err = Open(ctx, Spec{Dir: spec.upperDir(), Lowers: spec.Upper, VirtualSize: spec.VirtualSize,
-		Target: spec.upperFS(), UserNS: spec.UserNS, Open: spec.Open, MaxDirty: spec.MaxDirty})
+		Target: spec.upperFS(), UserNS: spec.UserNS, Open: spec.Open, Resolver: spec.Resolver, MaxDirty: spec.MaxDirty})
 	if err != nil {
 		return o, err
 	}

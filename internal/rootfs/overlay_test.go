@@ -29,7 +29,7 @@ func newOverlayEnv(t *testing.T) *overlayEnv {
 	t.Helper()
 	needBlock(t)
 	dir := t.TempDir()
-	e := &overlayEnv{dir: dir, lowers: NewLowers(filepath.Join(dir, "lowers"), nil)}
+	e := &overlayEnv{dir: dir, lowers: NewLowers(filepath.Join(dir, "lowers"), nil, nil)}
 	e.base = baseLayer(t, dir, 64, map[string]string{"etc/conf": "template", "d/x": "x", "d/y": "y"})
 	var err error
 	if e.empty, err = EmptyUpper(context.Background(), filepath.Join(dir, "uppers"), 64); err != nil {
@@ -322,7 +322,7 @@ func TestOverlayAdopt(t *testing.T) {
 	c, _ := startDataPlane(t)
 	open := RemoteOpener(c)
 	lowersDir := filepath.Join(e.dir, "lowers")
-	e.lowers = NewLowers(lowersDir, open)
+	e.lowers = NewLowers(lowersDir, open, nil)
 	other := baseLayer(t, t.TempDir(), 32, map[string]string{"o": "other"})
 
 	l, err := e.lowers.Acquire(ctx, []stack.LayerRef{e.base})
@@ -355,7 +355,7 @@ func TestOverlayAdopt(t *testing.T) {
 	e.lowers.Abandon()
 	_ = unused
 
-	ls := NewLowers(lowersDir, open)
+	ls := NewLowers(lowersDir, open, nil)
 	infos, err := c.List(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -101,7 +101,7 @@ func benchFirstUse(b *testing.B, layer func(b *testing.B, dir string) stack.Laye
 			if err != nil {
 				b.Fatal(err)
 			}
-			lowers := NewLowers(filepath.Join(dir, "lowers"), nil)
+			lowers := NewLowers(filepath.Join(dir, "lowers"), nil, nil)
 			var openCPU, useCPU time.Duration
 			var cached int64
 			for n := 0; n < b.N; n++ {

@@ -28,6 +28,8 @@ func TestArtifactLayers(t *testing.T) {
 		{"empty", ``, nil, false},
 		{"oci capture", `{"backend":"oci","layers":[{"path":"/l/a.commit","uuid":"U1","size":4096},{"path":"/l/b.commit","uuid":"U2","size":8192}]}`,
 			[]LayerFile{{Path: "/l/a.commit", UUID: "U1", Size: 4096}, {Path: "/l/b.commit", UUID: "U2", Size: 8192}}, false},
+		{"oci capture of an overlay root: the upper's layers apart, after the lower's", `{"backend":"oci","upper":[{"path":"/u/e.commit","uuid":"E","role":"upper"},{"path":"/l/s.commit","uuid":"S","role":"upper"}],"layers":[{"path":"/t/a","uuid":"A"}]}`,
+			[]LayerFile{{Path: "/t/a", UUID: "A"}, {Path: "/u/e.commit", UUID: "E", Role: "upper"}, {Path: "/l/s.commit", UUID: "S", Role: "upper"}}, false},
 		{"nested and repeated", `{"overlaybd":{"lowers":[{"path":"/t/x.zfile","uuid":"X"}]},"again":[{"path":"/t/x.zfile","uuid":"X"}]}`,
 			[]LayerFile{{Path: "/t/x.zfile", UUID: "X"}}, false},
 		{"relative and uuid-less paths are not layers", `{"rootfs":{"path":"rel/a","uuid":"U"},"dir":{"path":"/rootfs"}}`, nil, false},

@@ -48,6 +48,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/steptime"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
@@ -133,6 +134,12 @@ type Config struct {
 	// DataPlane serves layered roots from the data-plane process, so they survive this
 	// one (Reconcile adopts them); nil serves them in this process.
 	DataPlane DataPlane
+	// OverlayRoots gives sandboxes on layered templates and snapshots an overlay root over
+	// a read-only lower shared by every sandbox on the same layers, with a block root of
+	// their own as its upper, instead of a block root over all the layers: the layers'
+	// files are read and cached once per node, not once per sandbox (sharedlower.go).
+	// Snapshots, forks and pause to disk work on both.
+	OverlayRoots bool
 	// SnapshotQuiesce is how snapshots of block roots make the filesystem consistent:
 	// "freeze" (default; fsfreeze, a clean image) or "sync" (syncfs, then a
 	// crash-consistent point-in-time seal: a much shorter write stall).
@@ -237,6 +244,8 @@ type Backend struct {
 	log       *slog.Logger
 	// usernsFDs are the user namespaces id-mapped mounts are made for.
 	usernsFDs *usernsCache
+	// lowers are the shared lowers of overlay roots (sharedlower.go).
+	lowers *rootfs.Lowers
 
 	mu        sync.Mutex
 	instances map[string]*Instance
@@ -318,8 +327,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	// After the pool, which makes the netns directory a mount point.
 	b.rt.ns = newLaunchNS(cfg.DataDir, network.NetnsDir, b.log)
 	b.warm = newWarmPool(b, max(cfg.WarmContainers, 0), cfg.WarmContainersMax)
+	b.lowers = rootfs.NewLowers(b.lowersDir(), b.diskOpener(), cfg.LayerResolver)
 	b.log.Info("oci backend ready", append([]any{"runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2,
-		"uid_base", cfg.UIDBase, "uid_ranges", cfg.UIDRanges}, laps.Attrs()...)...)
+		"uid_base", cfg.UIDBase, "uid_ranges", cfg.UIDRanges, "overlay_roots", cfg.OverlayRoots}, laps.Attrs()...)...)
 	return b, nil
 }
 
@@ -360,10 +370,14 @@ var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
 
 // savedState is written next to the bundle so Reconcile can adopt a sandbox after a restart.
 type savedState struct {
-	ID            string            `json:"id"` // sandbox id; "" for a warm container
-	ContainerID   string            `json:"containerID"`
-	LowerDir      string            `json:"lowerDir"`
-	Block         bool              `json:"block,omitempty"` // a layered block root (adopted when the data plane serves it)
+	ID          string `json:"id"` // sandbox id; "" for a warm container
+	ContainerID string `json:"containerID"`
+	LowerDir    string `json:"lowerDir"`
+	Block       bool   `json:"block,omitempty"` // a root on layers (adopted when the data plane serves it)
+	// Lower is where the shared lower of an overlay root is mounted, LowerLayers its
+	// layers; both empty for a block root.
+	Lower         string            `json:"lower,omitempty"`
+	LowerLayers   []stack.LayerRef  `json:"lowerLayers,omitempty"`
 	Resources     sandbox.Resources `json:"resources"`
 	SlotIndex     int               `json:"slotIndex"`
 	AllowInternet bool              `json:"allowInternet"`
@@ -466,7 +480,7 @@ func (b *Backend) DecodePaused(raw []byte) (sandbox.PausedState, error) {
 // resume thaws a sandbox paused in place, or relaunches one paused to disk.
 func (b *Backend) resume(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.Instance, error) {
 	if ps, ok := plan.Paused.(pausedState); ok && ps.Disk != nil {
-		inst, err := b.launchBlock(ctx, plan, ps.Disk.Layers, ps.Disk.VirtualSize)
+		inst, err := b.launchBlock(ctx, plan, ps.Disk.Layers, fromUpperRefs(ps.Disk.Upper), ps.Disk.VirtualSize)
 		if err != nil {
 			return nil, err
 		}

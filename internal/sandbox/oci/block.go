@@ -38,8 +38,11 @@ type Captured struct {
 	ID      string `json:"id"`
 	// SourceID is the sandbox the capture was taken from.
 	SourceID string `json:"sourceSandboxID"`
-	// Layers are the root's sealed layers, bottom first; the last one is new.
+	// Layers are the root's sealed layers, bottom first; for a block root the last one is
+	// new. For an overlay root they are its shared lower's, and Upper are its upper's,
+	// the new one last.
 	Layers      []stack.LayerRef  `json:"layers"`
+	Upper       []upperRef        `json:"upper,omitempty"`
 	VirtualSize uint64            `json:"virtualSize"`
 	Resources   sandbox.Resources `json:"resources"`
 	CreatedAt   time.Time         `json:"createdAt"`
@@ -61,9 +64,14 @@ func (c *Captured) validate() error {
 	if len(c.Layers) == 0 {
 		return fmt.Errorf("oci: capture %s has no layers", c.ID)
 	}
-	for _, l := range c.Layers {
+	for _, l := range append(c.Layers[:len(c.Layers):len(c.Layers)], fromUpperRefs(c.Upper)...) {
 		if err := checkLayer(l); err != nil {
 			return fmt.Errorf("oci: capture %s: %w", c.ID, err)
+		}
+	}
+	for _, u := range c.Upper {
+		if u.Role != upperRole {
+			return fmt.Errorf("oci: capture %s: upper layer with role %q", c.ID, u.Role)
 		}
 	}
 	return nil
@@ -87,7 +95,7 @@ func (b *Backend) DecodeCaptured(raw []byte) (sandbox.Captured, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	for _, l := range c.Layers {
+	for _, l := range append(c.Layers[:len(c.Layers):len(c.Layers)], fromUpperRefs(c.Upper)...) {
 		if l.Path == "" {
 			continue // resolved by digest at launch
 		}
@@ -110,10 +118,11 @@ func layerRefs(in []sandbox.LayerRef) []stack.LayerRef {
 	return out
 }
 
-// launchBlock creates sandbox plan.SandboxID on a fresh upper over layers. The device is
+// launchBlock creates sandbox plan.SandboxID on a fresh upper over layers (over upper,
+// an overlay root's upper layers, when there are any: see sharedlower.go). The device is
 // vsize bytes, or Resources.DiskSizeMB when that is larger (the filesystem is grown).
-func (b *Backend) launchBlock(ctx context.Context, plan sandbox.LaunchPlan, layers []stack.LayerRef, vsize uint64) (sandbox.Instance, error) {
-	for _, l := range layers {
+func (b *Backend) launchBlock(ctx context.Context, plan sandbox.LaunchPlan, layers, upper []stack.LayerRef, vsize uint64) (sandbox.Instance, error) {
+	for _, l := range append(layers[:len(layers):len(layers)], upper...) {
 		if err := checkLayer(l); err != nil {
 			return nil, fmt.Errorf("oci: %w", err)
 		}
@@ -128,27 +137,41 @@ func (b *Backend) launchBlock(ctx context.Context, plan sandbox.LaunchPlan, laye
 	if err != nil {
 		return nil, err
 	}
-	root := createOpts{layers: layers, vsize: vsize}
+	root := createOpts{layers: layers, upper: upper, vsize: vsize}
 	if plan.Kind == sandbox.LaunchFresh || plan.SnapshotTemplate {
 		// Templates (snapshot templates too) are launched again and again; a fork's or a
 		// pause's capture once per child or resume.
-		return b.launchWarmOrNew(ctx, inst, plan, blockKey(layers, vsize), root)
+		return b.launchWarmOrNew(ctx, inst, plan, blockKey(layers, upper, vsize), root)
 	}
 	return b.launchWarmOrNew(ctx, inst, plan, "", root)
 }
 
 // blockKey names a layered root in the warm pool.
-func blockKey(layers []stack.LayerRef, vsize uint64) string {
+func blockKey(layers, upper []stack.LayerRef, vsize uint64) string {
 	var k strings.Builder
 	k.WriteString("layers")
 	for _, l := range layers {
 		k.WriteString(":" + l.Path + "#" + l.Digest)
 	}
+	if len(upper) > 0 {
+		k.WriteString("+upper")
+		for _, l := range upper {
+			k.WriteString(":" + l.Path + "#" + l.Digest)
+		}
+	}
 	return fmt.Sprintf("%s@%d", k.String(), vsize)
 }
 
-// mountBlock opens inst's block root at its rootfs directory, id-mapped to userns.
+// mountBlock opens inst's root on o.layers at its rootfs directory, id-mapped to userns:
+// an overlay root when o has upper layers or the node makes overlay roots, else a block
+// root.
 func (b *Backend) mountBlock(ctx context.Context, inst *Instance, o createOpts, userns int) error {
+	if len(o.upper) > 0 || b.cfg.OverlayRoots {
+		inst.mu.Lock()
+		m := inst.idmap
+		inst.mu.Unlock()
+		return b.mountOverlay(ctx, inst, o, userns, m)
+	}
 	blk, err := rootfs.Open(ctx, rootfs.Spec{
 		Dir: inst.l.dir, Lowers: o.layers, VirtualSize: o.vsize, Target: inst.l.rootfs(), UserNS: userns,
 		Resolver: b.cfg.LayerResolver, Open: b.diskOpener(),
@@ -157,7 +180,7 @@ func (b *Backend) mountBlock(ctx context.Context, inst *Instance, o createOpts, 
 		return fmt.Errorf("oci: block root: %w", err)
 	}
 	inst.mu.Lock()
-	inst.block = blk
+	inst.root = blockRoot{blk}
 	inst.mu.Unlock()
 	return nil
 }
@@ -165,7 +188,7 @@ func (b *Backend) mountBlock(ctx context.Context, inst *Instance, o createOpts, 
 func (i *Instance) isBlock() bool {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	return i.block != nil
+	return i.root != nil
 }
 
 // Snapshot implements sandbox.Instance: the root filesystem is frozen for the seal of its
@@ -182,7 +205,7 @@ func (i *Instance) snapshot(ctx context.Context) (*Captured, error) {
 		return nil, err
 	}
 	i.mu.Lock()
-	blk := i.block
+	blk := i.root
 	i.mu.Unlock()
 	if blk == nil {
 		return nil, fmt.Errorf("%w: snapshot of a sandbox on a directory template (only layered templates can snapshot)", ErrUnsupported)
@@ -203,7 +226,7 @@ func (i *Instance) snapshot(ctx context.Context) (*Captured, error) {
 	if b.cfg.SnapshotQuiesce == QuiesceSync {
 		q = rootfs.QuiesceSync
 	}
-	lowers, times, err := blk.Snapshot(ctx, filepath.Join(b.layersDir(), id+".commit"), q)
+	lowers, upper, times, err := blk.seal(ctx, filepath.Join(b.layersDir(), id+".commit"), q)
 	if errors.Is(err, stack.ErrBroken) {
 		return nil, fmt.Errorf("%w: %s: root filesystem lost in a failed snapshot: %w", sandbox.ErrGone, i.id, err)
 	}
@@ -211,8 +234,8 @@ func (i *Instance) snapshot(ctx context.Context) (*Captured, error) {
 		return nil, fmt.Errorf("oci: snapshot %s: %w", i.id, err)
 	}
 	c := &Captured{
-		Version: captureVersion, Backend: "oci", ID: id, SourceID: i.id, Layers: lowers,
-		VirtualSize: uint64(blk.Size()), Resources: i.res, CreatedAt: time.Now().UTC(),
+		Version: captureVersion, Backend: "oci", ID: id, SourceID: i.id, Layers: lowers, Upper: toUpperRefs(upper),
+		VirtualSize: uint64(blk.size()), Resources: i.res, CreatedAt: time.Now().UTC(),
 		FrozenMicros: times.Frozen.Microseconds(), TotalMicros: times.Total.Microseconds(),
 	}
 	// The record keeps the layers from the collector until DiscardSnapshot. The sealed
@@ -326,10 +349,15 @@ func (b *Backend) discardCapture(ctx context.Context, c *Captured) error {
 		return fmt.Errorf("oci: discard: bad capture id %q", c.ID)
 	}
 	// Warm containers of a snapshot template hold its layers open (and would keep the
-	// space of the files gcLayers deletes); its top layer is its own.
-	if n := len(c.Layers); n > 0 && b.warm != nil {
-		top := c.Layers[n-1]
-		if err := b.warm.forget(ctx, func(o createOpts) bool { return hasLayer(o.layers, top) }); err != nil {
+	// space of the files gcLayers deletes); its top layer is its own (its upper's top
+	// for an overlay root's).
+	own, n := c.Layers, len(c.Layers)
+	if len(c.Upper) > 0 {
+		own, n = fromUpperRefs(c.Upper), len(c.Upper)
+	}
+	if n > 0 && b.warm != nil {
+		top := own[n-1]
+		if err := b.warm.forget(ctx, func(o createOpts) bool { return hasLayer(o.layers, top) || hasLayer(o.upper, top) }); err != nil {
 			return fmt.Errorf("oci: discard capture %s: warm containers: %w", c.ID, err)
 		}
 	}
@@ -349,17 +377,17 @@ func (b *Backend) gcLayers() error {
 	defer b.layersMu.Unlock()
 	used := map[string]bool{}
 	b.mu.Lock()
-	var roots []*rootfs.Block
+	var roots []diskRoot
 	for _, inst := range b.instances {
 		inst.mu.Lock()
-		if inst.block != nil {
-			roots = append(roots, inst.block)
+		if inst.root != nil {
+			roots = append(roots, inst.root)
 		}
 		inst.mu.Unlock()
 	}
 	b.mu.Unlock()
 	for _, r := range roots {
-		for _, l := range r.Lowers() {
+		for _, l := range r.files() {
 			used[l.Path] = true
 		}
 	}
@@ -381,6 +409,9 @@ func (b *Backend) gcLayers() error {
 			return fmt.Errorf("oci: gc: capture %s: %w", e.Name(), err)
 		}
 		for _, l := range c.Layers {
+			used[l.Path] = true
+		}
+		for _, l := range c.Upper {
 			used[l.Path] = true
 		}
 	}

@@ -399,7 +399,7 @@ func TestBlockCrashRecovery(t *testing.T) {
 	}
 	// The dead node's FUSE server and stack go with its process; here, close them by hand.
 	a.mu.Lock()
-	_ = a.block.Close()
+	_ = blockOf(a).Close()
 	a.mu.Unlock()
 	assertGone(t, b2, "crash-blk", slot)
 	if left := blockLeftovers(t, cfg.DataDir); len(left) > 0 {
@@ -426,7 +426,7 @@ func TestBlockWarm(t *testing.T) {
 	fs := testLayered(t)
 	ctx := context.Background()
 	e.launchBlock(t, "bw0", fs, sandbox.Resources{})
-	waitWarm(t, e.b, blockKey(layerRefs(fs.Layers), fs.VirtualSize), 1)
+	waitWarm(t, e.b, blockKey(layerRefs(fs.Layers), nil, fs.VirtualSize), 1)
 	i := e.launchBlock(t, "bw1", fs, sandbox.Resources{})
 	if !strings.HasPrefix(i.cid, "warm.") || !i.isBlock() {
 		t.Fatalf("second launch: cid %s, block %v", i.cid, i.isBlock())

@@ -35,8 +35,8 @@ func crash(t *testing.T, e *testEnv) sandbox.Backend {
 	e.b.mu.Unlock()
 	for _, i := range insts {
 		i.mu.Lock()
-		if i.block != nil {
-			_ = i.block.Close()
+		if i.root != nil {
+			_ = i.root.Close()
 		}
 		i.mu.Unlock()
 	}

@@ -28,6 +28,7 @@ type crashSpec struct {
 	DataDir      string
 	CgroupParent string
 	RootFS       sandbox.RootFS
+	OverlayRoots bool
 }
 
 func crashConfig(s crashSpec) Config {
@@ -39,6 +40,7 @@ func crashConfig(s crashSpec) Config {
 		PidsLimit:      256,
 		WarmContainers: -1,
 		Network:        testNetwork(-1),
+		OverlayRoots:   s.OverlayRoots,
 	}
 }
 
@@ -107,15 +109,22 @@ func crashChild(raw string) error {
 // TestBlockCrashDeadServer: the node serving a block-root sandbox is SIGKILLed while the
 // root's FUSE connection stays open elsewhere, so nothing answers it and the kernel does
 // not abort it. A new backend's Reconcile must return promptly and remove everything:
-// container, mounts, loop devices, cgroups, network slot.
+// container, mounts, loop devices, cgroups, network slot. The same for an overlay root,
+// whose upper and shared lower are both served by the dead node.
 func TestBlockCrashDeadServer(t *testing.T) {
+	for _, overlay := range []bool{false, true} {
+		t.Run(fmt.Sprintf("overlay=%v", overlay), func(t *testing.T) { testCrashDeadServer(t, overlay) })
+	}
+}
+
+func testCrashDeadServer(t *testing.T, overlay bool) {
 	needBlock(t)
 	fs := testLayered(t)
 	dataDir := t.TempDir()
 	for d := dataDir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
 		os.Chmod(d, 0o711)
 	}
-	spec := crashSpec{DataDir: dataDir, CgroupParent: fmt.Sprintf("%s/%d-%d", testCgroup, os.Getpid(), backendSeq.Add(1)), RootFS: fs}
+	spec := crashSpec{DataDir: dataDir, CgroupParent: fmt.Sprintf("%s/%d-%d", testCgroup, os.Getpid(), backendSeq.Add(1)), RootFS: fs, OverlayRoots: overlay}
 	raw, _ := json.Marshal(spec)
 	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), crashChildEnv+"="+string(raw))

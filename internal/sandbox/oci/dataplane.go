@@ -53,7 +53,7 @@ func (b *Backend) adoptBlock(inst *Instance, info dataplane.Info, mounts blockde
 	if err != nil {
 		return err
 	}
-	inst.block = blk
+	inst.root = blockRoot{blk}
 	return nil
 }
 
@@ -79,7 +79,7 @@ func (b *Backend) OnDataPlane() []string {
 	var ids []string
 	for id, inst := range b.instances {
 		inst.mu.Lock()
-		if inst.block != nil && inst.block.OutOfProcess() {
+		if inst.root != nil && inst.root.OutOfProcess() {
 			ids = append(ids, id)
 		}
 		inst.mu.Unlock()
@@ -90,6 +90,10 @@ func (b *Backend) OnDataPlane() []string {
 // DataPlaneLost drops the warm containers on layered roots: their disks died with the
 // data plane (OnDataPlane lists the sandboxes that did).
 func (b *Backend) DataPlaneLost(ctx context.Context) error {
+	// The shared lowers' disks died too: new roots mount their layers anew.
+	if b.lowers != nil {
+		b.lowers.Forget()
+	}
 	if b.warm == nil {
 		return nil
 	}

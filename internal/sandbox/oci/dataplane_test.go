@@ -46,7 +46,7 @@ func TestAdoptBlockRoot(t *testing.T) {
 	ctx := context.Background()
 	keep := e.launchBlock(t, "dp-keep", fs, sandbox.Resources{CPUCount: 1, MemoryMB: 128})
 	lost := e.launchBlock(t, "dp-lost", fs, sandbox.Resources{CPUCount: 1, MemoryMB: 128})
-	if !keep.block.OutOfProcess() {
+	if !blockOf(keep).OutOfProcess() {
 		t.Fatal("the root is not served by the data plane")
 	}
 	e.mustSh(t, keep, "echo kept > /root/mark && sync")
@@ -56,14 +56,14 @@ func TestAdoptBlockRoot(t *testing.T) {
 		t.Fatalf("the data plane serves %d disks, want 2", len(got))
 	}
 	// The crash: this process's handles on the roots go; the data plane's stay.
-	dev := keep.block.Device()
-	keep.block.Abandon()
-	lost.block.Abandon()
+	dev := blockOf(keep).Device()
+	blockOf(keep).Abandon()
+	blockOf(lost).Abandon()
 
 	env2, adopted := e.restart(t, "dp-keep")
 	b2 := env2.b
-	if adopted.block == nil || adopted.block.Device() != dev {
-		t.Fatalf("adopted root %+v, was on %s", adopted.block, dev)
+	if blockOf(adopted) == nil || blockOf(adopted).Device() != dev {
+		t.Fatalf("adopted root %+v, was on %s", blockOf(adopted), dev)
 	}
 	if got := adopted.pidOf(t); got != pid {
 		t.Fatalf("adopted init is pid %d, was %d", got, pid)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/aenv-dev/aenv/internal/rootfs"
 	"golang.org/x/sys/unix"
 	"io"
 	"net"
@@ -364,4 +365,10 @@ func (e *testEnv) sh(t testing.TB, i *Instance, script string) (string, int) {
 	}
 	code, _ := strconv.Atoi(strings.TrimSpace(s[k+7:]))
 	return s[:k], code
+}
+
+// blockOf is i's block root, nil when it has none.
+func blockOf(i *Instance) *rootfs.Block {
+	r, _ := i.root.(blockRoot)
+	return r.Block
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/network"
-	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 )
@@ -33,7 +32,7 @@ type Instance struct {
 	mu      sync.Mutex
 	slot    *network.Slot
 	idmap   *idMap
-	block   *rootfs.Block // the layered block root; nil for an overlay root
+	root    diskRoot // a root on sealed layers; nil for an overlay on a directory template
 	stopped bool
 	lastCPU uint64
 	lastAt  time.Time
@@ -46,7 +45,7 @@ func (i *Instance) adopt(w *Instance) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	w.mu.Lock()
-	i.cid, i.l, i.slot, i.idmap, i.block = w.cid, w.l, w.slot, w.idmap, w.block
+	i.cid, i.l, i.slot, i.idmap, i.root = w.cid, w.l, w.slot, w.idmap, w.root
 	w.mu.Unlock()
 }
 
@@ -153,8 +152,8 @@ func (i *Instance) Stop(ctx context.Context) error {
 	i.snapMu.Lock()
 	defer i.snapMu.Unlock()
 	i.mu.Lock()
-	slot, blk := i.slot, i.block
-	i.slot, i.block = nil, nil
+	slot, blk := i.slot, i.root
+	i.slot, i.root = nil, nil
 	i.stopped = true
 	i.mu.Unlock()
 	t0 := time.Now()
@@ -172,7 +171,7 @@ func (i *Instance) Stop(ctx context.Context) error {
 	// Only a root stacked on layers of the node's own (sealed by snapshots) can leave
 	// some unused: one on template layers alone cannot, and the collection walks every
 	// held root's layers (~1 ms of the stop's CPU at 1 500 held).
-	collect := blk != nil && onLayersIn(blk.Lowers(), i.b.layersDir())
+	collect := blk != nil && onLayersIn(blk.files(), i.b.layersDir())
 	if blk != nil {
 		// ext4, then the loop device, then FUSE and the stack: each holds the next. A
 		// filesystem still held (its mount namespace still being torn down, slow on a

@@ -29,7 +29,7 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 	switch plan.Kind {
 	case sandbox.LaunchFresh:
 		if len(plan.RootFS.Layers) > 0 {
-			return b.launchBlock(ctx, plan, layerRefs(plan.RootFS.Layers), plan.RootFS.VirtualSize)
+			return b.launchBlock(ctx, plan, layerRefs(plan.RootFS.Layers), nil, plan.RootFS.VirtualSize)
 		}
 	case sandbox.LaunchResume:
 		return b.resume(ctx, plan)
@@ -38,7 +38,7 @@ func (b *Backend) Launch(ctx context.Context, plan sandbox.LaunchPlan) (sandbox.
 		if !ok || c == nil {
 			return nil, fmt.Errorf("oci: launch from snapshot: capture is %T, not this backend's", plan.Snapshot)
 		}
-		return b.launchBlock(ctx, plan, c.Layers, c.VirtualSize)
+		return b.launchBlock(ctx, plan, c.Layers, fromUpperRefs(c.Upper), c.VirtualSize)
 	default:
 		return nil, fmt.Errorf("oci: unknown launch kind %d", plan.Kind)
 	}
@@ -140,7 +140,8 @@ func (b *Backend) launchNew(ctx context.Context, inst *Instance, plan sandbox.La
 // createOpts describes one container to create.
 type createOpts struct {
 	lower         string
-	layers        []stack.LayerRef // a layered block root instead of an overlay on lower
+	layers        []stack.LayerRef // a root on layers instead of an overlay on lower
+	upper         []stack.LayerRef // an overlay root's upper layers over layers (sharedlower.go)
 	vsize         uint64           // the block root's device size; 0 = the layers'
 	allowInternet bool
 	res           sandbox.Resources
@@ -190,6 +191,12 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 	} else if len(o.layers) > 0 {
 		if err := b.mountBlock(ctx, inst, o, userns); err != nil {
 			return err
+		}
+		if len(o.upper) > 0 || b.cfg.OverlayRoots {
+			// Where its shared lower is, which only the mount knew.
+			if err := b.saveState(inst, o.lower, true, o.allowInternet); err != nil {
+				return err
+			}
 		}
 	} else if err := mountRootfs(inst.l, o.lower, m, userns); err != nil {
 		return err
@@ -254,6 +261,11 @@ func (b *Backend) saveState(inst *Instance, lower string, block, allowInternet b
 		ID: inst.id, ContainerID: inst.cid, LowerDir: lower, Block: block, Resources: inst.res,
 		SlotIndex: inst.slot.Index, AllowInternet: allowInternet, IDMap: inst.idmap, Created: inst.started,
 	}
+	inst.mu.Lock()
+	if r, ok := inst.root.(overlayRoot); ok {
+		st.Lower, st.LowerLayers = r.Lower().Path(), r.lower
+	}
+	inst.mu.Unlock()
 	tmp := inst.l.state() + ".tmp"
 	if err := writeJSON(tmp, st); err != nil {
 		return err

@@ -67,13 +67,19 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 		return nil, err
 	}
 	lap("list")
+	// Shared lowers before the overlay roots over them (sharedlower.go).
+	lowers := map[string]*rootfs.SharedLower{}
+	if disks != nil {
+		lowers = b.adoptLowers(disks, mounts)
+	}
 	var keepDirs []string // bundle dirs of adopted block roots
 	var errs []error
 	adopt := map[string]*Instance{}   // by sandbox id
 	states := map[string]savedState{} // by sandbox id
 	cids := map[string]bool{}         // container ids of adopted sandboxes
 	var stale []string                // containers to delete
-	for _, c := range b.adoptable(containers, want, disks, mounts) {
+	var keptLowers []string           // directories of the shared lowers adopted roots are over
+	for _, c := range b.adoptable(containers, want, disks, mounts, lowers) {
 		if c.inst == nil {
 			// Unknown, dead, or a warm container of the previous run (never started).
 			stale = append(stale, c.id)
@@ -82,6 +88,10 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 		if c.info != nil {
 			keepDirs = append(keepDirs, c.info.Dir)
 		}
+		if c.st.Lower != "" {
+			keepDirs = append(keepDirs, c.inst.l.dir)
+			keptLowers = append(keptLowers, filepath.Dir(c.st.Lower))
+		}
 		adopt[c.st.ID] = c.inst
 		states[c.st.ID] = c.st
 		cids[c.id] = true
@@ -89,6 +99,9 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	// Kill every process of what is not adopted before the sweep below unmounts roots
 	// under them: SIGKILL is queued even to a process stuck on a block root whose FUSE
 	// server died, and takes effect once the sweep aborts the connection.
+	// Lowers no overlay root was adopted over are unmounted and their disks closed.
+	errs = append(errs, b.releaseLowers(lowers))
+	keepDirs = append(keepDirs, keptLowers...)
 	lap("adopt")
 	b.killCgroups(cids)
 	var gone []string
@@ -115,6 +128,10 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	// Block roots first (FUSE connections aborted, then ext4 mounts, loop devices, FUSE
 	// mounts), except the adopted ones; overlay roots are left alone.
 	errs = append(errs, rootfs.Sweep(ctx, filepath.Join(b.cfg.DataDir, "sandboxes"), keepDirs...))
+	// Then the overlay roots over what it swept (their unmount syncs their uppers, whose
+	// connections are aborted now if their server died), before the disks are closed.
+	errs = append(errs, b.detachOverlays(cids, mounts))
+	errs = append(errs, b.sweepLowers(ctx, keptLowers))
 	if len(gone) > 0 {
 		errs = append(errs, b.closeDisks(ctx, gone))
 	}
@@ -183,7 +200,7 @@ type candidate struct {
 // saved states and checking the roots (a few sysfs reads and opens each) run a few at a
 // time: a restart does it for every sandbox before any is served.
 func (b *Backend) adoptable(containers []containerState, want map[string]bool, disks map[string]dataplane.Info,
-	mounts blockdev.Mounts) []candidate {
+	mounts blockdev.Mounts, lowers map[string]*rootfs.SharedLower) []candidate {
 	cands := make([]candidate, len(containers))
 	var g errgroup.Group
 	g.SetLimit(8)
@@ -220,13 +237,25 @@ func (b *Backend) adoptable(containers []containerState, want map[string]bool, d
 		if !c.st.Block {
 			continue
 		}
-		info, ok := disks[absDir(c.inst.l.dir)]
+		diskDir := c.inst.l.dir
+		if c.st.Lower != "" {
+			diskDir = overlayUpperDir(c.inst.l)
+		}
+		info, ok := disks[absDir(diskDir)]
 		if !ok {
 			b.log.Warn("oci: reconcile: sandbox on a block root whose disk nobody serves any more; removing it", "id", c.st.ID)
 			c.inst = nil
 			continue
 		}
 		c.info = &info
+		if c.st.Lower != "" {
+			// One at a time: adopting takes a use of a shared lower.
+			if err := b.adoptOverlay(c.inst, c.st, lowers, info, mounts); err != nil {
+				b.log.Warn("oci: reconcile: cannot adopt overlay root; removing the sandbox", "id", c.st.ID, "err", err)
+				c.inst, c.info = nil, nil
+			}
+			continue
+		}
 		g.Go(func() error {
 			if err := b.adoptBlock(c.inst, info, mounts); err != nil {
 				b.log.Warn("oci: reconcile: cannot adopt block root; removing the sandbox", "id", c.st.ID, "err", err)

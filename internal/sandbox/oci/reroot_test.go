@@ -212,7 +212,7 @@ func TestAdoptBlankFork(t *testing.T) {
 	waiting := stopPoolAsCrash(t, e.b)[blankKey][0]
 	pid := k.pidOf(t)
 	for _, i := range []*Instance{src, k} {
-		i.block.Abandon()
+		blockOf(i).Abandon()
 	}
 
 	env2, adopted := e.restart(t, "ab-kid")
@@ -259,8 +259,8 @@ func TestCrashMidReroot(t *testing.T) {
 	}
 	// The crash, as in TestAdoptBlankFork.
 	stopPoolAsCrash(t, e.b)
-	w.block.Abandon()
-	src.block.Abandon()
+	blockOf(w).Abandon()
+	blockOf(src).Abandon()
 
 	env2, adopted := e.restart(t, "mr-src")
 	for deadline := time.Now().Add(10 * time.Second); unix.Kill(pid, 0) == nil; time.Sleep(10 * time.Millisecond) {

@@ -52,7 +52,7 @@ func TestBlockWarmPrefetched(t *testing.T) {
 	e := newTestBackend(t, func(c *Config) { c.WarmContainers = 2 })
 	fs := testLayered(t)
 	e.launchBlock(t, "bp0", fs, sandbox.Resources{})
-	key := blockKey(layerRefs(fs.Layers), fs.VirtualSize)
+	key := blockKey(layerRefs(fs.Layers), nil, fs.VirtualSize)
 	waitWarm(t, e.b, key, 2)
 	e.b.warm.mu.Lock()
 	ws := slices.Clone(e.b.warm.ready[key])

@@ -144,7 +144,7 @@ func TestSnapshotTemplateWarm(t *testing.T) {
 		t.Fatal(err)
 	}
 	capd := c.(*Captured)
-	key := blockKey(capd.Layers, capd.VirtualSize)
+	key := blockKey(capd.Layers, nil, capd.VirtualSize)
 	wanted := func() bool {
 		e.b.warm.mu.Lock()
 		defer e.b.warm.mu.Unlock()

@@ -89,9 +89,9 @@ func TestForgetTemplate(t *testing.T) {
 	v2.Layers[0].Path = cur
 
 	s1 := e.launchBlock(t, "fg1", v1, sandbox.Resources{})
-	waitWarm(t, e.b, blockKey(layerRefs(v1.Layers), v1.VirtualSize), 2)
+	waitWarm(t, e.b, blockKey(layerRefs(v1.Layers), nil, v1.VirtualSize), 2)
 	s2 := e.launchBlock(t, "fg2", v2, sandbox.Resources{})
-	waitWarm(t, e.b, blockKey(layerRefs(v2.Layers), v2.VirtualSize), 2)
+	waitWarm(t, e.b, blockKey(layerRefs(v2.Layers), nil, v2.VirtualSize), 2)
 	for _, i := range []*Instance{s1, s2} {
 		if err := i.Stop(ctx); err != nil {
 			t.Fatal(err)
@@ -111,7 +111,7 @@ func TestForgetTemplate(t *testing.T) {
 		t.Fatalf("old layer still open after ForgetTemplate: %v", f)
 	}
 	e.b.warm.mu.Lock()
-	oldLeft := len(e.b.warm.ready[blockKey(layerRefs(v1.Layers), v1.VirtualSize)])
+	oldLeft := len(e.b.warm.ready[blockKey(layerRefs(v1.Layers), nil, v1.VirtualSize)])
 	e.b.warm.mu.Unlock()
 	if oldLeft > 0 {
 		t.Fatalf("%d warm containers of the old version left", oldLeft)
@@ -120,7 +120,7 @@ func TestForgetTemplate(t *testing.T) {
 		t.Errorf("left behind for the old version: %s", l)
 	}
 	// The current version stays warm, and a launch of it takes a warm container.
-	waitWarm(t, e.b, blockKey(layerRefs(v2.Layers), v2.VirtualSize), 2)
+	waitWarm(t, e.b, blockKey(layerRefs(v2.Layers), nil, v2.VirtualSize), 2)
 	s3 := e.launchBlock(t, "fg3", v2, sandbox.Resources{})
 	if !strings.HasPrefix(s3.cid, "warm.") {
 		t.Fatalf("launch of the kept template: cid %s, want a warm container", s3.cid)
