@@ -74,9 +74,17 @@ func TestDebianImages(t *testing.T) {
 			}
 			n.observe()
 			defer c.Kill(context.WithoutCancel(ctx), sb.ID)
-			// A converted template's sandboxes run on an ext4 block root, the others on overlayfs.
-			if fs := run(ctx, t, c, sb, `stat -f -c %T /`); (fs == "ext2/ext3") != tc.convert {
-				t.Errorf("root filesystem %s, converted %v", fs, tc.convert)
+			// A converted template's sandboxes run on a root on its layers (an overlay over
+			// them, shared, or with backend.overlay_roots off an ext4 block root), which
+			// snapshots; the others on an overlay of the directory, which cannot.
+			snap, serr := c.Snapshot(ctx, sb.ID)
+			if (serr == nil) != tc.convert {
+				t.Errorf("snapshot: %v, converted %v", serr, tc.convert)
+			}
+			if serr == nil {
+				if err := c.DeleteTemplate(ctx, snap); err != nil {
+					t.Errorf("delete snapshot %s: %v", snap, err)
+				}
 			}
 			want := strings.Join([]string{tc.user, tc.uid, tc.home, tc.user}, "\n")
 			if got := run(ctx, t, c, sb, `id -un; id -u; echo $HOME; stat -c %U ~`); got != want {

@@ -306,8 +306,9 @@ func sharedRepositoryFlow(t *testing.T, nets []nodeNet, repo repository.Reposito
 }
 
 // requireCompleteRecord checks, in the repository itself, that snapshot id is complete,
-// names its whole stack (the base template's layer and at least the sealed upper on it)
-// and that every blob it names is there.
+// names its whole stack (the base template's layer and at least the sealed upper on it:
+// on an overlay root, the upper's own layers, role "upper") and that every blob it names
+// is there.
 func requireCompleteRecord(ctx context.Context, t *testing.T, repo repository.Repository, id string) repository.Record {
 	t.Helper()
 	rec, err := repo.GetRecord(ctx, repository.KindSnapshot, id)
@@ -317,17 +318,21 @@ func requireCompleteRecord(ctx context.Context, t *testing.T, repo repository.Re
 	if rec.State != repository.StateComplete {
 		t.Fatalf("record of %s is %s, want complete", id, rec.State)
 	}
-	rootfs := 0
+	rootfs, upper := 0, 0
 	for _, l := range rec.Layers {
-		if l.Role == "rootfs" {
+		switch l.Role {
+		case "rootfs":
 			rootfs++
+		case "upper":
+			upper++
 		}
 		if _, err := repo.StatBlob(ctx, l.Digest); err != nil {
 			t.Fatalf("record %s names blob %s (%s), not in the repository: %v", id, l.Digest, l.Role, err)
 		}
 	}
-	if rootfs < 2 {
-		t.Fatalf("record %s names %d rootfs layers; want the base's and the snapshot's own: %+v", id, rootfs, rec.Layers)
+	if rootfs < 1 || rootfs+upper < 2 || upper == 1 {
+		t.Fatalf("record %s names %d rootfs and %d upper layers; want the base's and the snapshot's own "+
+			"(an overlay root's: its empty upper's and its own): %+v", id, rootfs, upper, rec.Layers)
 	}
 	return rec
 }

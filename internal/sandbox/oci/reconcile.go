@@ -32,7 +32,9 @@ import (
 // serves its disk; one whose disk was served by the previous process itself has lost its
 // root filesystem and is removed (a sandbox paused to disk is not affected: it has no
 // container, only its capture). The data plane's disks of sandboxes not adopted are
-// closed once the sweep has removed their mounts and loop devices.
+// closed once the sweep has removed their mounts and loop devices. An overlay root is
+// adopted over its shared lower, which is adopted first and kept while a sandbox is over
+// it (sharedlower.go).
 func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]sandbox.Instance, error) {
 	want := map[string]bool{}
 	for _, id := range known {
