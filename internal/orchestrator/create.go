@@ -149,7 +149,7 @@ func (o *Orchestrator) create(ctx context.Context, req CreateRequest) (*Sandbox,
 	}
 	rec.AutoPauseDisk = req.AutoPauseDisk
 	plan := sandbox.LaunchPlan{Kind: sandbox.LaunchFresh, SandboxID: id, RootFS: rec.Launch.RootFS,
-		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Mounts: rec.Launch.Mounts}
+		Resources: rec.Resources, AllowInternet: rec.AllowInternet, Mounts: rec.Launch.Mounts, FlatRoot: req.FlatRoot}
 	held := ""
 	if tpl.Kind == catalog.KindTemplate {
 		fs, err := o.templateRoot(tpl)

@@ -101,6 +101,9 @@ type CreateRequest struct {
 	Owner string
 	// VolumeMounts are the volumes to mount, their ids resolved in Owner's scope.
 	VolumeMounts []VolumeMount
+	// FlatRoot is sandbox.LaunchPlan.FlatRoot: a template build's sandbox, whose capture
+	// becomes a template.
+	FlatRoot bool
 }
 
 // VolumeMount is one volume a sandbox mounts.

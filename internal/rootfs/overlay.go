@@ -257,9 +257,13 @@ type Overlay struct {
 	target string
 }
 
-func (l OverlaySpec) upperDir() string  { return filepath.Join(l.Dir, "upperdisk") }
+func (l OverlaySpec) upperDir() string  { return OverlayUpperDir(l.Dir) }
 func (l OverlaySpec) upperFS() string   { return filepath.Join(l.Dir, "upperfs") }
 func (l OverlaySpec) lowerView() string { return filepath.Join(l.Dir, "lower") }
+
+// OverlayUpperDir is the directory of the upper's disk of the overlay root whose
+// OverlaySpec.Dir is dir: the data plane knows the disk by it.
+func OverlayUpperDir(dir string) string { return filepath.Join(dir, "upperdisk") }
 
 // OpenOverlay opens the upper's layers as a block root of its own and mounts the overlay
 // of it on the shared lower at spec.Target; it takes a use of spec.Lower (ls must be the

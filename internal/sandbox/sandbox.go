@@ -99,6 +99,12 @@ type LaunchPlan struct {
 	// capture, launched once per child or resume: a backend may keep instances of it
 	// ready ahead of demand, as it does for templates.
 	SnapshotTemplate bool
+	// FlatRoot asks LaunchFresh for a root whose capture is one stack of layers, the
+	// template's and the sandbox's own on them: a template build's sandbox, whose capture
+	// becomes a template. A backend whose roots may be overlays over layers shared with
+	// other sandboxes (the OCI backend's overlay roots, captured as two stacks) gives such
+	// a sandbox a root of its own; others ignore it.
+	FlatRoot bool
 	// Mounts are host directories (volumes) bind-mounted read-write into the sandbox, on
 	// every launch kind; only backends that are a VolumeMounter get any.
 	Mounts []Mount

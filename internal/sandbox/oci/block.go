@@ -137,7 +137,11 @@ func (b *Backend) launchBlock(ctx context.Context, plan sandbox.LaunchPlan, laye
 	if err != nil {
 		return nil, err
 	}
-	root := createOpts{layers: layers, upper: upper, vsize: vsize}
+	root := createOpts{layers: layers, upper: upper, vsize: vsize, flat: plan.FlatRoot && len(upper) == 0}
+	if root.flat && b.cfg.OverlayRoots {
+		// Not from the template's pool, whose containers are on overlay roots.
+		return b.launchWarmOrNew(ctx, inst, plan, "", root)
+	}
 	if plan.Kind == sandbox.LaunchFresh || plan.SnapshotTemplate {
 		// Templates (snapshot templates too) are launched again and again; a fork's or a
 		// pause's capture once per child or resume.
@@ -166,7 +170,7 @@ func blockKey(layers, upper []stack.LayerRef, vsize uint64) string {
 // an overlay root when o has upper layers or the node makes overlay roots, else a block
 // root.
 func (b *Backend) mountBlock(ctx context.Context, inst *Instance, o createOpts, userns int) error {
-	if len(o.upper) > 0 || b.cfg.OverlayRoots {
+	if o.overlay(b.cfg.OverlayRoots) {
 		inst.mu.Lock()
 		m := inst.idmap
 		inst.mu.Unlock()

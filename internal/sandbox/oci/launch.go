@@ -142,6 +142,7 @@ type createOpts struct {
 	lower         string
 	layers        []stack.LayerRef // a root on layers instead of an overlay on lower
 	upper         []stack.LayerRef // an overlay root's upper layers over layers (sharedlower.go)
+	flat          bool             // a block root on layers even with Config.OverlayRoots (LaunchPlan.FlatRoot)
 	vsize         uint64           // the block root's device size; 0 = the layers'
 	allowInternet bool
 	res           sandbox.Resources
@@ -192,7 +193,7 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		if err := b.mountBlock(ctx, inst, o, userns); err != nil {
 			return err
 		}
-		if len(o.upper) > 0 || b.cfg.OverlayRoots {
+		if o.overlay(b.cfg.OverlayRoots) {
 			// Where its shared lower is, which only the mount knew.
 			if err := b.saveState(inst, o.lower, true, o.allowInternet); err != nil {
 				return err

@@ -241,7 +241,7 @@ func (b *Backend) adoptable(containers []containerState, want map[string]bool, d
 		}
 		diskDir := c.inst.l.dir
 		if c.st.Lower != "" {
-			diskDir = overlayUpperDir(c.inst.l)
+			diskDir = rootfs.OverlayUpperDir(c.inst.l.dir)
 		}
 		info, ok := disks[absDir(diskDir)]
 		if !ok {

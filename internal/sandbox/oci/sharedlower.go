@@ -141,7 +141,11 @@ func (b *Backend) mountOverlay(ctx context.Context, inst *Instance, o createOpts
 		return fmt.Errorf("oci: overlay root: %w", err)
 	}
 	// The root takes a use of its own.
-	defer b.lowers.Release(lower)
+	defer func() {
+		if err := b.lowers.Release(lower); err != nil {
+			b.log.Warn("oci: release a shared lower", "lower", lower.Path(), "err", err)
+		}
+	}()
 	upper := o.upper
 	if len(upper) == 0 {
 		size := o.vsize
@@ -170,9 +174,6 @@ func (b *Backend) mountOverlay(ctx context.Context, inst *Instance, o createOpts
 	inst.mu.Unlock()
 	return nil
 }
-
-// overlayUpperDir is the directory of an overlay root's upper disk in a bundle.
-func overlayUpperDir(l layout) string { return filepath.Join(l.dir, "upperdisk") }
 
 // adoptLowers takes over the shared lowers the data plane still serves (disks under
 // lowersDir); each is held once until releaseLowers, so that the overlay roots adopted
@@ -276,4 +277,10 @@ func (b *Backend) detachOverlays(cids map[string]bool, mounts blockdev.Mounts) e
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// overlay says whether o's root on layers is an overlay root, on a node that makes them
+// (overlayRoots) or not: always over a capture's upper, never for a flat root.
+func (o createOpts) overlay(overlayRoots bool) bool {
+	return len(o.upper) > 0 || overlayRoots && !o.flat
 }

@@ -62,6 +62,24 @@ func testOverlayRoots(t *testing.T, mode string) {
 	if m := lowerMounts(t, e.b); len(m) != 1 {
 		t.Fatalf("shared lowers mounted: %v, want one for both sandboxes", m)
 	}
+	// A template build's sandbox gets a block root: its capture is one stack.
+	flat := e.launchPlan(t, sandbox.LaunchPlan{Kind: sandbox.LaunchFresh, SandboxID: "ov-flat", RootFS: fs, Resources: res, FlatRoot: true})
+	if blockOf(flat) == nil {
+		t.Fatal("a flat root is not a block root")
+	}
+	fc, err := flat.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := fc.(*Captured).Upper; len(u) != 0 {
+		t.Fatalf("a flat root's capture has upper layers %v", u)
+	}
+	if err := e.b.DiscardSnapshot(ctx, fc); err != nil {
+		t.Fatal(err)
+	}
+	if err := flat.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
 	e.mustSh(t, a, "echo one > /root/state && mkdir -p /home/user/w && echo keep > /home/user/w/f && chown user /home/user/w/f && rm /etc/hostname; sync -f /")
 	if out, _ := e.sh(t, b, "cat /root/state"); !strings.Contains(out, "No such file") {
 		t.Fatalf("b sees a's write: %q", out)

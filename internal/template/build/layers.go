@@ -74,6 +74,9 @@ type captureOf struct {
 	Layers      []sandbox.LayerRef `json:"layers"`
 	VirtualSize uint64             `json:"virtualSize"`
 	Resources   sandbox.Resources  `json:"resources"`
+	// Upper are an overlay root's upper layers, a filesystem of their own: such a
+	// capture is not one stack, so it cannot be a template's.
+	Upper []json.RawMessage `json:"upper"`
 }
 
 // snapshotCapture is the Capturer for build sandboxes on layered roots. A sandbox the
@@ -95,6 +98,15 @@ func (c snapshotCapture) Capture(ctx context.Context, s *Session, dir string, lo
 		return Captured{}, fmt.Errorf("capture: snapshot the build sandbox: %w", err)
 	}
 	var co captureOf
+	if err := json.Unmarshal(raw, &co); err == nil && len(co.Upper) > 0 {
+		// A build on a snapshot taken on an overlay root (a fresh build sandbox gets a
+		// root of its own, see CreateRequest.FlatRoot).
+		if derr := c.sbx.DiscardCapture(context.WithoutCancel(ctx), raw); derr != nil {
+			logf("warn", "capture: discard the overlay root's capture: "+derr.Error())
+		}
+		logf("info", "capture: the build sandbox runs on an overlay root, whose capture is two stacks; copying it out with tar")
+		return c.fallback.Capture(ctx, s, dir, logf)
+	}
 	if err := json.Unmarshal(raw, &co); err != nil || len(co.Layers) == 0 || co.VirtualSize == 0 {
 		if derr := c.sbx.DiscardCapture(context.WithoutCancel(ctx), raw); derr != nil {
 			logf("warn", "capture: discard an unusable capture: "+derr.Error())

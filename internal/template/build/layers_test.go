@@ -405,6 +405,8 @@ func TestSnapshotCapture(t *testing.T) {
 	}{
 		{name: "layered", raw: good, wantSize: 1025},
 		{name: "directory root falls back", err: fmt.Errorf("x: %w", orchestrator.ErrUnsupported), fallback: true},
+		{name: "overlay root (two stacks) falls back", raw: json.RawMessage(`{"id":"cap-3","layers":[{"path":"/l/base","uuid":"u1"}],"upper":[{"path":"/u/e","uuid":"u3","role":"upper"}],"virtualSize":1073741825}`),
+			fallback: true, discards: 1},
 		{name: "capture fails", err: errors.New("boom"), wantErr: true},
 		{name: "no layers", raw: json.RawMessage(`{"id":"cap-2","layers":[],"virtualSize":1}`), wantErr: true, discards: 1},
 		{name: "not JSON", raw: json.RawMessage(`{`), wantErr: true, discards: 1},

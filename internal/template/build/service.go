@@ -434,7 +434,7 @@ func (s *Service) build(ctx context.Context, rec Record, logf func(level, msg st
 	enterPhase(ctx, PhaseSandbox)
 	logf("info", fmt.Sprintf("starting the build sandbox on %s", base.ID))
 	sb, err := s.sbx.Create(ctx, orchestrator.CreateRequest{TemplateID: base.ID, Timeout: s.cfg.BuildTimeout + time.Minute,
-		Secure: true, AllowInternet: true, Resources: rec.Resources,
+		Secure: true, AllowInternet: true, Resources: rec.Resources, FlatRoot: true,
 		Metadata: map[string]string{orchestrator.BuildMetadataKey: rec.ID, "aenv.template": rec.TemplateID}})
 	if err != nil {
 		return failStep("base", fmt.Errorf("start the build sandbox: %w", err))
