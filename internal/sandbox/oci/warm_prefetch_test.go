@@ -63,12 +63,14 @@ func TestBlockWarmPrefetched(t *testing.T) {
 	}
 	for _, w := range ws {
 		bash := filepath.Join(w.l.rootfs(), "bin", "bash")
-		// The list's reads are queued, not waited for.
+		// The list's reads are queued, not waited for, and readahead is best effort: on a
+		// host short of memory (a CI run's microVM tests beside this one) the kernel may
+		// skip a few pages of it (558 of 572 seen). Unprefetched, a fresh root has none.
 		res, n := residentPages(t, bash)
 		for deadline := time.Now().Add(5 * time.Second); res != n && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 			res, n = residentPages(t, bash)
 		}
-		if res != n {
+		if res*10 < n*9 {
 			t.Fatalf("warm container %s's /bin/bash: %d of %d pages in the page cache", w.cid, res, n)
 		}
 	}
