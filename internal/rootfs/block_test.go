@@ -51,16 +51,24 @@ func baseLayer(t testing.TB, dir string, sizeMB int, files map[string]string) st
 			t.Fatal(err)
 		}
 	}
-	img := filepath.Join(dir, "base.img")
+	return treeLayer(t, dir, "base", src, sizeMB)
+}
+
+// treeLayer makes dir/name.commit, a sealed layer holding an ext4 filesystem of sizeMB
+// built from the directory tree src.
+func treeLayer(t testing.TB, dir, name, src string, sizeMB int) stack.LayerRef {
+	t.Helper()
+	img := filepath.Join(dir, name+".img")
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-E", "root_owner=0:0", "-d", src, img, strconv.Itoa(sizeMB)+"M").CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.ext4: %v: %s", err, out)
 	}
+	defer os.Remove(img)
 	raw, err := os.Open(img)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer raw.Close()
-	path := filepath.Join(dir, "base.commit")
+	path := filepath.Join(dir, name+".commit")
 	out, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +80,6 @@ func baseLayer(t testing.TB, dir string, sizeMB int, files map[string]string) st
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.Remove(img)
 	return stack.LayerRef{Path: path, Size: info.Size, UUID: info.UUID}
 }
 

@@ -312,7 +312,7 @@ func (ls *Lowers) OpenOverlay(ctx context.Context, spec OverlaySpec) (o *Overlay
 	// may refuse with EXDEV); index stays off because it records the lower's file handles,
 	// and a snapshot's upper is opened over another mount of the lower.
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on,index=off",
-		escapeOverlay(lower), escapeOverlay(filepath.Join(spec.upperFS(), "upper")), escapeOverlay(filepath.Join(spec.upperFS(), "work")))
+		EscapeOverlay(lower), EscapeOverlay(filepath.Join(spec.upperFS(), "upper")), EscapeOverlay(filepath.Join(spec.upperFS(), "work")))
 	if err := mountOverlay(spec.Target, opts, owner); err != nil {
 		return o, err
 	}
@@ -377,7 +377,9 @@ func idmappedView(src, dst string, userns int) error {
 	return nil
 }
 
-func escapeOverlay(p string) string {
+// EscapeOverlay escapes p for an overlay mount's lowerdir, upperdir or workdir option,
+// whose values are separated by ',' and ':'.
+func EscapeOverlay(p string) string {
 	return strings.NewReplacer(`\`, `\\`, `,`, `\,`, `:`, `\:`).Replace(p)
 }
 
@@ -518,7 +520,7 @@ func mountOverlay(target, opts string, owner int) error {
 		// Go's pool only once they are restored (a thread left locked ends with the
 		// goroutine).
 		runtime.LockOSThread()
-		err, restored := mountAs(target, opts, owner)
+		restored, err := mountAs(target, opts, owner)
 		if restored {
 			runtime.UnlockOSThread()
 		}
@@ -529,13 +531,13 @@ func mountOverlay(target, opts string, owner int) error {
 
 // mountAs mounts with the calling thread's fsuid and fsgid set to owner, and puts them
 // back; restored reports whether it could.
-func mountAs(target, opts string, owner int) (err error, restored bool) {
+func mountAs(target, opts string, owner int) (restored bool, err error) {
 	bits, err := unix.PrctlRetInt(unix.PR_GET_SECUREBITS, 0, 0, 0, 0)
 	if err != nil {
-		return fmt.Errorf("rootfs: securebits: %w", err), true
+		return true, fmt.Errorf("rootfs: securebits: %w", err)
 	}
 	if err := unix.Prctl(unix.PR_SET_SECUREBITS, uintptr(bits|secbitNoSetuidFixup), 0, 0, 0); err != nil {
-		return fmt.Errorf("rootfs: keep capabilities for the overlay's mount: %w", err), true
+		return true, fmt.Errorf("rootfs: keep capabilities for the overlay's mount: %w", err)
 	}
 	unix.RawSyscall(unix.SYS_SETFSGID, uintptr(owner), 0, 0)
 	unix.RawSyscall(unix.SYS_SETFSUID, uintptr(owner), 0, 0)
@@ -548,5 +550,5 @@ func mountAs(target, opts string, owner int) (err error, restored bool) {
 	// setfsuid answers with the previous id whatever it did; an invalid id changes nothing.
 	fsuid, _, _ := unix.RawSyscall(unix.SYS_SETFSUID, ^uintptr(0), 0, 0)
 	fsgid, _, _ := unix.RawSyscall(unix.SYS_SETFSGID, ^uintptr(0), 0, 0)
-	return err, perr == nil && fsuid == 0 && fsgid == 0
+	return perr == nil && fsuid == 0 && fsgid == 0, err
 }

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aenv-dev/aenv/internal/storage/lsmt"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
 	"golang.org/x/sys/unix"
 )
@@ -80,7 +79,7 @@ func BenchmarkFirstCommand(b *testing.B) {
 	if tree == "" {
 		b.Skip("set AENV_BENCH_ROOTFS to a root filesystem tree with /bin/bash")
 	}
-	benchFirstUse(b, func(b *testing.B, dir string) stack.LayerRef { return treeLayer(b, dir, tree, 1024) },
+	benchFirstUse(b, func(b *testing.B, dir string) stack.LayerRef { return treeLayer(b, dir, "tree", tree, 1024) },
 		func(b *testing.B, root string) {
 			if out, err := exec.Command("chroot", root, "/bin/bash", "-l", "-c", "true").CombinedOutput(); err != nil {
 				b.Fatalf("chroot %s: %v: %s", root, err, out)
@@ -157,35 +156,6 @@ func benchFirstUse(b *testing.B, layer func(b *testing.B, dir string) stack.Laye
 			b.ReportMetric(float64(cached>>10)/float64(b.N*roots), "cache-KiB/root")
 		})
 	}
-}
-
-// treeLayer makes a sealed layer holding an ext4 filesystem of sizeMB built from the
-// directory tree src.
-func treeLayer(b *testing.B, dir, src string, sizeMB int) stack.LayerRef {
-	b.Helper()
-	img := filepath.Join(dir, "tree.img")
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-E", "root_owner=0:0", "-d", src, img, strconv.Itoa(sizeMB)+"M").CombinedOutput(); err != nil {
-		b.Fatalf("mkfs.ext4: %v: %s", err, out)
-	}
-	defer os.Remove(img)
-	raw, err := os.Open(img)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer raw.Close()
-	path := filepath.Join(dir, "tree.commit")
-	out, err := os.Create(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	info, err := lsmt.Import(out, raw, lsmt.CommitOptions{})
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	return stack.LayerRef{Path: path, Size: info.Size, UUID: info.UUID}
 }
 
 func readAll(b *testing.B, root string, files map[string]string) {

@@ -54,6 +54,11 @@ type Captured struct {
 
 var _ sandbox.Captured = (*Captured)(nil)
 
+// files lists every layer file the capture names: Layers, then Upper.
+func (c *Captured) files() []stack.LayerRef {
+	return append(c.Layers[:len(c.Layers):len(c.Layers)], fromUpperRefs(c.Upper)...)
+}
+
 // Encode implements sandbox.Captured.
 func (c *Captured) Encode() ([]byte, error) { return json.Marshal(c) }
 
@@ -64,7 +69,7 @@ func (c *Captured) validate() error {
 	if len(c.Layers) == 0 {
 		return fmt.Errorf("oci: capture %s has no layers", c.ID)
 	}
-	for _, l := range append(c.Layers[:len(c.Layers):len(c.Layers)], fromUpperRefs(c.Upper)...) {
+	for _, l := range c.files() {
 		if err := checkLayer(l); err != nil {
 			return fmt.Errorf("oci: capture %s: %w", c.ID, err)
 		}
@@ -95,7 +100,7 @@ func (b *Backend) DecodeCaptured(raw []byte) (sandbox.Captured, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	for _, l := range append(c.Layers[:len(c.Layers):len(c.Layers)], fromUpperRefs(c.Upper)...) {
+	for _, l := range c.files() {
 		if l.Path == "" {
 			continue // resolved by digest at launch
 		}
@@ -171,10 +176,7 @@ func blockKey(layers, upper []stack.LayerRef, vsize uint64) string {
 // root.
 func (b *Backend) mountBlock(ctx context.Context, inst *Instance, o createOpts, userns int) error {
 	if o.overlay(b.cfg.OverlayRoots) {
-		inst.mu.Lock()
-		m := inst.idmap
-		inst.mu.Unlock()
-		return b.mountOverlay(ctx, inst, o, userns, m)
+		return b.mountOverlay(ctx, inst, o, userns)
 	}
 	blk, err := rootfs.Open(ctx, rootfs.Spec{
 		Dir: inst.l.dir, Lowers: o.layers, VirtualSize: o.vsize, Target: inst.l.rootfs(), UserNS: userns,
@@ -412,10 +414,7 @@ func (b *Backend) gcLayers() error {
 			// An unreadable record might list anything: keep every layer this round.
 			return fmt.Errorf("oci: gc: capture %s: %w", e.Name(), err)
 		}
-		for _, l := range c.Layers {
-			used[l.Path] = true
-		}
-		for _, l := range c.Upper {
+		for _, l := range c.files() {
 			used[l.Path] = true
 		}
 	}

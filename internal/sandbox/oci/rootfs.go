@@ -5,9 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 
+	"github.com/aenv-dev/aenv/internal/rootfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -109,13 +109,9 @@ func mountRootfs(l layout, lowerDir string, m *idMap, userns int) error {
 			}
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", escapeOverlay(lower), escapeOverlay(l.upper()), escapeOverlay(l.work()))
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", rootfs.EscapeOverlay(lower), rootfs.EscapeOverlay(l.upper()), rootfs.EscapeOverlay(l.work()))
 	if err := unix.Mount("overlay", l.rootfs(), "overlay", 0, opts); err != nil {
 		return fmt.Errorf("oci: mount overlay on %s: %w", l.rootfs(), err)
 	}
 	return nil
-}
-
-func escapeOverlay(p string) string {
-	return strings.NewReplacer(`\`, `\\`, `,`, `\,`, `:`, `\:`).Replace(p)
 }

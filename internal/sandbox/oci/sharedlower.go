@@ -134,8 +134,8 @@ func (b *Backend) uppersDir() string { return filepath.Join(b.cfg.DataDir, "uppe
 
 // mountOverlay opens inst's overlay root at its rootfs directory over the shared lower of
 // o.layers, with o.upper as its upper's layers (an empty upper as large as the device
-// when there are none), id-mapped to userns (whose root is host id m.HostID).
-func (b *Backend) mountOverlay(ctx context.Context, inst *Instance, o createOpts, userns int, m *idMap) error {
+// when there are none), id-mapped to userns (the one of inst's id map).
+func (b *Backend) mountOverlay(ctx context.Context, inst *Instance, o createOpts, userns int) error {
 	lower, err := b.lowers.Acquire(ctx, o.layers)
 	if err != nil {
 		return fmt.Errorf("oci: overlay root: %w", err)
@@ -159,9 +159,11 @@ func (b *Backend) mountOverlay(ctx context.Context, inst *Instance, o createOpts
 		upper = []stack.LayerRef{empty}
 	}
 	rootID := -1
-	if m != nil {
-		rootID = int(m.HostID)
+	inst.mu.Lock()
+	if inst.idmap != nil {
+		rootID = int(inst.idmap.HostID)
 	}
+	inst.mu.Unlock()
 	ovl, err := b.lowers.OpenOverlay(ctx, rootfs.OverlaySpec{
 		Dir: inst.l.dir, Lower: lower, Upper: upper, VirtualSize: o.vsize, Target: inst.l.rootfs(),
 		UserNS: userns, RootID: rootID, Open: b.diskOpener(), Resolver: b.cfg.LayerResolver,
