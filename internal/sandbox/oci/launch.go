@@ -154,6 +154,14 @@ type createOpts struct {
 	blank bool
 }
 
+// rootOnly is o without what belongs to one sandbox rather than to its root: what a warm
+// pool keeps to make more containers of the same root. Every field that names the root
+// stays (an overlay root's upper layers among them: without them a snapshot template's
+// warm containers came up on an empty upper).
+func (o createOpts) rootOnly() createOpts {
+	return createOpts{lower: o.lower, layers: o.layers, upper: o.upper, flat: o.flat, vsize: o.vsize, blank: o.blank}
+}
+
 // create builds a container for inst (whose cid and bundle dir are set): network slot,
 // user namespace, overlay rootfs, config.json, then `run -d` or `create`.
 func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) error {

@@ -132,7 +132,7 @@ func (w *warmPool) want(lower string, root createOpts) {
 	}
 	var evicted []*Instance
 	w.mu.Lock()
-	w.roots[lower] = createOpts{lower: root.lower, layers: root.layers, vsize: root.vsize, blank: root.blank}
+	w.roots[lower] = root.rootOnly()
 	d := w.demand[lower]
 	if d == nil {
 		d = &demand{}
@@ -338,7 +338,7 @@ func (w *warmPool) prepare(lower string) (*Instance, error) {
 			return nil, errors.New("no blank root")
 		}
 	} else if len(o.layers) > 0 {
-		for _, l := range o.layers {
+		for _, l := range append(o.layers[:len(o.layers):len(o.layers)], o.upper...) {
 			if l.Path == "" {
 				continue
 			}

@@ -133,9 +133,16 @@ func TestWantKeepsBlank(t *testing.T) {
 // TestSnapshotTemplateWarm: creates from a snapshot template come from the warm pool like
 // a template's, a fork's child (no SnapshotTemplate; it may take a blank container) never
 // makes the pool keep its capture, and discarding the snapshot removes its warm
-// containers.
+// containers. On overlay roots the warm containers open the capture's upper layers (they
+// came up on an empty upper before createOpts.rootOnly).
 func TestSnapshotTemplateWarm(t *testing.T) {
-	e := newTestBackend(t, func(c *Config) { c.WarmContainers = 1 })
+	for _, overlay := range []bool{false, true} {
+		t.Run(fmt.Sprintf("overlay=%v", overlay), func(t *testing.T) { testSnapshotTemplateWarm(t, overlay) })
+	}
+}
+
+func testSnapshotTemplateWarm(t *testing.T, overlay bool) {
+	e := newTestBackend(t, func(c *Config) { c.WarmContainers, c.OverlayRoots = 1, overlay })
 	ctx := context.Background()
 	a := e.launchBlock(t, "st-a", testLayered(t), sandbox.Resources{})
 	e.mustSh(t, a, "echo pinned > /root/state && sync -f / && cat /root/state")
@@ -144,7 +151,10 @@ func TestSnapshotTemplateWarm(t *testing.T) {
 		t.Fatal(err)
 	}
 	capd := c.(*Captured)
-	key := blockKey(capd.Layers, nil, capd.VirtualSize)
+	if overlay != (len(capd.Upper) > 0) {
+		t.Fatalf("overlay roots %v, capture's upper layers %v", overlay, capd.Upper)
+	}
+	key := blockKey(capd.Layers, fromUpperRefs(capd.Upper), capd.VirtualSize)
 	wanted := func() bool {
 		e.b.warm.mu.Lock()
 		defer e.b.warm.mu.Unlock()
