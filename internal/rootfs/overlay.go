@@ -156,7 +156,10 @@ func (ls *Lowers) Release(l *SharedLower) error {
 	if l.blk == nil {
 		return nil
 	}
-	err := l.blk.Close()
+	// A lower still held by an overlay that is not closed yet (a root the node's restart
+	// did not adopt, detached after the release) was detached: its disk is closed once
+	// that overlay lets go, so it is no failure of the release.
+	err := blockdev.WithoutStillInUse(l.blk.Close())
 	if err == nil {
 		err = os.RemoveAll(l.dir)
 	}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/storage/blockdev"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
@@ -348,12 +349,17 @@ func TestOverlayAdopt(t *testing.T) {
 		}
 		roots = append(roots, o)
 	}
+	// A root over the other lower that will not be adopted (its container died with the
+	// node): its overlay still holds that lower when the adoption releases it.
+	gone, err := e.lowers.OpenOverlay(ctx, spec("c", unused))
+	if err != nil {
+		t.Fatal(err)
+	}
 	// The crash.
-	for _, o := range roots {
+	for _, o := range append(roots, gone) {
 		o.Abandon()
 	}
 	e.lowers.Abandon()
-	_ = unused
 
 	ls := NewLowers(lowersDir, open, nil)
 	infos, err := c.List(ctx)
@@ -401,12 +407,23 @@ func TestOverlayAdopt(t *testing.T) {
 		back = append(back, o)
 	}
 	for _, al := range adopted {
+		// The lower under root c goes too: its disk once c's overlay lets go of it.
 		if err := ls.Release(al); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if isMount(t, unused.Path()) {
 		t.Fatal("a lower no root was adopted over is still mounted")
+	}
+	// What the backend's reconcile does with a root it did not adopt.
+	sc := spec("c", unused)
+	for _, p := range []string{sc.Target, filepath.Join(sc.Dir, "upperfs")} {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
+			t.Fatalf("detach %s: %v", p, err)
+		}
+	}
+	if err := c.Close(ctx, sc.upperDir()); err != nil {
+		t.Fatal(err)
 	}
 	if !isMount(t, lower.Path()) {
 		t.Fatal("the adopted roots' lower was unmounted")
@@ -426,7 +443,16 @@ func TestOverlayAdopt(t *testing.T) {
 	if raw, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(raw), e.dir) {
 		t.Fatalf("mounts left under %s", e.dir)
 	}
-	if infos, err := c.List(ctx); err != nil || len(infos) != 0 {
-		t.Fatalf("the data plane still serves %d disks (%v)", len(infos), err)
+	// The unused lower's disk closes once the last of root c lets go of its loop device.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		infos, err := c.List(ctx)
+		if err == nil && len(infos) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the data plane still serves %d disks (%v)", len(infos), err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -101,8 +101,6 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	// Kill every process of what is not adopted before the sweep below unmounts roots
 	// under them: SIGKILL is queued even to a process stuck on a block root whose FUSE
 	// server died, and takes effect once the sweep aborts the connection.
-	// Lowers no overlay root was adopted over are unmounted and their disks closed.
-	errs = append(errs, b.releaseLowers(lowers))
 	keepDirs = append(keepDirs, keptLowers...)
 	lap("adopt")
 	b.killCgroups(cids)
@@ -133,6 +131,9 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	// Then the overlay roots over what it swept (their unmount syncs their uppers, whose
 	// connections are aborted now if their server died), before the disks are closed.
 	errs = append(errs, b.detachOverlays(cids, mounts))
+	// Lowers no overlay root was adopted over are unmounted and their disks closed, once
+	// the roots not adopted are detached (a lower's disk closes when they let go of it).
+	errs = append(errs, b.releaseLowers(lowers))
 	errs = append(errs, b.sweepLowers(ctx, keptLowers))
 	if len(gone) > 0 {
 		errs = append(errs, b.closeDisks(ctx, gone))
