@@ -130,7 +130,19 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	errs = append(errs, rootfs.Sweep(ctx, filepath.Join(b.cfg.DataDir, "sandboxes"), keepDirs...))
 	// Then the overlay roots over what it swept (their unmount syncs their uppers, whose
 	// connections are aborted now if their server died), before the disks are closed.
-	errs = append(errs, b.detachOverlays(cids, mounts))
+	// Bundles without an adopted container: a crash between mount and run, or after the
+	// container died.
+	ents, err := os.ReadDir(filepath.Join(b.cfg.DataDir, "sandboxes"))
+	if err != nil {
+		return nil, fmt.Errorf("oci: list bundles: %w", err)
+	}
+	var orphans []layout
+	for _, e := range ents {
+		if !cids[e.Name()] {
+			orphans = append(orphans, b.layout(e.Name()))
+		}
+	}
+	errs = append(errs, b.detachOverlays(orphans, mounts))
 	// Lowers no overlay root was adopted over are unmounted and their disks closed, once
 	// the roots not adopted are detached (a lower's disk closes when they let go of it).
 	errs = append(errs, b.releaseLowers(lowers))
@@ -141,17 +153,7 @@ func (b *Backend) Reconcile(ctx context.Context, known []string) (map[string]san
 	b.reportBlocked(before)
 	lap("sweep_disks")
 	errs = append(errs, b.removeContainers(ctx, stale))
-	// Bundles without an adopted container: a crash between mount and run, or after the
-	// container died.
-	ents, err := os.ReadDir(filepath.Join(b.cfg.DataDir, "sandboxes"))
-	if err != nil {
-		return nil, fmt.Errorf("oci: list bundles: %w", err)
-	}
-	for _, e := range ents {
-		if cids[e.Name()] {
-			continue
-		}
-		l := b.layout(e.Name())
+	for _, l := range orphans {
 		errs = append(errs, unmountAll(l.dir), os.RemoveAll(l.dir))
 	}
 	errs = append(errs, b.sweepCgroups(cids))

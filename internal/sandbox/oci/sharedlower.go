@@ -254,21 +254,13 @@ func (b *Backend) sweepLowers(ctx context.Context, keep []string) error {
 }
 
 // detachOverlays detaches the overlay roots (and their views of shared lowers) of the
-// bundles whose containers were not adopted (cids): each holds its upper's filesystem
+// bundles whose containers were not adopted (orphans): each holds its upper's filesystem
 // and its lower's, whose disks are closed next. Call it after rootfs.Sweep: an overlay's
 // unmount syncs its upper, which waits forever on a FUSE connection whose server died
 // unless the sweep aborted it.
-func (b *Backend) detachOverlays(cids map[string]bool, mounts blockdev.Mounts) error {
-	ents, err := os.ReadDir(filepath.Join(b.cfg.DataDir, "sandboxes"))
-	if err != nil {
-		return fmt.Errorf("oci: list bundles: %w", err)
-	}
+func (b *Backend) detachOverlays(orphans []layout, mounts blockdev.Mounts) error {
 	var errs []error
-	for _, e := range ents {
-		if cids[e.Name()] {
-			continue
-		}
-		l := b.layout(e.Name())
+	for _, l := range orphans {
 		for p, fstype := range map[string]string{l.rootfs(): "overlay", filepath.Join(l.dir, "lower"): "ext4"} {
 			if mounts.FSType(absDir(p)) != fstype {
 				continue
