@@ -215,13 +215,6 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		return err
 	}
 	t2 := time.Now()
-	bootID := ""
-	if b.bootIDs {
-		bootID = filepath.Join(inst.l.dir, "boot_id")
-		if err := writeBootID(bootID); err != nil {
-			return fmt.Errorf("oci: boot id: %w", err)
-		}
-	}
 	spec := buildSpec(specParams{
 		rootfs: rootPath, hostname: o.hostname, netnsPath: slot.NetnsPath,
 		envdPath: b.cfg.EnvdPath, args: b.initArgs(),
@@ -245,12 +238,16 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 	if err := b.rt.create(ctx, inst.cid, inst.l.dir, slot.NetnsPath, inst.l.pid(), inst.l.log()); err != nil {
 		return err
 	}
-	if bootID != "" {
+	if b.bootIDs {
 		pid, err := readPid(inst.l.pid())
 		if err != nil {
 			return err
 		}
-		if err := bindBootID(pid, bootID); err != nil {
+		rootID := -1
+		if m != nil {
+			rootID = int(m.HostID)
+		}
+		if err := bindBootID(pid, rootID); err != nil {
 			return err
 		}
 	}
