@@ -325,7 +325,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	b.pool = pool
 	laps.Lap("network")
 	// After the pool, which makes the netns directory a mount point.
-	b.rt.ns = newLaunchNS(cfg.DataDir, network.NetnsDir, b.log)
+	b.rt.ns = newLaunchNS(cfg.DataDir, network.NetnsDir, []string{cfg.EnvdPath, cfg.ResolvConf}, b.log)
 	b.warm = newWarmPool(b, max(cfg.WarmContainers, 0), cfg.WarmContainersMax)
 	b.lowers = rootfs.NewLowers(b.lowersDir(), b.diskOpener(), cfg.LayerResolver)
 	b.log.Info("oci backend ready", append([]any{"runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2,

@@ -38,6 +38,8 @@ import (
 type launchNS struct {
 	root     string // the data directory (sandboxes below it), a mount point of its own
 	netnsDir string // the netns directory if it is a mount point of its own, or ""
+	// keep are host paths launches use (envd): templates keep every mount they are on.
+	keep []string
 	// cgroups are the host's cgroup hierarchies no sandbox needs (see
 	// sandboxControllers), detached in the namespace so that the runtime skips them.
 	cgroups []string
@@ -51,21 +53,25 @@ type launchNS struct {
 
 // templateMaxAge is how long a template serves launches. A launch copies the template's
 // namespace instead of the node's, so the copy no longer grows with the mounts of the
-// sandboxes held (the data directory and the netns directory are detached there once);
-// building one costs what each launch paid before, so a burst of creates shares it. The
-// template holds references to the host's mounts, as every launch namespace does while
-// its runtime runs; where the host's mounts are private (no propagation, as on this
-// project's test hosts) an unmount on the host does not reach the copies, and a FUSE
-// server there (another node's or a microVM's disk) waits for the template to go before
-// its connection ends. So the template is closed this soon (a launch after that builds a
-// new one): the pins last about as long as a launch's own did. 2 s was too long: disks
-// closed beside a stream of creates waited past blockdev's 5 s for their server to stop.
-// With private mounts the template also misses what the host mounts after it was built,
-// so nothing a launch needs may come from there: a sandbox's own mounts are cloned in at
-// launch (enter), and volumes are staged as mounts below the sandbox's directory
-// (volumeMounts); the runtime's other sources (envd, resolv.conf) are files of the host
-// that outlive templates.
-const templateMaxAge = 250 * time.Millisecond
+// sandboxes held (the data directory and the netns directory are detached there once).
+// Building one copies the node's whole table and then detaches most of it, which grows
+// with the sandboxes held (~10 ms at 3 000, holding the kernel's global namespace lock
+// that every mount and unmount on the host takes), so a template lives long enough for
+// that to be rare.
+//
+// A template holds references to the host's mounts it copied; where the host's mounts
+// are private (no propagation, as on this project's test hosts) an unmount on the host
+// does not reach the copies. So a template detaches, besides the data and netns
+// directories, every mount that holds a device or a server others wait for: FUSE (a
+// disk server's connection ends only once no mount is left), loop devices, overlays and
+// namespace files, except those launches need (the root, and the mounts the data
+// directory and the keep paths are on). What it still pins is ordinary filesystems for
+// at most templateMaxAge. With private mounts the template also misses what the host
+// mounts after it was built, so nothing a launch needs may come from there: a sandbox's
+// own mounts are cloned in at launch (enter), and volumes are staged as mounts below the
+// sandbox's directory (volumeMounts); the runtime's other sources (envd, resolv.conf)
+// are files of the host that outlive templates.
+const templateMaxAge = 30 * time.Second
 
 // nsTemplate is a mount namespace launches start from.
 type nsTemplate struct {
@@ -130,7 +136,7 @@ var errPrivateNS = errors.New("oci: private mount namespace for the runtime")
 // is not a mount point but already holds mounts (sandboxes of a node that ran before
 // this existed) cannot be made one without hiding them: it returns nil, logged, and the
 // runtime runs in the node's namespace until a restart finds no mount below dir.
-func newLaunchNS(dir, netnsDir string, log *slog.Logger) *launchNS {
+func newLaunchNS(dir, netnsDir string, keep []string, log *slog.Logger) *launchNS {
 	dir = filepath.Clean(dir)
 	if mounted, err := mountinfo.Mounted(dir); err != nil {
 		log.Warn("oci: the runtime runs in the host's mount namespace", "err", err)
@@ -153,6 +159,14 @@ func newLaunchNS(dir, netnsDir string, log *slog.Logger) *launchNS {
 		}
 	}
 	ns := &launchNS{root: dir, log: log, maxAge: templateMaxAge}
+	for _, p := range keep {
+		if p == "" {
+			continue
+		}
+		if p, err := filepath.Abs(p); err == nil && p != "/" {
+			ns.keep = append(ns.keep, p)
+		}
+	}
 	if hide, err := hostUnneededCgroupMounts(); err != nil {
 		log.Warn("oci: sandboxes join every cgroup hierarchy", "err", err)
 	} else {
@@ -367,11 +381,56 @@ func (ns *launchNS) makeTemplate() (int, error) {
 	if err := hideCgroupMounts(ns.cgroups); err != nil {
 		return -1, err
 	}
+	if err := detachHolders(append([]string{ns.root}, ns.keep...)); err != nil {
+		return -1, err
+	}
 	fd, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("open its namespace: %w", err)
 	}
 	return fd, nil
+}
+
+// detachHolders detaches, in the calling thread's mount namespace (a template's), every
+// mount that holds something the host may want back while the template lives (see
+// templateMaxAge): FUSE, loop devices, overlays and namespace files, but never the root
+// nor a mount any of keep is on.
+func detachHolders(keep []string) error {
+	f, err := os.Open("/proc/thread-self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("mountinfo: %w", err)
+	}
+	defer f.Close()
+	infos, err := mountinfo.GetMountsFromReader(f, func(m *mountinfo.Info) (skip, stop bool) {
+		return !holds(m) || m.Mountpoint == "/" || onPath(m.Mountpoint, keep), false
+	})
+	if err != nil {
+		return fmt.Errorf("mountinfo: %w", err)
+	}
+	// Children before parents; a mount already gone with its parent answers EINVAL.
+	for i := len(infos) - 1; i >= 0; i-- {
+		err := unix.Unmount(infos[i].Mountpoint, unix.MNT_DETACH)
+		if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("detach %s: %w", infos[i].Mountpoint, err)
+		}
+	}
+	return nil
+}
+
+// holds says whether mount m holds a server, a device or a namespace others wait for.
+func holds(m *mountinfo.Info) bool {
+	return m.FSType == "fuse" || m.FSType == "fuseblk" || strings.HasPrefix(m.FSType, "fuse.") ||
+		m.FSType == "nsfs" || m.FSType == "overlay" || strings.HasPrefix(m.Source, "/dev/loop")
+}
+
+// onPath says whether mount point dir is one of paths or a directory above one.
+func onPath(dir string, paths []string) bool {
+	for _, p := range paths {
+		if p == dir || strings.HasPrefix(p, dir+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // release unmounts the data directory's bind onto itself when nothing else is mounted

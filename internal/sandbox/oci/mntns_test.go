@@ -41,7 +41,7 @@ func heldTree(t *testing.T, held int) (sandboxes, netnsDir string, ns *launchNS)
 		t.Fatal(err)
 	}
 	mounted = append(mounted, netnsDir)
-	ns = newLaunchNS(sandboxes, netnsDir, slog.New(slog.DiscardHandler))
+	ns = newLaunchNS(sandboxes, netnsDir, nil, slog.New(slog.DiscardHandler))
 	if ns == nil || ns.netnsDir != netnsDir {
 		t.Fatalf("launcher %+v, want one with netns dir %s", ns, netnsDir)
 	}
@@ -221,7 +221,7 @@ func TestLaunchNSBusyDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
-	if ns := newLaunchNS(dir, "/nonexistent", slog.New(slog.DiscardHandler)); ns != nil {
+	if ns := newLaunchNS(dir, "/nonexistent", nil, slog.New(slog.DiscardHandler)); ns != nil {
 		t.Fatalf("launcher %+v over a directory holding mounts, want none", ns)
 	}
 	if m, _ := mountsUnder(dir); len(m) != 1 || m[0] != root {
@@ -230,5 +230,65 @@ func TestLaunchNSBusyDir(t *testing.T) {
 	var ns *launchNS
 	if err := ns.run(exec.Command("true"), filepath.Join(dir, "s0"), ""); err != nil {
 		t.Errorf("a nil launcher: %v", err)
+	}
+}
+
+// TestLaunchNSTemplateHolders checks that a template keeps no mount that holds a server,
+// a device or a namespace (here a namespace file and an overlay outside the data
+// directory), but keeps such a mount where a path launches use is (a keep path).
+func TestLaunchNSTemplateHolders(t *testing.T) {
+	sandboxes, netnsDir, ns := heldTree(t, 1)
+	dir := t.TempDir()
+	nsFile, lower, upper, work, ovl := filepath.Join(dir, "ns"), filepath.Join(dir, "lower"),
+		filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "ovl")
+	for _, d := range []string{lower, upper, work, ovl} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(lower, "envd"), []byte("x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(nsFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("/proc/self/ns/net", nsFile, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(nsFile, unix.MNT_DETACH) })
+	ovlMount := func() {
+		if err := unix.Mount("overlay", ovl, "overlay", 0, "lowerdir="+lower+",upperdir="+upper+",workdir="+work); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ovlMount()
+	t.Cleanup(func() { _ = unix.Unmount(ovl, unix.MNT_DETACH) })
+	seen := func() string {
+		t.Helper()
+		var out bytes.Buffer
+		cmd := exec.Command("cat", "/proc/self/mountinfo")
+		cmd.Stdout = &out
+		if err := ns.run(cmd, filepath.Join(sandboxes, "s0"), filepath.Join(netnsDir, "s0")); err != nil || ns.off.Load() {
+			t.Fatalf("run: %v (fell back: %v)", err, ns.off.Load())
+		}
+		return out.String()
+	}
+	out := seen()
+	for _, p := range []string{nsFile, ovl} {
+		if strings.Contains(out, " "+p+" ") {
+			t.Errorf("a launch's namespace holds %s:\n%s", p, out)
+		}
+	}
+	// A new template, where the overlay holds a path launches use.
+	if err := ns.release(); err != nil {
+		t.Fatal(err)
+	}
+	ns.keep = []string{filepath.Join(ovl, "envd")}
+	out = seen()
+	if !strings.Contains(out, " "+ovl+" ") {
+		t.Errorf("a launch's namespace lacks %s, which a keep path is on:\n%s", ovl, out)
+	}
+	if strings.Contains(out, " "+nsFile+" ") {
+		t.Errorf("a launch's namespace holds %s:\n%s", nsFile, out)
 	}
 }
