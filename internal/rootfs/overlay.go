@@ -511,11 +511,14 @@ const secbitNoSetuidFixup = 1 << 2
 // fsgid are owner (the host id the mapping gives on-disk root), capabilities kept, so
 // what the overlay writes for itself is owned by the sandbox's root on disk.
 func mountOverlay(target, opts string, owner int) error {
-	if owner < 0 {
+	mount := func() error {
 		if err := unix.Mount("overlay", target, "overlay", unix.MS_NODEV|unix.MS_NOATIME, opts); err != nil {
 			return fmt.Errorf("rootfs: mount overlay on %s: %w", target, err)
 		}
 		return nil
+	}
+	if owner < 0 {
+		return mount()
 	}
 	errc := make(chan error, 1)
 	go func() {
@@ -523,7 +526,7 @@ func mountOverlay(target, opts string, owner int) error {
 		// Go's pool only once they are restored (a thread left locked ends with the
 		// goroutine).
 		runtime.LockOSThread()
-		restored, err := mountAs(target, opts, owner)
+		restored, err := AsOwner(owner, mount)
 		if restored {
 			runtime.UnlockOSThread()
 		}
@@ -532,21 +535,23 @@ func mountOverlay(target, opts string, owner int) error {
 	return <-errc
 }
 
-// mountAs mounts with the calling thread's fsuid and fsgid set to owner, and puts them
-// back; restored reports whether it could.
-func mountAs(target, opts string, owner int) (restored bool, err error) {
+// AsOwner runs fn on the calling thread with its fsuid and fsgid set to owner and its
+// capabilities kept (SECBIT_NO_SETUID_FIXUP), then puts them back: what fn creates is
+// owned by owner on disk, and it may still do what needs capabilities (a file system of
+// a user namespace that maps owner but not host root). Credentials are per thread: the
+// caller has locked it (runtime.LockOSThread) and may let it go back to Go's pool only
+// when restored reports that everything was put back.
+func AsOwner(owner int, fn func() error) (restored bool, err error) {
 	bits, err := unix.PrctlRetInt(unix.PR_GET_SECUREBITS, 0, 0, 0, 0)
 	if err != nil {
 		return true, fmt.Errorf("rootfs: securebits: %w", err)
 	}
 	if err := unix.Prctl(unix.PR_SET_SECUREBITS, uintptr(bits|secbitNoSetuidFixup), 0, 0, 0); err != nil {
-		return true, fmt.Errorf("rootfs: keep capabilities for the overlay's mount: %w", err)
+		return true, fmt.Errorf("rootfs: keep capabilities as id %d: %w", owner, err)
 	}
 	unix.RawSyscall(unix.SYS_SETFSGID, uintptr(owner), 0, 0)
 	unix.RawSyscall(unix.SYS_SETFSUID, uintptr(owner), 0, 0)
-	if err = unix.Mount("overlay", target, "overlay", unix.MS_NODEV|unix.MS_NOATIME, opts); err != nil {
-		err = fmt.Errorf("rootfs: mount overlay on %s: %w", target, err)
-	}
+	err = fn()
 	unix.RawSyscall(unix.SYS_SETFSUID, 0, 0, 0)
 	unix.RawSyscall(unix.SYS_SETFSGID, 0, 0, 0)
 	perr := unix.Prctl(unix.PR_SET_SECUREBITS, uintptr(bits), 0, 0, 0)

@@ -56,7 +56,7 @@ var _ sandbox.Captured = (*Captured)(nil)
 
 // files lists every layer file the capture names: Layers, then Upper.
 func (c *Captured) files() []stack.LayerRef {
-	return append(c.Layers[:len(c.Layers):len(c.Layers)], fromUpperRefs(c.Upper)...)
+	return withUpper(c.Layers, fromUpperRefs(c.Upper))
 }
 
 // Encode implements sandbox.Captured.
@@ -127,7 +127,7 @@ func layerRefs(in []sandbox.LayerRef) []stack.LayerRef {
 // an overlay root's upper layers, when there are any: see sharedlower.go). The device is
 // vsize bytes, or Resources.DiskSizeMB when that is larger (the filesystem is grown).
 func (b *Backend) launchBlock(ctx context.Context, plan sandbox.LaunchPlan, layers, upper []stack.LayerRef, vsize uint64) (sandbox.Instance, error) {
-	for _, l := range append(layers[:len(layers):len(layers)], upper...) {
+	for _, l := range withUpper(layers, upper) {
 		if err := checkLayer(l); err != nil {
 			return nil, fmt.Errorf("oci: %w", err)
 		}

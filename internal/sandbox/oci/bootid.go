@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"fmt"
 
+	"github.com/aenv-dev/aenv/internal/rootfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -77,38 +78,26 @@ func bindBootID(pid, rootID int) error {
 	return nil
 }
 
-// writeAs creates name in directory dir with data, read-only, as host id (fsuid and
-// fsgid) id when id >= 0: the file system's user namespace maps only the container's
-// ids. The thread keeps its capabilities meanwhile (the directory may not be writable
-// by its owner: a blank container's /dev is 0555), so it must be one that is thrown away
-// afterwards (onDiscardedThread), whose securebits need no restoring.
+// writeAs creates name in directory dir with data, read-only, as host id id (fsuid and
+// fsgid; the file system's user namespace maps only the container's ids) when id >= 0,
+// capabilities kept (a blank container's /dev is 0555, not writable by its owner). The
+// calling thread must be locked (onDiscardedThread's).
 func writeAs(dir int, name string, data []byte, id int) error {
-	if id >= 0 {
-		bits, err := unix.PrctlRetInt(unix.PR_GET_SECUREBITS, 0, 0, 0, 0)
+	write := func() error {
+		fd, err := unix.Openat(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o444)
 		if err != nil {
-			return fmt.Errorf("securebits: %w", err)
+			return err
 		}
-		if err := unix.Prctl(unix.PR_SET_SECUREBITS, uintptr(bits|secbitNoSetuidFixup), 0, 0, 0); err != nil {
-			return fmt.Errorf("keep capabilities: %w", err)
+		_, err = unix.Write(fd, data)
+		if cerr := unix.Close(fd); err == nil {
+			err = cerr
 		}
-		unix.Setfsgid(id)
-		unix.Setfsuid(id)
-		defer func() {
-			unix.Setfsuid(0)
-			unix.Setfsgid(0)
-		}()
-	}
-	fd, err := unix.Openat(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o444)
-	if err != nil {
 		return err
 	}
-	_, err = unix.Write(fd, data)
-	if cerr := unix.Close(fd); err == nil {
-		err = cerr
+	if id < 0 {
+		return write()
 	}
+	// The thread is thrown away afterwards, restored or not.
+	_, err := rootfs.AsOwner(id, write)
 	return err
 }
-
-// secbitNoSetuidFixup is SECBIT_NO_SETUID_FIXUP (linux/securebits.h; not in x/sys/unix):
-// a change of fsuid keeps the thread's capabilities.
-const secbitNoSetuidFixup = 1 << 2

@@ -36,16 +36,16 @@ func TestBootID(t *testing.T) {
 		e.waitReady(t, k)
 		all = append(all, k)
 	}
-	seen := map[string]string{string(host): "the host"}
+	seen := map[string]string{strings.TrimSuffix(string(host), "\n"): "the host"}
 	for _, i := range all {
 		out := e.mustSh(t, i, "cat "+bootIDPath+"; ls -a /dev | grep boot_id; echo x 2>/dev/null > "+bootIDPath+" && echo writable; true")
 		id := strings.TrimSuffix(out, "\n")
 		if strings.Count(out, "\n") != 1 || len(id) != 36 || id[14] != '4' {
 			t.Fatalf("%s: boot id, leftovers, writability: %q", i.id, out)
 		}
-		if other, ok := seen[id+"\n"]; ok {
+		if other, ok := seen[id]; ok {
 			t.Fatalf("%s sees the boot id of %s", i.id, other)
 		}
-		seen[id+"\n"] = i.id
+		seen[id] = i.id
 	}
 }

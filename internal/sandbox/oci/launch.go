@@ -243,11 +243,7 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		if err != nil {
 			return err
 		}
-		rootID := -1
-		if m != nil {
-			rootID = int(m.HostID)
-		}
-		if err := bindBootID(pid, rootID); err != nil {
+		if err := bindBootID(pid, m.rootID()); err != nil {
 			return err
 		}
 	}

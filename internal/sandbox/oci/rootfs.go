@@ -17,6 +17,15 @@ type idMap struct {
 	Size   uint32 `json:"size"`
 }
 
+// rootID is the host id of the sandbox's root under m, or -1 without a map (no user
+// namespace).
+func (m *idMap) rootID() int {
+	if m == nil {
+		return -1
+	}
+	return int(m.HostID)
+}
+
 // usernsFD creates a user namespace with the mapping m and returns an fd to it; the
 // namespace lives as long as the fd. A short-lived child holds it while we open it, because
 // Go cannot unshare a user namespace in a multithreaded process.

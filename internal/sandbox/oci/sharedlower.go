@@ -118,6 +118,12 @@ func toUpperRefs(ls []stack.LayerRef) []upperRef {
 	return out
 }
 
+// withUpper lists an overlay root's layer files: layers (its lower's), then upper's,
+// without writing into layers' backing array.
+func withUpper(layers, upper []stack.LayerRef) []stack.LayerRef {
+	return append(layers[:len(layers):len(layers)], upper...)
+}
+
 func fromUpperRefs(us []upperRef) []stack.LayerRef {
 	if len(us) == 0 {
 		return nil
@@ -158,11 +164,8 @@ func (b *Backend) mountOverlay(ctx context.Context, inst *Instance, o createOpts
 		}
 		upper = []stack.LayerRef{empty}
 	}
-	rootID := -1
 	inst.mu.Lock()
-	if inst.idmap != nil {
-		rootID = int(inst.idmap.HostID)
-	}
+	rootID := inst.idmap.rootID()
 	inst.mu.Unlock()
 	ovl, err := b.lowers.OpenOverlay(ctx, rootfs.OverlaySpec{
 		Dir: inst.l.dir, Lower: lower, Upper: upper, VirtualSize: o.vsize, Target: inst.l.rootfs(),

@@ -338,7 +338,7 @@ func (w *warmPool) prepare(lower string) (*Instance, error) {
 			return nil, errors.New("no blank root")
 		}
 	} else if len(o.layers) > 0 {
-		for _, l := range append(o.layers[:len(o.layers):len(o.layers)], o.upper...) {
+		for _, l := range withUpper(o.layers, o.upper) {
 			if l.Path == "" {
 				continue
 			}
