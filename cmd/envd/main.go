@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -39,6 +40,7 @@ func run() error {
 		defaultUser = flag.String("user", "", "default user until /init sets one (default: root, or the current user when not root)")
 		passwd      = flag.String("passwd", "/etc/passwd", "passwd file users are resolved from")
 		group       = flag.String("group", "/etc/group", "group file supplementary groups are read from")
+		forward     = flag.Bool("forward-signals", true, "forward SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to running processes, and shut down on SIGTERM/SIGINT after -shutdown-grace (false: those signals end envd at once; for containers their runtime ends with SIGKILL, as Go's signal delivery keeps three threads in every idle envd)")
 		grace       = flag.Duration("shutdown-grace", 5*time.Second, "on SIGTERM/SIGINT, how long processes get before SIGKILL")
 		subreaper   = flag.Bool("subreaper", true, "when not PID 1, adopt and reap orphaned descendants (PR_SET_CHILD_SUBREAPER)")
 		setClock    = flag.Bool("set-clock", false, "let POST /init set the system clock forward from its timestamp (VM guests)")
@@ -58,14 +60,14 @@ func run() error {
 	if *verbose {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewTextHandler(logOutput(), &slog.HandlerOptions{Level: level}))
 	pid1 := os.Getpid() == 1
 
 	// Signals first, so that none is lost to the default action (which PID 1 would ignore anyway).
 	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
-	// A daemon must not die writing to a closed stdout/stderr.
-	signal.Ignore(syscall.SIGPIPE)
+	if *forward {
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	}
 
 	r, err := reaper.New(*subreaper)
 	if err != nil {
@@ -175,6 +177,20 @@ func shutdown(log *slog.Logger, hs *http.Server, srv *envd.Server, grace time.Du
 	wg.Wait()
 	_ = hs.Close()
 	srv.Close()
+}
+
+// logOutput is where envd logs: a duplicate of its standard error, so that a write to one
+// whose reader is gone fails instead of ending envd (Go ends a program whose write to fd 1
+// or 2 meets a closed pipe). envd does not ignore SIGPIPE for the same end: an ignored
+// signal is inherited across exec, and every command would get EPIPE in place of the
+// SIGPIPE a pipeline's writer expects (`yes | head -1` printing "Broken pipe").
+func logOutput() io.Writer {
+	fd, err := syscall.Dup(2)
+	if err != nil {
+		return os.Stderr
+	}
+	syscall.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), "stderr")
 }
 
 func logRequests(log *slog.Logger, next http.Handler) http.Handler {

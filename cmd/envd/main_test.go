@@ -38,10 +38,10 @@ func freePort(t *testing.T) int {
 }
 
 // startEnvd runs envd (optionally as PID 1 of a new PID namespace) and waits for /health.
-func startEnvd(t *testing.T, pid1 bool) (base string, cmd *exec.Cmd, envdPid func() int) {
+func startEnvd(t *testing.T, pid1 bool, extra ...string) (base string, cmd *exec.Cmd, envdPid func() int) {
 	t.Helper()
 	port := freePort(t)
-	args := []string{"--port", strconv.Itoa(port), "--host", "127.0.0.1", "--shutdown-grace", "3s"}
+	args := append([]string{"--port", strconv.Itoa(port), "--host", "127.0.0.1", "--shutdown-grace", "3s"}, extra...)
 	if pid1 {
 		if os.Geteuid() != 0 {
 			t.Skip("needs root for a PID namespace")
@@ -54,7 +54,7 @@ func startEnvd(t *testing.T, pid1 bool) (base string, cmd *exec.Cmd, envdPid fun
 	} else {
 		cmd = exec.Command(os.Args[0], args...)
 	}
-	cmd.Env = append(os.Environ(), "ENVD_TEST_MAIN=1")
+	cmd.Env = append(os.Environ(), "ENVD_TEST_MAIN=1", "GOMAXPROCS=1") // as the node runs it
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -208,5 +208,48 @@ func TestSignalForwardingAndShutdown(t *testing.T) {
 				t.Fatal("envd did not exit")
 			}
 		})
+	}
+}
+
+// Commands get SIGPIPE's default action, not an ignored SIGPIPE inherited from envd: the
+// writer of a pipeline whose reader quit dies of it (status 141) rather than failing with
+// EPIPE and printing "Broken pipe", as everywhere else.
+func TestCommandsGetDefaultSignals(t *testing.T) {
+	for _, forward := range []bool{true, false} {
+		t.Run(fmt.Sprintf("forward-signals=%v", forward), func(t *testing.T) {
+			base, _, _ := startEnvd(t, false, fmt.Sprintf("--forward-signals=%v", forward))
+			f := t.TempDir() + "/status"
+			got := runScript(t, base, fmt.Sprintf(`grep SigIgn /proc/self/status; { yes; echo "yes:$?" >%s; } | head -1 >/dev/null; cat %s`, f, f))
+			if !strings.Contains(got, "SigIgn:\t0000000000000000") || !strings.Contains(got, "yes:141") {
+				t.Fatalf("a command inherits ignored signals:\n%s", got)
+			}
+		})
+	}
+}
+
+// Without signal forwarding (the node's containers) an idle envd keeps two threads fewer than
+// with it: Go's signal delivery holds two threads blocked (and can make the runtime start a
+// third), and the reaper takes no signal. A node holds thousands of idle envds, and
+// pivot_root walks every thread on the host.
+func TestIdleThreads(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a PID namespace")
+	}
+	threads := func(extra ...string) int {
+		base, _, pid := startEnvd(t, true, extra...)
+		for i := 0; i < 3; i++ {
+			runScript(t, base, "sleep 0.05 & exit 0") // a child and an orphan to reap
+		}
+		time.Sleep(200 * time.Millisecond)
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(tasks)
+	}
+	on, off := threads(), threads("--forward-signals=false")
+	t.Logf("idle envd threads: %d forwarding signals, %d not", on, off)
+	if off > on-2 {
+		t.Fatalf("idle envd without signal forwarding has %d threads, forwarding %d: want two fewer", off, on)
 	}
 }

@@ -6,7 +6,6 @@ package reaper
 import (
 	"errors"
 	"os"
-	"os/signal"
 	"sync"
 	"sync/atomic"
 
@@ -45,13 +44,23 @@ func (Direct) Start(fork func() (int, error)) (int, func() unix.WaitStatus, erro
 	}, nil
 }
 
-// Reaper collects every child's exit (wait4(-1)) on SIGCHLD. Use it in PID 1 or a subreaper, and
-// start every child through it.
+// Reaper collects every child's exit with wait4(-1), so that it also reaps the orphans the
+// kernel re-parents to this process. Use it in PID 1 or a subreaper, and start every child
+// through it.
+//
+// Its loop blocks in wait4 while the process has children and parks once it has none, until
+// Start forks the next: it takes no signal (os/signal keeps two threads blocked in every
+// process that uses it, and the runtime a third, in each of the thousands of idle envds a
+// node holds) and holds no thread while there is nothing to wait for. No orphan is missed by
+// parking: a process's children are re-parented before its own exit is reported, so a
+// descendant can only become this process's child while another child is alive. (A process
+// that entered PID 1's namespace from outside, whose parent outside then dies, is the
+// exception: it is reaped with the next Start's exits.)
 type Reaper struct {
 	mu      sync.Mutex
 	waiting map[int]chan unix.WaitStatus
 	orphans atomic.Int64
-	sig     chan os.Signal
+	forked  chan struct{} // a child was started: wait4 has something to wait for
 	done    chan struct{}
 }
 
@@ -63,18 +72,13 @@ func New(subreaper bool) (*Reaper, error) {
 			return nil, err
 		}
 	}
-	r := &Reaper{waiting: map[int]chan unix.WaitStatus{}, sig: make(chan os.Signal, 16), done: make(chan struct{})}
-	signal.Notify(r.sig, unix.SIGCHLD)
+	r := &Reaper{waiting: map[int]chan unix.WaitStatus{}, forked: make(chan struct{}, 1), done: make(chan struct{})}
 	go r.loop()
-	r.reapAll() // children that exited before Notify
 	return r, nil
 }
 
-// Stop ends the loop (tests).
-func (r *Reaper) Stop() {
-	signal.Stop(r.sig)
-	close(r.done)
-}
+// Stop ends the loop once the process has no child left (tests).
+func (r *Reaper) Stop() { close(r.done) }
 
 // Orphans is how many exits were reaped that no caller waited for.
 func (r *Reaper) Orphans() int64 { return r.orphans.Load() }
@@ -91,31 +95,34 @@ func (r *Reaper) Start(fork func() (int, error)) (int, func() unix.WaitStatus, e
 	ch := make(chan unix.WaitStatus, 1)
 	r.waiting[pid] = ch
 	r.mu.Unlock()
-	// The SIGCHLD may have been consumed by a reapAll that ran before the registration finished.
-	r.reapAll()
+	select {
+	case r.forked <- struct{}{}:
+	default: // the loop is already told
+	}
 	return pid, func() unix.WaitStatus { return <-ch }, nil
 }
 
 func (r *Reaper) loop() {
 	for {
+		r.reapAll() // children that exited before the loop started, and each wake's
 		select {
-		case <-r.sig:
-			r.reapAll()
+		case <-r.forked:
 		case <-r.done:
 			return
 		}
 	}
 }
 
+// reapAll waits for exits until the process has no child.
 func (r *Reaper) reapAll() {
 	for {
 		var ws unix.WaitStatus
-		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil || pid <= 0 {
-			return
+			return // ECHILD
 		}
 		r.mu.Lock()
 		ch := r.waiting[pid]
