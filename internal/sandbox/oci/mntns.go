@@ -187,25 +187,29 @@ func newLaunchNS(dir, netnsDir string, keep []string, log *slog.Logger) *launchN
 // the node's namespace.
 func (ns *launchNS) run(cmd *exec.Cmd, dir, netns string) error {
 	if ns == nil || ns.off.Load() {
-		return cmd.Run()
+		return runPolled(cmd)
 	}
 	err := onDiscardedThread(func() error {
 		if err := ns.enter(dir, netns); err != nil {
 			return fmt.Errorf("%w: %w", errPrivateNS, err)
 		}
-		// os/exec forks on this (locked) thread: the child inherits its namespace.
-		return cmd.Run()
+		// os/exec forks on this (locked) thread: the child inherits its namespace. The
+		// wait needs no namespace, so the thread is discarded while the runtime runs.
+		return cmd.Start()
 	})
 	if errors.Is(err, errMainThread) {
-		return cmd.Run()
+		return runPolled(cmd)
 	}
 	if errors.Is(err, errPrivateNS) {
 		if !ns.off.Swap(true) {
 			ns.log.Warn("oci: the runtime runs in the host's mount namespace from now on", "err", err)
 		}
-		return cmd.Run()
+		return runPolled(cmd)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return waitPolled(cmd)
 }
 
 // enter moves the calling (locked) thread into a new mount namespace, a copy of the

@@ -48,7 +48,7 @@ func (r runtimeCLI) output(ctx context.Context, args ...string) ([]byte, error) 
 	cmd := r.command(ctx, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	if err := runPolled(cmd); err != nil {
 		msg := strings.TrimSpace(stderr.String())
 		if strings.Contains(msg, "does not exist") || strings.Contains(msg, "not found") || strings.Contains(msg, "container not found") {
 			return nil, fmt.Errorf("%w: %s %s: %s", errNoContainer, r.name, args[0], msg)
