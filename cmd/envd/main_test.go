@@ -213,14 +213,28 @@ func TestSignalForwardingAndShutdown(t *testing.T) {
 
 // Commands get SIGPIPE's default action, not an ignored SIGPIPE inherited from envd: the
 // writer of a pipeline whose reader quit dies of it (status 141) rather than failing with
-// EPIPE and printing "Broken pipe", as everywhere else.
+// EPIPE and printing "Broken pipe", as everywhere else. envd ignores nothing more than it
+// was started with (this test's own ignored signals: a CI harness may ignore some).
 func TestCommandsGetDefaultSignals(t *testing.T) {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ign string
+	for _, l := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(l, "SigIgn:") {
+			ign = l
+		}
+	}
+	if ign == "" || strings.HasSuffix(ign, "1000") {
+		t.Skipf("this test runs with SIGPIPE ignored (%q): it cannot tell what envd adds", ign)
+	}
 	for _, forward := range []bool{true, false} {
 		t.Run(fmt.Sprintf("forward-signals=%v", forward), func(t *testing.T) {
 			base, _, _ := startEnvd(t, false, fmt.Sprintf("--forward-signals=%v", forward))
 			f := t.TempDir() + "/status"
 			got := runScript(t, base, fmt.Sprintf(`grep SigIgn /proc/self/status; { yes; echo "yes:$?" >%s; } | head -1 >/dev/null; cat %s`, f, f))
-			if !strings.Contains(got, "SigIgn:\t0000000000000000") || !strings.Contains(got, "yes:141") {
+			if !strings.Contains(got, ign+"\n") || !strings.Contains(got, "yes:141") {
 				t.Fatalf("a command inherits ignored signals:\n%s", got)
 			}
 		})
