@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sync/errgroup"
@@ -148,6 +149,10 @@ type Pool struct {
 	wake     chan struct{}
 	done     chan struct{}
 	fillerOn bool
+	// Released slots whose veth is not gone yet, by index (reclaim.go).
+	reclaiming  map[int]bool
+	reclaims    sync.WaitGroup
+	reclaimWait time.Duration // tests shorten it
 
 	// carried is what the slots an earlier run left held in the sets, put back when the
 	// tables were re-created; Reconcile settles it (carry.go).
@@ -191,8 +196,9 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	}
 	p := &Pool{
 		cfg: cfg, subnet: subnet, gateway: subnet.Addr().Next(), max: max,
-		used: map[int]bool{}, reserved: map[int]bool{}, shards: map[string]bool{},
-		wake: make(chan struct{}, 1), done: make(chan struct{}),
+		used: map[int]bool{}, reserved: map[int]bool{}, reclaiming: map[int]bool{}, reclaimWait: defaultReclaimWait,
+		shards: map[string]bool{},
+		wake:   make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	laps := steptime.Start()
 	if err := prepareNetnsDir(netnsDir); errors.Is(err, errNetnsDirBusy) {
@@ -489,11 +495,14 @@ func (p *Pool) Release(ctx context.Context, s *Slot) error {
 		errs = append(errs, p.setInternet(ctx, s, true))
 	}
 	errs = append(errs, p.clearEgress(ctx, s))
-	errs = append(errs, p.destroy(s))
-	p.mu.Lock()
-	delete(p.used, s.Index)
-	p.mu.Unlock()
-	p.kick()
+	free, err := p.release(s)
+	errs = append(errs, err)
+	if free {
+		p.mu.Lock()
+		delete(p.used, s.Index)
+		p.mu.Unlock()
+		p.kick()
+	}
 	return errors.Join(errs...)
 }
 
@@ -594,6 +603,7 @@ func (p *Pool) Close(ctx context.Context) error {
 	p.ready = nil
 	p.mu.Unlock()
 	p.stopEgressProxy()
+	p.reclaims.Wait() // with done closed, each deletes its veth now
 	var errs []error
 	for _, s := range ready {
 		errs = append(errs, p.destroy(s))

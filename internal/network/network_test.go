@@ -317,6 +317,9 @@ func TestSlotConnectivityAndIsolation(t *testing.T) {
 		if _, err := os.Stat(s.NetnsPath); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("netns %s left after release", s.Netns)
 		}
+		if err := p.Settle(ctx); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := netlink.LinkByName(s.HostVeth); err == nil {
 			t.Fatalf("veth %s left after release", s.HostVeth)
 		}

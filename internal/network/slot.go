@@ -283,16 +283,22 @@ func sysctlDir() (int, error) {
 	return dir, nil
 }
 
+// unrouteSlot removes the host's neighbour entry and route to the slot's address, both
+// absent on a half-built slot.
+func (p *Pool) unrouteSlot(s *Slot) {
+	if br, err := netlink.LinkByName(s.Bridge); err == nil {
+		_ = netlink.NeighDel(&netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, IP: s.IP.AsSlice()})
+		if r := p.slotRoute(s, br); r != nil {
+			_ = netlink.RouteDel(r)
+		}
+	}
+}
+
 // destroy removes the slot's veth (both ends go at once) and its namespace. Missing parts
 // are not errors, so it is idempotent and sweeps half-built slots.
 func (p *Pool) destroy(s *Slot) error {
 	var errs []error
-	if br, err := netlink.LinkByName(s.Bridge); err == nil {
-		_ = netlink.NeighDel(&netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, IP: s.IP.AsSlice()})
-		if r := p.slotRoute(s, br); r != nil {
-			_ = netlink.RouteDel(r) // absent on a half-built slot
-		}
-	}
+	p.unrouteSlot(s)
 	if l, err := netlink.LinkByName(s.HostVeth); err == nil {
 		if err := netlink.LinkDel(l); err != nil {
 			errs = append(errs, fmt.Errorf("network: delete %s: %w", s.HostVeth, err))

@@ -328,6 +328,12 @@ func assertClean(t testing.TB, b *Backend) {
 			t.Errorf("netns left: %s", e.Name())
 		}
 	}
+	// A released slot's veth goes after the release (network.Pool.Settle).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b.pool.Settle(ctx); err != nil {
+		t.Errorf("released slots' veths not gone: %v", err)
+	}
 	links, _ := netlink.LinkList()
 	for _, l := range links {
 		if strings.HasPrefix(l.Attrs().Name, b.cfg.Network.Prefix+"h") {

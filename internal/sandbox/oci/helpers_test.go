@@ -253,11 +253,23 @@ func assertClean(t *testing.T, b *Backend) {
 			t.Errorf("netns left: %s", e.Name())
 		}
 	}
+	settleNetwork(t, b.pool)
 	links, _ := netlink.LinkList()
 	for _, l := range links {
 		if strings.HasPrefix(l.Attrs().Name, b.cfg.Network.Prefix+"h") {
 			t.Errorf("veth left: %s", l.Attrs().Name)
 		}
+	}
+}
+
+// settleNetwork waits for the veths of released slots, which go after the release
+// (network.Pool.Settle).
+func settleNetwork(t *testing.T, p *network.Pool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Settle(ctx); err != nil {
+		t.Errorf("released slots' veths not gone: %v", err)
 	}
 }
 
@@ -284,6 +296,7 @@ func assertGone(t *testing.T, b *Backend, id string, slot *network.Slot) {
 		if _, err := os.Stat(slot.NetnsPath); err == nil {
 			t.Errorf("netns left: %s", slot.NetnsPath)
 		}
+		settleNetwork(t, b.pool)
 		if _, err := netlink.LinkByName(slot.HostVeth); err == nil {
 			t.Errorf("veth left: %s", slot.HostVeth)
 		}
