@@ -32,7 +32,12 @@ func needRoot(t *testing.T) {
 // it made when the test ends, whatever happened.
 func testPool(t *testing.T, name string, size int) *Pool {
 	t.Helper()
-	cfg := Config{Bridge: name + "br", Subnet: "10.89.7.0/24", Prefix: name, PoolSize: size}
+	return testPoolWith(t, Config{Bridge: name + "br", Subnet: "10.89.7.0/24", Prefix: name, PoolSize: size})
+}
+
+// testPoolWith is testPool with the whole configuration given.
+func testPoolWith(t *testing.T, cfg Config) *Pool {
+	t.Helper()
 	p, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -41,18 +41,8 @@ func TestReleaseReclaim(t *testing.T) {
 	needRoot(t)
 	ctx := context.Background()
 	logs := &lockedBuffer{}
-	cfg := Config{Bridge: "ntrclbr", Subnet: "10.89.9.0/24", Prefix: "ntrcl", PoolSize: -1,
-		Logger: slog.New(slog.NewTextHandler(logs, nil))}
-	p, err := New(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Teardown(ctx); err != nil {
-			t.Errorf("teardown: %v", err)
-		}
-		assertNoLeftovers(t, cfg.Prefix, cfg.Bridge)
-	})
+	p := testPoolWith(t, Config{Bridge: "ntrclbr", Subnet: "10.89.9.0/24", Prefix: "ntrcl", PoolSize: -1,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	p.reclaimWait = 300 * time.Millisecond
 	settle := func() {
 		t.Helper()
