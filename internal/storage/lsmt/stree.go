@@ -32,8 +32,8 @@ type stree struct {
 	// ms is the first indexed mapping, which the vector search prefetches
 	// the found leaf's mappings from.
 	ms *Mapping
-	// vec32 marks the common case, a uint32 tree on a CPU with AVX-512,
-	// which Index lookups call straight into (see Index.Lookup).
+	// vec32 marks the common case, a uint32 tree on a CPU with AVX-512 or
+	// AVX2, which Index lookups call straight into (see Index.Lookup).
 	vec32 bool
 }
 
@@ -47,7 +47,7 @@ func newStree(ms []Mapping) stree {
 	// that descends, and those are below maxEnd.
 	if t.maxEnd < math.MaxUint32 {
 		t.k32, t.levels = buildStree[uint32](ms)
-		t.vec32 = haveAVX512
+		t.vec32 = haveAVX512 || haveAVX2
 	} else {
 		t.k64, t.levels = buildStree[uint64](ms)
 	}
@@ -135,13 +135,19 @@ func (t *stree) search(x uint64) int {
 	if haveAVX512 {
 		return search64AVX512(&t.k64[0], &t.levels[0], len(t.levels), x, t.ms)
 	}
+	if haveAVX2 {
+		return search64AVX2(&t.k64[0], &t.levels[0], len(t.levels), x, t.ms)
+	}
 	return search64Go(t.k64, t.levels, x)
 }
 
 // search32 is the vector descent of a uint32 tree; t.vec32 must be set and
 // x below t.maxEnd.
 func (t *stree) search32(x uint64) int {
-	return search32AVX512(&t.k32[0], &t.levels[0], len(t.levels), uint32(x), t.ms)
+	if haveAVX512 {
+		return search32AVX512(&t.k32[0], &t.levels[0], len(t.levels), uint32(x), t.ms)
+	}
+	return search32AVX2(&t.k32[0], &t.levels[0], len(t.levels), uint32(x), t.ms)
 }
 
 // search32Go descends a uint32 tree: at each level it counts the keys <= x

@@ -107,3 +107,141 @@ leaf64:
 	MOVQ       BX, ret+40(FP)
 	VZEROUPPER
 	RET
+
+// func search32AVX2(keys *uint32, levels *int, nlevels int, x uint32, ms *Mapping) int
+//
+// search32AVX512 for CPUs with AVX2 only (AMD before Zen 4, most Intel
+// client parts). AVX2 compares are signed and have no mask registers, so
+// keys and x are compared with their top bit flipped (unsigned order), the
+// node's 16 lanes are two 8-lane compares counting the keys above x, packed
+// into one byte mask (2 bits a key): c = 16 - popcount/2.
+TEXT ·search32AVX2(SB), NOSPLIT, $0-48
+	MOVQ keys+0(FP), SI
+	MOVQ levels+8(FP), DI
+	MOVQ nlevels+16(FP), CX
+	MOVL x+24(FP), AX
+	MOVQ ms+32(FP), R11
+	MOVL $0x80000000, DX
+	XORL DX, AX
+	MOVQ AX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ DX, X1
+	VPBROADCASTD X1, Y1
+	XORQ BX, BX
+	DECQ CX
+	JZ   leaf32v2
+
+loop32v2:
+	MOVQ      BX, R9
+	SHLQ      $4, R9
+	ADDQ      (DI), R9
+	VPXOR     (SI)(R9*4), Y1, Y2
+	VPXOR     32(SI)(R9*4), Y1, Y3
+	VPCMPGTD  Y0, Y2, Y2
+	VPCMPGTD  Y0, Y3, Y3
+	VPACKSSDW Y3, Y2, Y2
+	VPMOVMSKB Y2, R10
+	POPCNTL   R10, R10
+	SHRL      $1, R10
+	MOVQ      BX, DX
+	SHLQ      $4, BX
+	ADDQ      DX, BX
+	ADDQ      $16, BX
+	SUBQ      R10, BX
+	ADDQ      $8, DI
+	DECQ      CX
+	JNZ       loop32v2
+
+leaf32v2:
+	IMUL3Q     $384, BX, R12
+	ADDQ       R11, R12
+	PREFETCHT0 (R12)
+	PREFETCHT0 64(R12)
+	PREFETCHT0 128(R12)
+	PREFETCHT0 192(R12)
+	PREFETCHT0 256(R12)
+	PREFETCHT0 320(R12)
+	PREFETCHT0 384(R12)
+	MOVQ       BX, R9
+	SHLQ       $4, R9
+	ADDQ       (DI), R9
+	VPXOR      (SI)(R9*4), Y1, Y2
+	VPXOR      32(SI)(R9*4), Y1, Y3
+	VPCMPGTD   Y0, Y2, Y2
+	VPCMPGTD   Y0, Y3, Y3
+	VPACKSSDW  Y3, Y2, Y2
+	VPMOVMSKB  Y2, R10
+	POPCNTL    R10, R10
+	SHRL       $1, R10
+	SHLQ       $4, BX
+	ADDQ       $16, BX
+	SUBQ       R10, BX
+	MOVQ       BX, ret+40(FP)
+	VZEROUPPER
+	RET
+
+// func search64AVX2(keys *uint64, levels *int, nlevels int, x uint64, ms *Mapping) int
+//
+// As search32AVX2 with 8 lanes of 64 bits: two 4-lane compares, packed so
+// that each key above x sets 4 mask bits: c = 8 - popcount/4, k = 9k + c.
+TEXT ·search64AVX2(SB), NOSPLIT, $0-48
+	MOVQ keys+0(FP), SI
+	MOVQ levels+8(FP), DI
+	MOVQ nlevels+16(FP), CX
+	MOVQ x+24(FP), AX
+	MOVQ ms+32(FP), R11
+	MOVQ $0x8000000000000000, DX
+	XORQ DX, AX
+	MOVQ AX, X0
+	VPBROADCASTQ X0, Y0
+	MOVQ DX, X1
+	VPBROADCASTQ X1, Y1
+	XORQ BX, BX
+	DECQ CX
+	JZ   leaf64v2
+
+loop64v2:
+	MOVQ      BX, R9
+	SHLQ      $3, R9
+	ADDQ      (DI), R9
+	VPXOR     (SI)(R9*8), Y1, Y2
+	VPXOR     32(SI)(R9*8), Y1, Y3
+	VPCMPGTQ  Y0, Y2, Y2
+	VPCMPGTQ  Y0, Y3, Y3
+	VPACKSSDW Y3, Y2, Y2
+	VPMOVMSKB Y2, R10
+	POPCNTL   R10, R10
+	SHRL      $2, R10
+	MOVQ      BX, DX
+	SHLQ      $3, BX
+	ADDQ      DX, BX
+	ADDQ      $8, BX
+	SUBQ      R10, BX
+	ADDQ      $8, DI
+	DECQ      CX
+	JNZ       loop64v2
+
+leaf64v2:
+	IMUL3Q     $192, BX, R12
+	ADDQ       R11, R12
+	PREFETCHT0 (R12)
+	PREFETCHT0 64(R12)
+	PREFETCHT0 128(R12)
+	PREFETCHT0 192(R12)
+	MOVQ       BX, R9
+	SHLQ       $3, R9
+	ADDQ       (DI), R9
+	VPXOR      (SI)(R9*8), Y1, Y2
+	VPXOR      32(SI)(R9*8), Y1, Y3
+	VPCMPGTQ   Y0, Y2, Y2
+	VPCMPGTQ   Y0, Y3, Y3
+	VPACKSSDW  Y3, Y2, Y2
+	VPMOVMSKB  Y2, R10
+	POPCNTL    R10, R10
+	SHRL       $2, R10
+	SHLQ       $3, BX
+	ADDQ       $8, BX
+	SUBQ       R10, BX
+	MOVQ       BX, ret+40(FP)
+	VZEROUPPER
+	RET

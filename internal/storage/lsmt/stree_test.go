@@ -89,7 +89,7 @@ func randomMappings(r *rand.Rand, n int) []Mapping {
 }
 
 // searchImpls are every node search that can run here for t's key width,
-// so both the vector and the Go descent are checked on an AVX-512 machine.
+// so every vector descent the CPU has and the Go descent are checked.
 func searchImpls(t *stree) map[string]func(uint64) int {
 	impls := map[string]func(uint64) int{"search": t.search}
 	desc := func(f func(uint64) int) func(uint64) int {
@@ -106,10 +106,16 @@ func searchImpls(t *stree) map[string]func(uint64) int {
 		if haveAVX512 {
 			impls["avx32"] = desc(func(x uint64) int { return search32AVX512(&t.k32[0], &t.levels[0], len(t.levels), uint32(x), t.ms) })
 		}
+		if haveAVX2 {
+			impls["avx2_32"] = desc(func(x uint64) int { return search32AVX2(&t.k32[0], &t.levels[0], len(t.levels), uint32(x), t.ms) })
+		}
 	case t.k64 != nil:
 		impls["go64"] = desc(func(x uint64) int { return search64Go(t.k64, t.levels, x) })
 		if haveAVX512 {
 			impls["avx64"] = desc(func(x uint64) int { return search64AVX512(&t.k64[0], &t.levels[0], len(t.levels), x, t.ms) })
+		}
+		if haveAVX2 {
+			impls["avx2_64"] = desc(func(x uint64) int { return search64AVX2(&t.k64[0], &t.levels[0], len(t.levels), x, t.ms) })
 		}
 	}
 	return impls
