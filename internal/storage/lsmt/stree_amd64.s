@@ -108,13 +108,37 @@ leaf64:
 	VZEROUPPER
 	RET
 
+// GT32AVX2 sets R10 to the number of keys above x (Y0, top bit flipped; Y1 holds
+// the flip) in the 16-key node at SI + 4*R9: two signed compares of the flipped
+// keys, packed into one byte mask with 2 bits a key.
+#define GT32AVX2 \
+	VPXOR     (SI)(R9*4), Y1, Y2; \
+	VPXOR     32(SI)(R9*4), Y1, Y3; \
+	VPCMPGTD  Y0, Y2, Y2; \
+	VPCMPGTD  Y0, Y3, Y3; \
+	VPACKSSDW Y3, Y2, Y2; \
+	VPMOVMSKB Y2, R10; \
+	POPCNTL   R10, R10; \
+	SHRL      $1, R10
+
+// GT64AVX2 is GT32AVX2 for the 8-key node of uint64 keys at SI + 8*R9 (4 mask
+// bits a key).
+#define GT64AVX2 \
+	VPXOR     (SI)(R9*8), Y1, Y2; \
+	VPXOR     32(SI)(R9*8), Y1, Y3; \
+	VPCMPGTQ  Y0, Y2, Y2; \
+	VPCMPGTQ  Y0, Y3, Y3; \
+	VPACKSSDW Y3, Y2, Y2; \
+	VPMOVMSKB Y2, R10; \
+	POPCNTL   R10, R10; \
+	SHRL      $2, R10
+
 // func search32AVX2(keys *uint32, levels *int, nlevels int, x uint32, ms *Mapping) int
 //
 // search32AVX512 for CPUs with AVX2 only (AMD before Zen 4, most Intel
 // client parts). AVX2 compares are signed and have no mask registers, so
-// keys and x are compared with their top bit flipped (unsigned order), the
-// node's 16 lanes are two 8-lane compares counting the keys above x, packed
-// into one byte mask (2 bits a key): c = 16 - popcount/2.
+// keys and x are compared with their top bit flipped (unsigned order) and a
+// node's count is c = 16 - (keys above x), from GT32AVX2.
 TEXT ·search32AVX2(SB), NOSPLIT, $0-48
 	MOVQ keys+0(FP), SI
 	MOVQ levels+8(FP), DI
@@ -132,25 +156,18 @@ TEXT ·search32AVX2(SB), NOSPLIT, $0-48
 	JZ   leaf32v2
 
 loop32v2:
-	MOVQ      BX, R9
-	SHLQ      $4, R9
-	ADDQ      (DI), R9
-	VPXOR     (SI)(R9*4), Y1, Y2
-	VPXOR     32(SI)(R9*4), Y1, Y3
-	VPCMPGTD  Y0, Y2, Y2
-	VPCMPGTD  Y0, Y3, Y3
-	VPACKSSDW Y3, Y2, Y2
-	VPMOVMSKB Y2, R10
-	POPCNTL   R10, R10
-	SHRL      $1, R10
-	MOVQ      BX, DX
-	SHLQ      $4, BX
-	ADDQ      DX, BX
-	ADDQ      $16, BX
-	SUBQ      R10, BX
-	ADDQ      $8, DI
-	DECQ      CX
-	JNZ       loop32v2
+	MOVQ BX, R9
+	SHLQ $4, R9
+	ADDQ (DI), R9
+	GT32AVX2
+	MOVQ BX, DX
+	SHLQ $4, BX
+	ADDQ DX, BX
+	ADDQ $16, BX
+	SUBQ R10, BX
+	ADDQ $8, DI
+	DECQ CX
+	JNZ  loop32v2
 
 leaf32v2:
 	IMUL3Q     $384, BX, R12
@@ -165,14 +182,7 @@ leaf32v2:
 	MOVQ       BX, R9
 	SHLQ       $4, R9
 	ADDQ       (DI), R9
-	VPXOR      (SI)(R9*4), Y1, Y2
-	VPXOR      32(SI)(R9*4), Y1, Y3
-	VPCMPGTD   Y0, Y2, Y2
-	VPCMPGTD   Y0, Y3, Y3
-	VPACKSSDW  Y3, Y2, Y2
-	VPMOVMSKB  Y2, R10
-	POPCNTL    R10, R10
-	SHRL       $1, R10
+	GT32AVX2
 	SHLQ       $4, BX
 	ADDQ       $16, BX
 	SUBQ       R10, BX
@@ -182,8 +192,7 @@ leaf32v2:
 
 // func search64AVX2(keys *uint64, levels *int, nlevels int, x uint64, ms *Mapping) int
 //
-// As search32AVX2 with 8 lanes of 64 bits: two 4-lane compares, packed so
-// that each key above x sets 4 mask bits: c = 8 - popcount/4, k = 9k + c.
+// As search32AVX2 with 8 keys of 64 bits a node: c = 8 - GT64AVX2, k = 9k + c.
 TEXT ·search64AVX2(SB), NOSPLIT, $0-48
 	MOVQ keys+0(FP), SI
 	MOVQ levels+8(FP), DI
@@ -201,25 +210,18 @@ TEXT ·search64AVX2(SB), NOSPLIT, $0-48
 	JZ   leaf64v2
 
 loop64v2:
-	MOVQ      BX, R9
-	SHLQ      $3, R9
-	ADDQ      (DI), R9
-	VPXOR     (SI)(R9*8), Y1, Y2
-	VPXOR     32(SI)(R9*8), Y1, Y3
-	VPCMPGTQ  Y0, Y2, Y2
-	VPCMPGTQ  Y0, Y3, Y3
-	VPACKSSDW Y3, Y2, Y2
-	VPMOVMSKB Y2, R10
-	POPCNTL   R10, R10
-	SHRL      $2, R10
-	MOVQ      BX, DX
-	SHLQ      $3, BX
-	ADDQ      DX, BX
-	ADDQ      $8, BX
-	SUBQ      R10, BX
-	ADDQ      $8, DI
-	DECQ      CX
-	JNZ       loop64v2
+	MOVQ BX, R9
+	SHLQ $3, R9
+	ADDQ (DI), R9
+	GT64AVX2
+	MOVQ BX, DX
+	SHLQ $3, BX
+	ADDQ DX, BX
+	ADDQ $8, BX
+	SUBQ R10, BX
+	ADDQ $8, DI
+	DECQ CX
+	JNZ  loop64v2
 
 leaf64v2:
 	IMUL3Q     $192, BX, R12
@@ -231,14 +233,7 @@ leaf64v2:
 	MOVQ       BX, R9
 	SHLQ       $3, R9
 	ADDQ       (DI), R9
-	VPXOR      (SI)(R9*8), Y1, Y2
-	VPXOR      32(SI)(R9*8), Y1, Y3
-	VPCMPGTQ   Y0, Y2, Y2
-	VPCMPGTQ   Y0, Y3, Y3
-	VPACKSSDW  Y3, Y2, Y2
-	VPMOVMSKB  Y2, R10
-	POPCNTL    R10, R10
-	SHRL       $2, R10
+	GT64AVX2
 	SHLQ       $3, BX
 	ADDQ       $8, BX
 	SUBQ       R10, BX
