@@ -153,15 +153,46 @@ func mountsUnder(t testing.TB, dir string) []string {
 // aenvNetns is the set of network namespaces named <prefix>-<n> on the host.
 func aenvNetns(prefix string) map[string]bool {
 	out := map[string]bool{}
-	ents, _ := os.ReadDir("/run/netns")
+	for name := range slotNames("/run/netns", prefix+"-") {
+		out[name] = true
+	}
+	return out
+}
+
+// aenvVeths maps the host ends of a node's veths ("<prefix>h<slot>") to their slot's
+// namespace name.
+func aenvVeths(prefix string) map[string]string {
+	out := map[string]string{}
+	for name, slot := range slotNames("/sys/class/net", prefix+"h") {
+		out[name] = prefix + "-" + slot
+	}
+	return out
+}
+
+// slotNames maps the names in dir made of prefix and a slot number to that number.
+func slotNames(dir, prefix string) map[string]string {
+	out := map[string]string{}
+	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
-		if rest, ok := strings.CutPrefix(e.Name(), prefix+"-"); ok {
+		if rest, ok := strings.CutPrefix(e.Name(), prefix); ok {
 			if _, err := strconv.Atoi(rest); err == nil {
-				out[e.Name()] = true
+				out[e.Name()] = rest
 			}
 		}
 	}
 	return out
+}
+
+// linkGoes reports whether network interface name is gone within wait.
+func linkGoes(name string, wait time.Duration) bool {
+	for deadline := time.Now().Add(wait); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat("/sys/class/net/" + name); err != nil {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
 }
 
 // cgroupsOf lists the cgroup directories of a container under the node's cgroup parent
@@ -232,6 +263,14 @@ func leftovers(t testing.TB, n *node, keep map[string]bool) []string {
 		for ns := range aenvNetns(n.net.prefix) {
 			if !keptNetns[ns] {
 				out = append(out, "netns "+ns)
+			}
+		}
+		// A released slot's host veth goes with its namespace, deleted by the kernel's
+		// cleanup shortly after (or by a restarted node's reconcile after a crash), so
+		// one still listed gets a moment before it counts.
+		for veth, ns := range aenvVeths(n.net.prefix) {
+			if !keptNetns[ns] && !linkGoes(veth, 3*time.Second) {
+				out = append(out, "veth "+veth)
 			}
 		}
 	}
