@@ -5,12 +5,16 @@ BIN := bin
 DATA_DIR ?= /var/lib/aenv
 export CGO_ENABLED ?= 0
 
-.PHONY: all deps build binaries base guest serve test unit e2e lint gen check-generated clean k8s-test-bins
+.PHONY: all deps test-deps build binaries base guest serve test unit race e2e lint gen check-generated clean k8s-test-bins
 
 all: build
 
 deps:
 	@scripts/deps.sh
+
+# What `make test` needs besides: a C compiler for the race detector.
+test-deps:
+	@scripts/deps.sh --test
 
 binaries:
 	$(GO) build -trimpath -o $(BIN)/aenv ./cmd/aenv
@@ -53,6 +57,16 @@ unit:
 	scripts/s3-test-server.sh install
 	$(GO) test -count=1 -timeout 40m ./...
 
+# The race detector (cgo) over the packages whose state many goroutines share: the
+# orchestrator (its 64-way create/fork/kill test), the catalog's group commit, scheduler,
+# gateway, relay, block cache, data plane, block devices and the network pool. Not every
+# package: -race makes the storage and envd tests minutes long on 2 vCPUs.
+RACE_PKGS := ./internal/orchestrator/ ./internal/catalog/ ./internal/cluster/scheduler/ \
+	./internal/cluster/gateway/ ./internal/relay/ ./internal/storage/cache/ ./internal/dataplane/ \
+	./internal/storage/blockdev/ ./internal/network/
+race:
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
+
 # A real etcd and kube-apiserver for the Kubernetes tests (built once per machine; ~10 CPU-minutes cold;
 # a no-op when they exist). `make test` builds them first, so CI runs the Kubernetes tests.
 k8s-test-bins:
@@ -68,7 +82,7 @@ e2e: build
 fresh-check:
 	@scripts/fresh-check.sh
 
-test: deps check-generated lint build k8s-test-bins unit e2e fresh-check
+test: test-deps check-generated lint build k8s-test-bins unit race e2e fresh-check
 
 clean:
 	rm -rf $(BIN)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checks that a fresh Debian machine gets what the build needs from scripts/deps.sh: in a
 # throwaway copy of a minimal Debian root (debootstrap --variant=minbase, cached by
-# scripts/debian-root.sh) it runs scripts/deps.sh, then `go build ./...` and the generated-code
-# check. It catches a package deps.sh forgets (libprotobuf-dev was one) that a developer's
+# scripts/debian-root.sh) it runs scripts/deps.sh --test, then `go build ./...`, a build with
+# the race detector (cgo) and the generated-code check. It catches a package deps.sh forgets (libprotobuf-dev was one) that a developer's
 # machine happens to have.
 #
 # Everything it mounts lives in a private mount and PID namespace of its own, so the kernel
@@ -79,9 +79,11 @@ chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/go/bin:/usr/sbin:/usr/
   GOMODCACHE=/go/GOMODCACHE GOCACHE=/go/GOCACHE GOTOOLCHAIN=local CGO_ENABLED=0 \
   /bin/bash -euo pipefail -c '
     cd /src
-    scripts/deps.sh
+    scripts/deps.sh --test
     echo "fresh-check: go build ./..."
     go build ./...
+    echo "fresh-check: a race-detector build (cgo)"
+    CGO_ENABLED=1 go test -race -c -o /dev/null ./internal/relay
     echo "fresh-check: generated code"
     scripts/check-generated.sh
   '
