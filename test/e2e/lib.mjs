@@ -487,7 +487,7 @@ export async function leaderOf(c) {
  * bridge (testBridge), listening on its own address there; the scheduler listens on the
  * bridge and the gateway on loopback. With parallel the nodes start concurrently (faster on
  * a machine with spare cores; one at a time is gentler on a loaded one). Resolves to a cluster
- * {gateway, nodes, api(path, init), nodeOf(sandboxID), waitNodeState(node, state), stop()}
+ * {gateway, nodes, api(path, init), nodeOf(sandboxID), views(sandboxID), waitNodeState(node, state), stop()}
  * (with netns each node also has netns and ip) or {skip: reason} (stopped already) when a
  * node cannot run here. Give it to stop() in an after hook whatever happened (it is safe on
  * a partial cluster).
@@ -520,6 +520,18 @@ export async function startCluster({
       listed ??= n
     }
     return listed
+  }
+  // views is what each live node's own API says of sandbox id, for failure messages:
+  // "node-a: 200 paused, node-b: 404".
+  c.views = async (id) => {
+    const out = []
+    for (const n of c.nodes) {
+      if (n.proc.exitCode !== null || n.proc.signalCode !== null) continue
+      const r = await fetch(`${n.url}/sandboxes/${id}`, { headers: { 'x-api-key': apiKey } })
+      const body = await r.json().catch(() => null)
+      out.push(`${n.id}: ${r.status}${body?.state ? ' ' + body.state : ''}`)
+    }
+    return out.join(', ')
   }
   c.waitNodeState = async (node, state, timeoutMs = 30_000) => {
     const deadline = Date.now() + timeoutMs

@@ -79,7 +79,9 @@ async function drain(n, draining) {
 // pid at want and its files, and that envd takes the sandbox's token and no other.
 async function checkMoved(sbx, src, { pid, want, token, files }) {
   const dst = await cluster.nodeOf(sbx.sandboxId)
-  assert.ok(dst && dst !== src, `the sandbox is not on the other node (on ${dst?.id})`)
+  if (!dst || dst === src) {
+    assert.fail(`the sandbox is not on the other node (on ${dst?.id}; the nodes say ${await cluster.views(sbx.sandboxId)})`)
+  }
   assert.deepEqual(await poke(sbx, 1), { pid, value: want }, 'the counter process continued with its memory')
   for (const [path, content] of Object.entries(files)) assert.equal(await sbx.files.read(path), content)
   assert.equal(await envdStatus(sbx.sandboxId, token), 200)
