@@ -59,10 +59,12 @@ unit:
 
 # The race detector (cgo) over the packages whose state many goroutines share: the
 # orchestrator (its 64-way create/fork/kill test), the catalog's group commit, scheduler,
-# gateway, relay, block cache, data plane, block devices and the network pool. Not every
-# package: -race makes the storage and envd tests minutes long on 2 vCPUs.
+# gateway, relay, envd, block cache, layer stacks, node cache, data plane, block devices
+# and the network pool. Not every package: -race makes the LSMT and the backends' tests
+# many minutes long on 2 vCPUs.
 RACE_PKGS := ./internal/orchestrator/ ./internal/catalog/ ./internal/cluster/scheduler/ \
-	./internal/cluster/gateway/ ./internal/relay/ ./internal/storage/cache/ ./internal/dataplane/ \
+	./internal/cluster/gateway/ ./internal/relay/ ./internal/envd/ ./internal/storage/cache/ \
+	./internal/storage/stack/ ./internal/repository/nodecache/ ./internal/dataplane/ \
 	./internal/storage/blockdev/ ./internal/network/
 race:
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
