@@ -107,7 +107,7 @@ var notRun = []struct {
 }{
 	{"README.md", "make serve   # installs what is missing, builds, and runs `aenv serve` on 127.0.0.1:8000", false,
 		"runs a node in the foreground on port 8000; this test starts the node as its last step does (aenv serve --data-dir --envd --base-rootfs)"},
-	{"README.md", "make test    # installs what is missing, builds, runs unit, integration and SDK e2e tests", false,
+	{"README.md", "make test    # installs what is missing, builds, runs unit, integration, race-detector and SDK e2e tests", false,
 		"runs this test (and every other one)"},
 	{"getting-started.md", "make serve", false, "as README.md's make serve"},
 	{"cluster.md", "aenv scheduler --listen 10.0.0.5:9090", false,
