@@ -50,9 +50,16 @@ func testIsolation(t *testing.T, mode string) {
 
 	t.Run("processes", func(t *testing.T) {
 		e.sh(t, a, "sleep 4242 >/dev/null 2>&1 &")
-		out, _ := e.sh(t, a, "ps -o args")
-		if !strings.Contains(out, "sleep 4242") {
-			t.Fatalf("control: a does not see its own sleep: %s", out)
+		// The shell returns once it forked the sleep; on a loaded host the child may not
+		// have exec'd yet (ps then lists it as a second /bin/sh).
+		var out string
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if out, _ = e.sh(t, a, "ps -o args"); strings.Contains(out, "sleep 4242") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("control: a does not see its own sleep: %s", out)
+			}
 		}
 		out, _ = e.sh(t, b, "ps -o args; ls -d /proc/[0-9]*")
 		if strings.Contains(out, "4242") {
