@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/aenv-dev/aenv/internal/bench"
 )
 
@@ -61,14 +59,8 @@ func TestFirstCommandOnReusedAddress(t *testing.T) {
 	}
 	// The index is free again once the kernel has deleted the slot's veth with its
 	// namespace (network.Pool's reclaim), some milliseconds after the kill.
-	veth := strings.Replace(slot, "-", "h", 1)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := netlink.LinkByName(veth); err != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the killed sandbox's veth %s is still there after 10 s", veth)
-		}
+	if veth := strings.Replace(slot, "-", "h", 1); !linkGoes(veth, 10*time.Second) {
+		t.Fatalf("the killed sandbox's veth %s is still there after 10 s", veth)
 	}
 	// The freed index is the lowest free one, so the pool prepares it next; but under
 	// load the warm pools may already hold the next few slots, so allow for them.
