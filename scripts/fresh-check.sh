@@ -2,8 +2,8 @@
 # Checks that a fresh Debian machine gets what the build needs from scripts/deps.sh: in a
 # throwaway copy of a minimal Debian root (debootstrap --variant=minbase, cached by
 # scripts/debian-root.sh) it runs scripts/deps.sh --test, then `go build ./...`, a build with
-# the race detector (cgo) and the generated-code check. It catches a package deps.sh forgets (libprotobuf-dev was one) that a developer's
-# machine happens to have.
+# the race detector (cgo) and the generated-code check. It catches a package deps.sh forgets
+# (libprotobuf-dev was one) that a developer's machine happens to have.
 #
 # Everything it mounts lives in a private mount and PID namespace of its own, so the kernel
 # removes every mount, and every process started in the root, when the script ends, however
