@@ -38,15 +38,6 @@ const prefetchLimit = 32 << 20
 // launched first out).
 const maxWarmTemplates = 4
 
-// refillQuiet is how long after launches last overlapped the filler waits before growing
-// a pool beyond its floor (warm_containers). A burst's launches and their first commands
-// run in the ~0.3 s after it; refilled at once, the pool's new containers (runc, runc
-// init, envd: ~50 ms of CPU each) took half of this 2-vCPU host from them (fork 16 → all
-// answered 332 → 280 ms with the refill held back). Sequential launches never overlap, so
-// a steady stream of creates has the filler working all along, as it needs; the floor is
-// refilled at once either way.
-const refillQuiet = 200 * time.Millisecond
-
 // warmTrimInterval is how often the filler checks for pools larger than their template's
 // demand (a burst older than burstHold) and removes the extra containers.
 const warmTrimInterval = time.Minute
@@ -80,6 +71,8 @@ type warmPool struct {
 	// ran at once (see refillQuiet).
 	inflight   int
 	overlapped time.Time
+	ended      time.Time // when the last launch ended (see refillDefer)
+	short      time.Time // since when a pool has been short; zero when none is
 	seq        int
 	// preparing is the root key the filler is creating a container for, and prepared is
 	// closed once that container is in the pool or discarded (forget waits for it).
@@ -99,15 +92,6 @@ func newWarmPool(b *Backend, size, maxSize int) *warmPool {
 		prefetch: map[string][]string{},
 		wake:     make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{}),
 	}
-}
-
-// target is how many warm containers key's pool keeps now (w.mu held).
-func (w *warmPool) target(key string) int {
-	d := w.demand[key]
-	if d == nil {
-		return w.size
-	}
-	return d.size(w.now(), w.size, w.maxSize)
 }
 
 // take removes and returns a warm container of lower, or nil.
@@ -169,26 +153,6 @@ func (w *warmPool) want(lower string, root createOpts) {
 	w.kick()
 }
 
-// begin records a launch in progress until the returned function is called; launches
-// that overlap make a burst, which holds back the pools' growth (see refillQuiet).
-func (w *warmPool) begin() (end func()) {
-	w.mu.Lock()
-	w.inflight++
-	if w.inflight > 1 {
-		w.overlapped = w.now()
-	}
-	w.mu.Unlock()
-	return func() {
-		w.mu.Lock()
-		if w.inflight > 1 {
-			w.overlapped = w.now()
-		}
-		w.inflight--
-		w.mu.Unlock()
-		w.kick()
-	}
-}
-
 func (w *warmPool) kick() {
 	select {
 	case w.wake <- struct{}{}:
@@ -229,10 +193,12 @@ func (w *warmPool) loop() {
 		for {
 			lower, wait := w.needed(failed)
 			if wait > 0 {
-				// Only pools above their floor are short: try again once launches paused.
+				// No pool is empty: try again once launches paused, or at the next
+				// launch (which may empty one).
 				select {
 				case <-w.done:
 					return
+				case <-w.wake:
 				case <-time.After(wait):
 				}
 				continue
@@ -274,50 +240,6 @@ func (w *warmPool) fill(lower string) bool {
 		w.discard(inst)
 	}
 	return true
-}
-
-// needed returns a wanted template short of warm containers, or "". A pool below its
-// floor comes first; one that only lacks what a burst grew it to waits until launches
-// have not overlapped for refillQuiet: then needed returns "" and how long is left.
-// Roots in skip are passed over.
-func (w *warmPool) needed(skip map[string]bool) (string, time.Duration) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed {
-		return "", 0
-	}
-	grow := ""
-	for _, l := range w.wanted {
-		switch n := len(w.ready[l]); {
-		case skip[l]:
-		case n < w.size:
-			return l, 0
-		case n < w.target(l) && grow == "":
-			grow = l
-		}
-	}
-	if grow == "" {
-		return "", 0
-	}
-	if quiet := w.now().Sub(w.overlapped); quiet < refillQuiet {
-		return "", refillQuiet - quiet
-	}
-	return grow, 0
-}
-
-// excess removes from the pools the containers beyond their template's target (a burst's
-// that is now past) and returns them, to be discarded.
-func (w *warmPool) excess() []*Instance {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var out []*Instance
-	for l, q := range w.ready {
-		if n := w.target(l); len(q) > n {
-			out = append(out, q[n:]...)
-			w.ready[l] = q[:n:n]
-		}
-	}
-	return out
 }
 
 func (w *warmPool) isWanted(lower string) bool {

@@ -21,18 +21,21 @@ func TestWarmPoolSizedToBurst(t *testing.T) {
 	e := newTestBackend(t, func(c *Config) { c.WarmContainers, c.WarmContainersMax = 1, 3 })
 	ctx := context.Background()
 	// The pool's clock stands still, so however slow the host, the 4 launches are one
-	// burst (the pool grows to the cap, 3) until it is moved past burstHold.
+	// burst (the pool grows to the cap, 3) until it is moved past burstHold. It moves on by
+	// refillDefer after launches, the pause the refill waits for.
 	t0 := time.Now()
 	setClock(e.b.warm, t0)
 	for i := range 4 {
 		e.launch(t, fmt.Sprintf("burst%d", i), sandbox.Resources{MemoryMB: 64})
 	}
+	setClock(e.b.warm, t0.Add(refillDefer))
 	waitWarm(t, e.b, e.template, 3)
 
 	i := e.launch(t, "fromwarm", sandbox.Resources{MemoryMB: 64})
 	if !strings.HasPrefix(i.cid, "warm.") {
 		t.Fatalf("launch after the burst did not use a warm container (cid %s)", i.cid)
 	}
+	setClock(e.b.warm, t0.Add(2*refillDefer))
 	waitWarm(t, e.b, e.template, 3)
 
 	setClock(e.b.warm, t0.Add(burstHold+time.Second))
@@ -61,9 +64,9 @@ func setClock(w *warmPool, now time.Time) {
 	w.mu.Unlock()
 }
 
-// TestRefillWaitsForQuiet: the filler tops pools up to their floor at once, in the order
-// they were wanted, and grows them to their bursts' size only once launches stopped
-// overlapping for refillQuiet; launches one after the other never hold it back.
+// TestRefillWaitsForQuiet: the filler tops empty pools up at once, in the order they were
+// wanted, and grows them to their bursts' size only after a pause in launches
+// (refillDefer) and once launches stopped overlapping for refillQuiet.
 func TestRefillWaitsForQuiet(t *testing.T) {
 	t0 := time.Now()
 	w := newWarmPool(nil, 1, 4)
@@ -93,7 +96,10 @@ func TestRefillWaitsForQuiet(t *testing.T) {
 	}
 	check("both below the floor: the last wanted first", 0, map[string]int{}, want{"b", 0})
 	check("a below the floor", 0, map[string]int{"b": 1}, want{"a", 0})
-	check("a short of its burst, sequential launches", 0, map[string]int{"a": 1, "b": 1}, want{"a", 0})
+	check("a short of its burst, a launch just ended", 0, map[string]int{"a": 1, "b": 1}, want{"", refillDefer})
+	check("a short of its burst, sequential launches paused", refillDefer, map[string]int{"a": 1, "b": 1}, want{"a", 0})
+	w.short = time.Time{}
+	setClock(w, t0)
 
 	// Two launches at once, the second ending at t0.
 	end1 := w.begin()
@@ -111,6 +117,52 @@ func TestRefillWaitsForQuiet(t *testing.T) {
 	if key, _ := w.needed(map[string]bool{"b": true}); key != "a" {
 		t.Errorf("needed() with b failing = %q, want a", key)
 	}
+}
+
+// TestRefillDefersToLaunches: a pool below its floor but not empty is refilled after a
+// pause in launches (the launch's first command runs meanwhile), at most refillDefer
+// after it fell short; an empty one at once, even while a launch runs.
+func TestRefillDefersToLaunches(t *testing.T) {
+	t0 := time.Now()
+	w := newWarmPool(nil, 2, 2)
+	setClock(w, t0)
+	w.want("a", createOpts{lower: "/a"})
+	w.ready = map[string][]*Instance{"a": make([]*Instance, 2)}
+	at := func(d time.Duration) { setClock(w, t0.Add(d)) }
+	check := func(name, key string, wait time.Duration) {
+		t.Helper()
+		if k, d := w.needed(nil); k != key || d != wait {
+			t.Errorf("%s: needed() = %q, %v; want %q, %v", name, k, d, key, wait)
+		}
+	}
+	check("full", "", 0)
+
+	end := w.begin()
+	w.ready["a"] = w.ready["a"][1:] // the launch took one
+	check("a launch in flight", "", refillDefer)
+	at(30 * time.Millisecond)
+	end()
+	check("the launch just ended", "", refillDefer-30*time.Millisecond)
+	at(60 * time.Millisecond)
+	check("30 ms after it ended", "", refillDefer-60*time.Millisecond)
+	at(refillDefer)
+	check("refillDefer after it fell short", "a", 0)
+
+	// Launches that never pause hold the refill back no longer than refillDefer.
+	w.ready["a"] = make([]*Instance, 2)
+	check("full again", "", 0)
+	at(time.Second)
+	end = w.begin()
+	w.ready["a"] = w.ready["a"][1:]
+	check("fell short", "", refillDefer)
+	at(time.Second + refillDefer)
+	check("launching all along", "a", 0)
+	w.ready["a"] = nil
+	at(time.Second + refillDefer + time.Millisecond)
+	end()
+	end = w.begin()
+	check("empty, a launch in flight", "a", 0)
+	end()
 }
 
 // TestWantKeepsBlank: the least recently launched template goes beyond maxWarmTemplates;

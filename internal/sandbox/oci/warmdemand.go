@@ -39,3 +39,115 @@ func (d *demand) size(now time.Time, lo, hi int) int {
 	}
 	return min(n, hi)
 }
+
+// refillQuiet is how long after launches last overlapped the filler waits before growing
+// a pool beyond its floor (warm_containers). A burst's launches and their first commands
+// run in the ~0.3 s after it; refilled at once, the pool's new containers (runc, runc
+// init, envd: ~50 ms of CPU each) took half of this 2-vCPU host from them (fork 16 → all
+// answered 332 → 280 ms with the refill held back). Sequential launches never overlap, so
+// a steady stream of creates has the filler working all along, as it needs (after
+// refillDefer); an empty pool is refilled at once either way.
+const refillQuiet = 200 * time.Millisecond
+
+// refillDefer bounds how long a pool that is short but not empty waits for a pause in
+// launches before it is refilled: a launch's caller sends its first command in the next
+// few milliseconds, and a refill started at once (runc, runc init, envd: ~50 ms of CPU)
+// ran beside the launch and that command, taking half of this 2-vCPU host from them
+// (request → first command 41 → 14–20 ms of CPU). The filler waits while a launch runs
+// and until refillDefer after the last one ended, but no longer than refillDefer after the
+// pool fell short, so a stream of launches with no pause still has it working. An empty
+// pool refills at once: the next launch would otherwise find no warm container.
+const refillDefer = 100 * time.Millisecond
+
+// target is how many warm containers key's pool keeps now (w.mu held).
+func (w *warmPool) target(key string) int {
+	d := w.demand[key]
+	if d == nil {
+		return w.size
+	}
+	return d.size(w.now(), w.size, w.maxSize)
+}
+
+// begin records a launch in progress until the returned function is called; launches
+// that overlap make a burst, which holds back the pools' growth (see refillQuiet).
+func (w *warmPool) begin() (end func()) {
+	w.mu.Lock()
+	w.inflight++
+	if w.inflight > 1 {
+		w.overlapped = w.now()
+	}
+	w.mu.Unlock()
+	return func() {
+		w.mu.Lock()
+		w.ended = w.now()
+		if w.inflight > 1 {
+			w.overlapped = w.ended
+		}
+		w.inflight--
+		w.mu.Unlock()
+		w.kick()
+	}
+}
+
+// needed returns a wanted template short of warm containers, or "". An empty pool comes
+// first, at once; any other waits for a pause in launches (see refillDefer), and one that
+// only lacks what a burst grew it to (below its target, not its floor) also until
+// launches have not overlapped for refillQuiet. While one waits, needed returns "" and
+// how long is left. Roots in skip are passed over.
+func (w *warmPool) needed(skip map[string]bool) (string, time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return "", 0
+	}
+	low, grow := "", ""
+	for _, l := range w.wanted {
+		switch n := len(w.ready[l]); {
+		case skip[l]:
+		case n == 0 && w.size > 0:
+			return l, 0
+		case n < w.size && low == "":
+			low = l
+		case n < w.target(l) && grow == "":
+			grow = l
+		}
+	}
+	now := w.now()
+	if low == "" && grow == "" {
+		w.short = time.Time{}
+		return "", 0
+	}
+	if w.short.IsZero() {
+		w.short = now
+	}
+	if wait := refillDefer - now.Sub(w.short); wait > 0 {
+		if w.inflight > 0 {
+			return "", wait // or the launch's end wakes the filler
+		}
+		if pause := refillDefer - now.Sub(w.ended); pause > 0 {
+			return "", min(wait, pause)
+		}
+	}
+	if low != "" {
+		return low, 0
+	}
+	if quiet := now.Sub(w.overlapped); quiet < refillQuiet {
+		return "", refillQuiet - quiet
+	}
+	return grow, 0
+}
+
+// excess removes from the pools the containers beyond their template's target (a burst's
+// that is now past) and returns them, to be discarded.
+func (w *warmPool) excess() []*Instance {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*Instance
+	for l, q := range w.ready {
+		if n := w.target(l); len(q) > n {
+			out = append(out, q[n:]...)
+			w.ready[l] = q[:n:n]
+		}
+	}
+	return out
+}
