@@ -53,7 +53,7 @@ const refillQuiet = 200 * time.Millisecond
 // launches before it is refilled: a launch's caller sends its first command in the next
 // few milliseconds, and a refill started at once (runc, runc init, envd: ~50 ms of CPU)
 // ran beside the launch and that command, taking half of this 2-vCPU host from them
-// (request → first command 41 → 14–20 ms of CPU). The filler waits while a launch runs
+// (request → first command 25–26 → 14–15 ms of CPU). The filler waits while a launch runs
 // and until refillDefer after the last one ended, but no longer than refillDefer after the
 // pool fell short, so a stream of launches with no pause still has it working. An empty
 // pool refills at once: the next launch would otherwise find no warm container.
