@@ -66,7 +66,8 @@ func setClock(w *warmPool, now time.Time) {
 
 // TestRefillWaitsForQuiet: the filler tops empty pools up at once, in the order they were
 // wanted, and grows them to their bursts' size only after a pause in launches
-// (refillDefer) and once launches stopped overlapping for refillQuiet.
+// (refillDefer) and once launches stopped overlapping for refillQuiet. During a burst an
+// empty pool waits too, at most refillBurstMax after it fell short.
 func TestRefillWaitsForQuiet(t *testing.T) {
 	t0 := time.Now()
 	w := newWarmPool(nil, 1, 4)
@@ -106,11 +107,26 @@ func TestRefillWaitsForQuiet(t *testing.T) {
 	end2 := w.begin()
 	end1()
 	end2()
-	check("a below the floor during a burst", 10*time.Millisecond, map[string]int{"b": 1}, want{"a", 0})
+	check("a empty during a burst", 10*time.Millisecond, map[string]int{"b": 1}, want{"", refillQuiet - 10*time.Millisecond})
+	check("a empty, the burst over", refillQuiet, map[string]int{"b": 1}, want{"a", 0})
 	check("a short of its burst, 100 ms after the burst", 100*time.Millisecond, map[string]int{"a": 1, "b": 1}, want{"", refillQuiet - 100*time.Millisecond})
 	check("a short of its burst, the burst over", refillQuiet, map[string]int{"a": 1, "b": 1}, want{"a", 0})
 	check("all full", refillQuiet, map[string]int{"a": 3, "b": 1}, want{"", 0})
-	setClock(w, t0)
+
+	// Launches that never stop overlapping hold an empty pool back no longer than
+	// refillBurstMax after it fell short.
+	overlap := func(at time.Duration) {
+		setClock(w, t0.Add(at))
+		end1, end2 := w.begin(), w.begin()
+		end1()
+		end2()
+	}
+	overlap(time.Second)
+	check("a empty, launches overlapping", time.Second, map[string]int{"b": 1}, want{"", refillQuiet})
+	overlap(time.Second + refillBurstMax)
+	check("a empty, launches overlapping all along", time.Second+refillBurstMax, map[string]int{"b": 1}, want{"a", 0})
+
+	setClock(w, t0.Add(10*time.Second))
 	w.mu.Lock()
 	w.ready = map[string][]*Instance{}
 	w.mu.Unlock()

@@ -1,6 +1,9 @@
 package oci
 
-import "time"
+import (
+	"cmp"
+	"time"
+)
 
 // burstWindow: launches of one template that follow each other within this long count as
 // one burst (a batch of rollouts asks for its sandboxes at once; a loop of sequential
@@ -59,6 +62,13 @@ const refillQuiet = 200 * time.Millisecond
 // pool refills at once: the next launch would otherwise find no warm container.
 const refillDefer = 100 * time.Millisecond
 
+// refillBurstMax bounds how long a pool that a burst emptied, or took below its floor,
+// waits for the burst to end. A burst's first commands run in the ~0.3 s after its
+// launches; a refill started when the pool ran dry (runc, runc init, envd: ~50 ms of CPU
+// per container) ran beside them. The bound keeps a load of launches that never stops
+// overlapping from starving the pool.
+const refillBurstMax = 300 * time.Millisecond
+
 // target is how many warm containers key's pool keeps now (w.mu held).
 func (w *warmPool) target(key string) int {
 	d := w.demand[key]
@@ -89,23 +99,26 @@ func (w *warmPool) begin() (end func()) {
 	}
 }
 
-// needed returns a wanted template short of warm containers, or "". An empty pool comes
-// first, at once; any other waits for a pause in launches (see refillDefer), and one that
-// only lacks what a burst grew it to (below its target, not its floor) also until
-// launches have not overlapped for refillQuiet. While one waits, needed returns "" and
-// how long is left. Roots in skip are passed over.
+// needed returns a wanted template short of warm containers, or "". Outside a burst an
+// empty pool comes first, at once; any other waits for a pause in launches (see
+// refillDefer), and one that only lacks what a burst grew it to (below its target, not its
+// floor) also until launches have not overlapped for refillQuiet. During a burst even an
+// empty pool waits, at most refillBurstMax after the pools fell short (see there). While
+// one waits, needed returns "" and how long is left. Roots in skip are passed over.
 func (w *warmPool) needed(skip map[string]bool) (string, time.Duration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
 		return "", 0
 	}
-	low, grow := "", ""
+	empty, low, grow := "", "", ""
 	for _, l := range w.wanted {
 		switch n := len(w.ready[l]); {
 		case skip[l]:
 		case n == 0 && w.size > 0:
-			return l, 0
+			if empty == "" {
+				empty = l
+			}
 		case n < w.size && low == "":
 			low = l
 		case n < w.target(l) && grow == "":
@@ -113,12 +126,25 @@ func (w *warmPool) needed(skip map[string]bool) (string, time.Duration) {
 		}
 	}
 	now := w.now()
-	if low == "" && grow == "" {
+	if empty == "" && low == "" && grow == "" {
 		w.short = time.Time{}
 		return "", 0
 	}
 	if w.short.IsZero() {
 		w.short = now
+	}
+	quiet := now.Sub(w.overlapped)
+	if quiet < refillQuiet {
+		if empty == "" && low == "" {
+			return "", refillQuiet - quiet
+		}
+		if wait := min(refillQuiet-quiet, refillBurstMax-now.Sub(w.short)); wait > 0 {
+			return "", wait
+		}
+		return cmp.Or(empty, low), 0
+	}
+	if empty != "" {
+		return empty, 0
 	}
 	if wait := refillDefer - now.Sub(w.short); wait > 0 {
 		if w.inflight > 0 {
@@ -130,9 +156,6 @@ func (w *warmPool) needed(skip map[string]bool) (string, time.Duration) {
 	}
 	if low != "" {
 		return low, 0
-	}
-	if quiet := now.Sub(w.overlapped); quiet < refillQuiet {
-		return "", refillQuiet - quiet
 	}
 	return grow, 0
 }
