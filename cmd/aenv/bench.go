@@ -75,6 +75,9 @@ func newBenchCmd() *cobra.Command {
 			if co.Gap < 0 || (co.Gap > 0 && sdkScript != "") {
 				return fmt.Errorf("--gap %v: want a positive duration, and no --sdk-script (its runs take none)", co.Gap)
 			}
+			if co.Hold && sdkScript != "" {
+				return errors.New("--hold: REST runs only (the SDK script kills each sandbox after its command); drop --sdk-script")
+			}
 			co.CPU, err = cpuf.meter(cmd, base)
 			if err != nil {
 				return err
@@ -131,6 +134,7 @@ func newBenchCmd() *cobra.Command {
 	cf.IntVar(&co.Warmup, "warmup", 2, "unmeasured sandboxes before each run (fills the node's warm pools)")
 	cf.StringVar(&co.Command, "command", "true", "the first command")
 	cf.DurationVar(&co.Gap, "gap", 0, "pause after each sandbox's kill (REST runs): the node's refill and teardown run between sandboxes, so cpu→cmd is the request's own")
+	cf.BoolVar(&co.Hold, "hold", false, "keep each run's sandboxes until all of them answered, then kill them (a batch of rollouts); by default each is killed after its command, beside the run's other creates")
 	cf.StringVar(&sdkScript, "sdk-script", "", "also measure through the E2B JS SDK with this script (test/e2e/bench.mjs)")
 	cf.StringVar(&node, "node", "node", "node binary for --sdk-script")
 	cf.StringVarP(&createOut, "output", "o", "", "table or json (default: table on a terminal, json otherwise)")

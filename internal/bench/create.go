@@ -30,10 +30,49 @@ type CreateOptions struct {
 	// teardown) then runs between sandboxes rather than during the next one, so a
 	// sequential run's CPUToAnswer is the request's own. Rate and Wall count the gaps.
 	Gap time.Duration
+	// Hold keeps every sandbox of a run until all of them have answered, then kills them
+	// (not timed), as a batch of rollouts does: without it each is killed after its
+	// command, and those kills run beside the run's other creates.
+	Hold bool
 	// Progress, when set, is called after each measured sandbox.
 	Progress func(done, total int)
 	// CPU, when set, measures the CPU the node's machine spends per sandbox.
 	CPU *CPUMeter
+}
+
+// heldSandboxes collects a Hold run's sandboxes.
+type heldSandboxes struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (h *heldSandboxes) add(id string) {
+	h.mu.Lock()
+	h.ids = append(h.ids, id)
+	h.mu.Unlock()
+}
+
+// kill kills the held sandboxes, conc at a time, and returns the first failure.
+func (h *heldSandboxes) kill(ctx context.Context, c *Client, conc int) error {
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	sem := make(chan struct{}, conc)
+	for _, id := range h.ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := killDetached(ctx, c, id); err != nil {
+				once.Do(func() { first = err })
+			}
+		}()
+	}
+	wg.Wait()
+	return first
 }
 
 // maxErrors bounds how many distinct failure messages a Result keeps.
@@ -116,7 +155,7 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 		if tries >= 3*o.Warmup {
 			return Result{}, fmt.Errorf("bench: warm-up: %d sandboxes failed, the last: %s", tries, warmErrs[len(warmErrs)-1])
 		}
-		if s := createAndRun(ctx, c, o, nil); s.err != nil {
+		if s := createAndRun(ctx, c, o, nil, nil); s.err != nil {
 			warmErrs = append(warmErrs, s.err.Error())
 		} else {
 			ok++
@@ -130,6 +169,13 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 	if o.Concurrency == 1 {
 		phases = newCPUPhases(o.CPU)
 	}
+	var (
+		held heldSandboxes
+		keep func(string)
+	)
+	if o.Hold {
+		keep = held.add
+	}
 	start := time.Now()
 	for range min(o.Concurrency, o.N) {
 		wg.Add(1)
@@ -140,7 +186,7 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 				if i >= o.N || ctx.Err() != nil {
 					return
 				}
-				samples[i] = createAndRun(ctx, c, o, phases)
+				samples[i] = createAndRun(ctx, c, o, phases, keep)
 				if o.Progress != nil {
 					o.Progress(int(done.Add(1)), o.N)
 				}
@@ -155,10 +201,14 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 	}
 	wg.Wait()
 	wall := time.Since(start)
+	kerr := held.kill(ctx, c, o.Concurrency)
 	if err := ctx.Err(); err != nil {
 		return Result{}, fmt.Errorf("bench: %w", err)
 	}
 	r := summarizeRun("rest", o.Concurrency, samples, wall)
+	if kerr != nil {
+		r.Errors = addError(r.Errors, "kill: "+kerr.Error())
+	}
 	r.CPU, r.CPUToAnswer = cpu.end(ctx, o.N), phases.cost("answer", o.N)
 	r.WarmupFailures = len(warmErrs)
 	for _, e := range warmErrs {
@@ -169,9 +219,9 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 	return r, nil
 }
 
-// createAndRun measures one sandbox and kills it; phases (sequential runs) gets the CPU
-// of request → first command answered as "answer".
-func createAndRun(ctx context.Context, c *Client, o CreateOptions, phases *cpuPhases) sample {
+// createAndRun measures one sandbox and kills it, or hands it to keep when set; phases
+// (sequential runs) gets the CPU of request → first command answered as "answer".
+func createAndRun(ctx context.Context, c *Client, o CreateOptions, phases *cpuPhases, keep func(id string)) sample {
 	phases.start()
 	var hm httpMarks
 	if o.Concurrency == 1 {
@@ -190,7 +240,9 @@ func createAndRun(ctx context.Context, c *Client, o CreateOptions, phases *cpuPh
 	if err == nil && res.ExitCode != 0 {
 		err = fmt.Errorf("%q in %s exited with %d: %s", o.Command, sb.ID, res.ExitCode, res.Stderr)
 	}
-	if kerr := killDetached(ctx, c, sb.ID); kerr != nil {
+	if keep != nil {
+		keep(sb.ID)
+	} else if kerr := killDetached(ctx, c, sb.ID); kerr != nil {
 		err = errors.Join(err, kerr)
 	}
 	return sample{create: t1.Sub(t0), command: t2.Sub(t1), client: hm.client(t0), err: err}

@@ -367,3 +367,34 @@ func TestRunCreateGap(t *testing.T) {
 		t.Fatal("a negative gap was accepted")
 	}
 }
+
+// A held run keeps every sandbox until all of them answered, then kills them all; without
+// Hold each is killed before its worker reports it done, so at most the other worker's is
+// alive then.
+func TestRunCreateHold(t *testing.T) {
+	for _, hold := range []bool{false, true} {
+		n := newFakeNode(t)
+		c := NewClient(n.url, "key", 2)
+		peak := 0
+		o := CreateOptions{Template: "base", N: 5, Concurrency: 2, Hold: hold, Progress: func(int, int) {
+			n.mu.Lock()
+			peak = max(peak, len(n.live))
+			n.mu.Unlock()
+		}}
+		r, err := RunCreate(t.Context(), c, o)
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.mu.Lock()
+		left := len(n.live)
+		n.mu.Unlock()
+		want := 1
+		if hold {
+			want = 5
+		}
+		if r.Failures != 0 || r.Total.N != 5 || left != 0 || peak > want || hold && peak != want {
+			t.Errorf("hold %v: %d failures, %d samples, %d alive at most (want %d), %d left", hold, r.Failures, r.Total.N, peak, want, left)
+		}
+	}
+}
