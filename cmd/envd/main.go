@@ -130,6 +130,9 @@ func run() error {
 	if *idleTrim > 0 {
 		srv.TrimWhenIdle(*idleTrim, int64(*trimMin)<<10)
 	}
+	// A warm container's envd waits here to be claimed: what the first command would
+	// initialise lazily is done now, beside the node's readiness check.
+	go envd.Warm()
 
 	errc := make(chan error, len(listeners))
 	for _, l := range listeners {
