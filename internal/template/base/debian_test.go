@@ -94,6 +94,46 @@ func TestConfigureDebian(t *testing.T) {
 	if err != nil || string(out) != "user\nC.UTF-8\n" {
 		t.Errorf("su user: %v: %q", err, out)
 	}
+	// The login shells' PATHs are Debian's, root's with the sbin directories, and come
+	// without running id(1): the test takes it away.
+	if err := os.Rename(filepath.Join(root, "usr/bin/id"), filepath.Join(root, "usr/bin/id.gone")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ spec, home, path string }{
+		{"0:0", "/root", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		{"1000:1000", "/home/user", "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"},
+	} {
+		out, err := exec.Command("chroot", "--userspec="+c.spec, root, "env", "-i", "HOME="+c.home,
+			"/bin/bash", "-l", "-c", "echo $PATH").CombinedOutput()
+		if err != nil || string(out) != c.path+"\n" {
+			t.Errorf("login shell as %s: %v: %q, want PATH %s", c.spec, err, out, c.path)
+		}
+	}
+}
+
+// loginWithoutID rewrites Debian's check of the user's id and nothing else.
+func TestLoginWithoutID(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ name, in, want string }{
+		{"debian", "if [ \"$(id -u)\" -eq 0 ]; then\n  PATH=a\nfi\n    if [ \"$(id -u)\" -eq 0 ]; then\n",
+			"if [ \"${EUID:-$(id -u)}\" -eq 0 ]; then\n  PATH=a\nfi\n    if [ \"${EUID:-$(id -u)}\" -eq 0 ]; then\n"},
+		{"no check", "export PATH=/bin\n", "export PATH=/bin\n"},
+		{"other id use", "ID=$(id -un)\n", "ID=$(id -un)\n"},
+	} {
+		p := filepath.Join(dir, c.name)
+		if err := os.WriteFile(p, []byte(c.in), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := loginWithoutID(p); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if b, _ := os.ReadFile(p); string(b) != c.want {
+			t.Errorf("%s: %q, want %q", c.name, b, c.want)
+		}
+	}
+	if err := loginWithoutID(filepath.Join(dir, "missing")); err == nil {
+		t.Error("a missing profile: no error")
+	}
 }
 
 // A mirror that cannot be reached: a clear error naming it, nothing left at Out or beside
