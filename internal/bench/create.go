@@ -40,39 +40,16 @@ type CreateOptions struct {
 	CPU *CPUMeter
 }
 
-// heldSandboxes collects a Hold run's sandboxes.
+// heldSandboxes collects a Hold run's sandboxes, for killAll once the run is measured.
 type heldSandboxes struct {
 	mu  sync.Mutex
-	ids []string
+	sbs []Sandbox
 }
 
-func (h *heldSandboxes) add(id string) {
+func (h *heldSandboxes) add(sb Sandbox) {
 	h.mu.Lock()
-	h.ids = append(h.ids, id)
+	h.sbs = append(h.sbs, sb)
 	h.mu.Unlock()
-}
-
-// kill kills the held sandboxes, conc at a time, and returns the first failure.
-func (h *heldSandboxes) kill(ctx context.Context, c *Client, conc int) error {
-	var (
-		wg    sync.WaitGroup
-		once  sync.Once
-		first error
-	)
-	sem := make(chan struct{}, conc)
-	for _, id := range h.ids {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := killDetached(ctx, c, id); err != nil {
-				once.Do(func() { first = err })
-			}
-		}()
-	}
-	wg.Wait()
-	return first
 }
 
 // maxErrors bounds how many distinct failure messages a Result keeps.
@@ -171,7 +148,7 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 	}
 	var (
 		held heldSandboxes
-		keep func(string)
+		keep func(Sandbox)
 	)
 	if o.Hold {
 		keep = held.add
@@ -201,13 +178,13 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 	}
 	wg.Wait()
 	wall := time.Since(start)
-	kerr := held.kill(ctx, c, o.Concurrency)
+	_, kerr := killAll(context.WithoutCancel(ctx), c, held.sbs, o.Concurrency, func(int, int) {})
 	if err := ctx.Err(); err != nil {
 		return Result{}, fmt.Errorf("bench: %w", err)
 	}
 	r := summarizeRun("rest", o.Concurrency, samples, wall)
-	if kerr != nil {
-		r.Errors = addError(r.Errors, "kill: "+kerr.Error())
+	if kerr != "" {
+		r.Errors = addError(r.Errors, "kill: "+kerr)
 	}
 	r.CPU, r.CPUToAnswer = cpu.end(ctx, o.N), phases.cost("answer", o.N)
 	r.WarmupFailures = len(warmErrs)
@@ -221,7 +198,7 @@ func RunCreate(ctx context.Context, c *Client, o CreateOptions) (Result, error) 
 
 // createAndRun measures one sandbox and kills it, or hands it to keep when set; phases
 // (sequential runs) gets the CPU of request → first command answered as "answer".
-func createAndRun(ctx context.Context, c *Client, o CreateOptions, phases *cpuPhases, keep func(id string)) sample {
+func createAndRun(ctx context.Context, c *Client, o CreateOptions, phases *cpuPhases, keep func(Sandbox)) sample {
 	phases.start()
 	var hm httpMarks
 	if o.Concurrency == 1 {
@@ -241,7 +218,7 @@ func createAndRun(ctx context.Context, c *Client, o CreateOptions, phases *cpuPh
 		err = fmt.Errorf("%q in %s exited with %d: %s", o.Command, sb.ID, res.ExitCode, res.Stderr)
 	}
 	if keep != nil {
-		keep(sb.ID)
+		keep(sb)
 	} else if kerr := killDetached(ctx, c, sb.ID); kerr != nil {
 		err = errors.Join(err, kerr)
 	}
