@@ -19,12 +19,19 @@ import (
 // needs are warmed (those Start's request and stream reach): tables for messages that are
 // never used would cost each idle sandbox memory for nothing.
 func Warm() {
+	warmStart()
+	var req InitRequest
+	_ = json.Unmarshal([]byte(`{"envVars":{"K":"v"},"accessToken":"t","timestamp":"2006-01-02T15:04:05Z","defaultUser":"u","defaultWorkdir":"/"}`), &req)
+}
+
+// warmStart builds the coding tables of the messages Process.Start's request and stream
+// reach and returns their names.
+func warmStart() map[protoreflect.FullName]bool {
 	seen := map[protoreflect.FullName]bool{}
 	for _, m := range []proto.Message{&process.StartRequest{}, &process.StartResponse{}} {
 		warmMessage(m.ProtoReflect().Descriptor(), seen)
 	}
-	var req InitRequest
-	_ = json.Unmarshal([]byte(`{"envVars":{"K":"v"},"accessToken":"t","timestamp":"2006-01-02T15:04:05Z","defaultUser":"u","defaultWorkdir":"/"}`), &req)
+	return seen
 }
 
 // warmMessage builds the coding tables of md and of the messages its fields hold (map

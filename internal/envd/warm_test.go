@@ -3,19 +3,13 @@ package envd
 import (
 	"testing"
 
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-
-	"github.com/aenv-dev/aenv/internal/envd/gen/process"
 )
 
 // Warm reaches the messages of a command's request and stream, nested ones included, and
 // no other.
 func TestWarmReachesStartMessages(t *testing.T) {
-	seen := map[protoreflect.FullName]bool{}
-	for _, m := range []proto.Message{&process.StartRequest{}, &process.StartResponse{}} {
-		warmMessage(m.ProtoReflect().Descriptor(), seen)
-	}
+	seen := warmStart()
 	for _, want := range []protoreflect.FullName{"process.ProcessConfig", "process.PTY.Size", "process.ProcessEvent", "process.ProcessEvent.DataEvent", "process.ProcessEvent.EndEvent", "process.ProcessEvent.KeepAlive"} {
 		if !seen[want] {
 			t.Errorf("%s not warmed (warmed: %v)", want, seen)
