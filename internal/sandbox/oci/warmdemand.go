@@ -59,7 +59,8 @@ const refillQuiet = 200 * time.Millisecond
 // (request → first command 25–26 → 14–15 ms of CPU). The filler waits while a launch runs
 // and until refillDefer after the last one ended, but no longer than refillDefer after the
 // pool fell short, so a stream of launches with no pause still has it working. An empty
-// pool refills at once: the next launch would otherwise find no warm container.
+// pool refills at once outside a burst (see refillBurstMax): the next launch would
+// otherwise find no warm container.
 const refillDefer = 100 * time.Millisecond
 
 // refillBurstMax bounds how long a pool that a burst emptied, or took below its floor,
