@@ -23,6 +23,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/envd/identity"
 	"github.com/aenv-dev/aenv/internal/envd/reaper"
 	"github.com/aenv-dev/aenv/internal/envd/state"
+	"github.com/aenv-dev/aenv/internal/lazygc"
 )
 
 func main() {
@@ -55,7 +56,7 @@ func run() error {
 		fmt.Println(envd.Version)
 		return nil
 	}
-	envd.NewLazyGC(int64(*gcLimit) << 20)
+	lazygc.New(int64(*gcLimit) << 20)
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug

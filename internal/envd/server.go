@@ -105,7 +105,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // for interval), so that an idle sandbox keeps a small RSS. It returns a func that stops it.
 //
 // A trim is a full collection, and an envd's first one leaves about 1.1 MiB of the
-// collector's own memory resident (see LazyGC), so it trims only when the heap's objects,
+// collector's own memory resident (see lazygc), so it trims only when the heap's objects,
 // live or garbage, grew by at least minGrowth bytes since the last trim (or the start): a
 // burst that left less garbage than that would cost more than it returns. 0: after every
 // burst. Between bursts it holds no timer (see idleTrimmer).

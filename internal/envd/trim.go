@@ -2,6 +2,7 @@ package envd
 
 import (
 	"runtime/debug"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -90,4 +91,14 @@ func (t *idleTrimmer) stop() {
 	if t.timer != nil {
 		t.timer.Stop()
 	}
+}
+
+// heapObjects is the bytes of heap objects, live or not yet collected.
+func heapObjects() int64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return int64(s[0].Value.Uint64())
 }

@@ -1,6 +1,11 @@
 package envd
 
 import (
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"runtime/debug"
+	"runtime/metrics"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -75,5 +80,53 @@ func TestIdleTrimmerStop(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if n := trims.Load(); n != 0 {
 		t.Fatalf("%d trims after stop, want 0", n)
+	}
+}
+
+// restoreGC puts Go's default collector back after a test that changed it.
+func restoreGC(t *testing.T) {
+	t.Cleanup(func() {
+		debug.SetGCPercent(100)
+		debug.SetMemoryLimit(math.MaxInt64)
+	})
+}
+
+func gcCycles() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+var sink []byte
+
+func TestTrimWhenIdleMinGrowth(t *testing.T) {
+	restoreGC(t)
+	debug.SetGCPercent(-1) // only TrimWhenIdle collects
+	for _, tc := range []struct {
+		name      string
+		minGrowth int64
+		garbage   int
+		trims     bool
+	}{
+		{"every burst", 0, 0, true},
+		{"less garbage than the minimum", 64 << 20, 1 << 20, false},
+		{"more garbage than the minimum", 1 << 20, 4 << 20, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := New(Config{})
+			t.Cleanup(s.Close)
+			stop := s.TrimWhenIdle(20*time.Millisecond, tc.minGrowth)
+			for i := 0; i < tc.garbage/4096; i++ {
+				sink = make([]byte, 4096)
+			}
+			sink = nil
+			before := gcCycles()
+			s.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/health", nil)) // a burst...
+			time.Sleep(200 * time.Millisecond)                                                       // ...then quiet for several intervals
+			stop()
+			if trimmed := gcCycles() > before; trimmed != tc.trims {
+				t.Fatalf("trimmed %v, want %v", trimmed, tc.trims)
+			}
+		})
 	}
 }

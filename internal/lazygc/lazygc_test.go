@@ -1,12 +1,9 @@
-package envd
+package lazygc
 
 import (
 	"math"
-	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"runtime/debug"
-	"runtime/metrics"
 	"testing"
 	"time"
 )
@@ -25,14 +22,8 @@ func gcSettings() (percent int, limit int64) {
 	return percent, debug.SetMemoryLimit(-1) // a negative limit only reads it
 }
 
-func gcCycles() uint64 {
-	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
-}
-
 // waitNormal runs collections until the hook has seen one and says want.
-func waitNormal(t *testing.T, g *LazyGC, want bool) {
+func waitNormal(t *testing.T, g *GC, want bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for g.Normal() != want {
@@ -48,13 +39,13 @@ var sink []byte
 
 func TestLazyGC(t *testing.T) {
 	restoreGC(t)
-	if NewLazyGC(0) != nil {
-		t.Fatal("NewLazyGC(0) is not nil: it must leave Go's default collector")
+	if New(0) != nil {
+		t.Fatal("New(0) is not nil: it must leave Go's default collector")
 	}
 	const limit = 32 << 20
-	g := NewLazyGC(limit)
+	g := New(limit)
 	if p, l := gcSettings(); p != -1 || l != limit {
-		t.Fatalf("after NewLazyGC: GOGC %d, limit %d; want off and %d", p, l, limit)
+		t.Fatalf("after New: GOGC %d, limit %d; want off and %d", p, l, limit)
 	}
 	// A live heap above a quarter of the limit: the default collector, no limit.
 	sink = make([]byte, limit/2)
@@ -74,37 +65,5 @@ func TestLazyGC(t *testing.T) {
 	g.Close()
 	if p, _ := gcSettings(); p != 100 {
 		t.Fatalf("after Close: GOGC %d, want 100", p)
-	}
-}
-
-func TestTrimWhenIdleMinGrowth(t *testing.T) {
-	restoreGC(t)
-	debug.SetGCPercent(-1) // only TrimWhenIdle collects
-	for _, tc := range []struct {
-		name      string
-		minGrowth int64
-		garbage   int
-		trims     bool
-	}{
-		{"every burst", 0, 0, true},
-		{"less garbage than the minimum", 64 << 20, 1 << 20, false},
-		{"more garbage than the minimum", 1 << 20, 4 << 20, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s := New(Config{})
-			t.Cleanup(s.Close)
-			stop := s.TrimWhenIdle(20*time.Millisecond, tc.minGrowth)
-			for i := 0; i < tc.garbage/4096; i++ {
-				sink = make([]byte, 4096)
-			}
-			sink = nil
-			before := gcCycles()
-			s.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/health", nil)) // a burst...
-			time.Sleep(200 * time.Millisecond)                                                       // ...then quiet for several intervals
-			stop()
-			if trimmed := gcCycles() > before; trimmed != tc.trims {
-				t.Fatalf("trimmed %v, want %v", trimmed, tc.trims)
-			}
-		})
 	}
 }

@@ -1,4 +1,10 @@
-package envd
+// Package lazygc runs Go's garbage collector only when there is something worth
+// collecting: off until the runtime's memory reaches a floor, and Go's default collector
+// while the live heap is large. For processes whose heap is small and whose garbage comes
+// in bursts: envd in a container, where an idle one is what a node holds by the thousand
+// and a collection leaves memory resident, and the node, whose few MiB of live heap made
+// the default collector run every few MiB of allocation, twice per fork of 16.
+package lazygc
 
 import (
 	"math"
@@ -8,19 +14,17 @@ import (
 	"sync"
 )
 
-// LazyGC makes the Go collector run only when there is something to collect, for envd in a
-// container, where every sandbox's envd is its own process and an idle one is what a node
-// holds by the thousand. Go's default collector runs at least every two minutes (the
-// runtime forces a cycle when none ran for that long), and an envd's first cycle leaves
-// about 1.1 MiB resident that an envd that never collected does not have: mark bits, work
-// buffers, the mark workers' stacks, metadata the sweep touches. So collection is off
-// until the runtime's memory reaches limit (a soft memory limit), and TrimWhenIdle
-// collects once a burst of requests left enough garbage to be worth it.
+// GC is the policy installed by New. Go's default collector runs at least every two
+// minutes (the runtime forces a cycle when none ran for that long) and whenever the heap
+// doubled; with GC, collection is off until the runtime's memory reaches limit (a soft
+// memory limit). An envd's first cycle leaves about 1.1 MiB resident that an envd that
+// never collected does not have (mark bits, work buffers, the mark workers' stacks,
+// metadata the sweep touches).
 //
 // A live heap near limit would make the runtime collect over and over, so a hook after
 // every cycle switches to Go's default collector (GOGC=100, no limit) while the live heap
 // is more than a quarter of limit, and back once it falls under an eighth.
-type LazyGC struct {
+type GC struct {
 	limit int64
 
 	mu     sync.Mutex
@@ -28,25 +32,25 @@ type LazyGC struct {
 	closed bool
 }
 
-// NewLazyGC turns collection off until the runtime's memory reaches limit bytes and
-// installs the hook. limit <= 0 returns nil: Go's default collector.
-func NewLazyGC(limit int64) *LazyGC {
+// New turns collection off until the runtime's memory reaches limit bytes and installs
+// the hook. limit <= 0 returns nil: Go's default collector.
+func New(limit int64) *GC {
 	if limit <= 0 {
 		return nil
 	}
-	g := &LazyGC{limit: limit}
+	g := &GC{limit: limit}
 	g.apply(false)
 	g.arm()
 	return g
 }
 
 // arm makes afterGC run once the next cycle has found a fresh sentinel unreachable.
-func (g *LazyGC) arm() {
+func (g *GC) arm() {
 	s := new([16]byte) // large enough not to be a tiny allocation (those share finalizers)
 	runtime.SetFinalizer(s, func(*[16]byte) { g.afterGC() })
 }
 
-func (g *LazyGC) afterGC() {
+func (g *GC) afterGC() {
 	live := liveHeap()
 	g.mu.Lock()
 	if g.closed {
@@ -64,7 +68,7 @@ func (g *LazyGC) afterGC() {
 }
 
 // apply sets the collector: the default one (normal) or off until the limit.
-func (g *LazyGC) apply(normal bool) {
+func (g *GC) apply(normal bool) {
 	g.normal = normal
 	if normal {
 		debug.SetMemoryLimit(math.MaxInt64)
@@ -76,7 +80,7 @@ func (g *LazyGC) apply(normal bool) {
 }
 
 // Close restores Go's default collector and removes the hook (at its next cycle).
-func (g *LazyGC) Close() {
+func (g *GC) Close() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.closed = true
@@ -84,7 +88,7 @@ func (g *LazyGC) Close() {
 }
 
 // Normal reports whether the default collector is in use (the live heap was large).
-func (g *LazyGC) Normal() bool {
+func (g *GC) Normal() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.normal
@@ -93,16 +97,6 @@ func (g *LazyGC) Normal() bool {
 // liveHeap is the heap the last cycle found live (0 before the first).
 func liveHeap() int64 {
 	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
-		return 0
-	}
-	return int64(s[0].Value.Uint64())
-}
-
-// heapObjects is the bytes of heap objects, live or not yet collected.
-func heapObjects() int64 {
-	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
 	metrics.Read(s)
 	if s[0].Value.Kind() != metrics.KindUint64 {
 		return 0
