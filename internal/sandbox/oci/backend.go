@@ -244,6 +244,8 @@ type Backend struct {
 	log       *slog.Logger
 	// usernsFDs are the user namespaces id-mapped mounts are made for.
 	usernsFDs *usernsCache
+	// nsThreads reroots blank containers (nil: each on a thread of its own).
+	nsThreads *nsThreads
 	// lowers are the shared lowers of overlay roots (sharedlower.go).
 	lowers *rootfs.Lowers
 
@@ -328,6 +330,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	b.rt.ns = newLaunchNS(cfg.DataDir, network.NetnsDir, []string{cfg.EnvdPath, cfg.ResolvConf}, b.log)
 	b.warm = newWarmPool(b, max(cfg.WarmContainers, 0), cfg.WarmContainersMax)
 	b.lowers = rootfs.NewLowers(b.lowersDir(), b.diskOpener(), cfg.LayerResolver)
+	if b.nsThreads, err = newNSThreads(b.log); err != nil {
+		b.log.Warn("oci: blank containers are rerooted each on a thread of its own", "err", err)
+	}
 	b.log.Info("oci backend ready", append([]any{"runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2,
 		"uid_base", cfg.UIDBase, "uid_ranges", cfg.UIDRanges, "overlay_roots", cfg.OverlayRoots}, laps.Attrs()...)...)
 	return b, nil
@@ -360,6 +365,9 @@ func (b *Backend) Capabilities() sandbox.Capabilities {
 // bind onto itself goes too.
 func (b *Backend) Close(ctx context.Context) error {
 	err := errors.Join(b.waitTeardowns(ctx), b.warm.close(ctx), b.pool.Close(ctx), b.usernsFDs.close())
+	if b.nsThreads != nil {
+		b.nsThreads.close()
+	}
 	return errors.Join(err, b.rt.ns.release())
 }
 

@@ -110,9 +110,10 @@ func onDiscardedThread(fn func() error) error {
 }
 
 // joinMountNS moves the calling thread into the mount namespace of process pid, at its
-// root. Only for a thread that onDiscardedThread throws away afterwards: setns into a
-// mount namespace needs a thread whose root and working directory are its own (Go's
-// threads share them), and the thread can never come back.
+// root. Only for a thread that onDiscardedThread throws away afterwards or one of
+// nsThreads, which brings it back: setns into a mount namespace needs a thread whose root
+// and working directory are its own (Go's threads share them), so no other goroutine may
+// run on it again.
 func joinMountNS(pid int) error {
 	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {

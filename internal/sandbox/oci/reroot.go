@@ -125,9 +125,17 @@ func checkMountPoints(dir string, resolvConf bool) ([]string, error) {
 // reroot moves the mount namespace of the container whose init is pid from the blank
 // root onto the filesystem mounted at newRoot in the node's namespace (see above), with
 // its mounts at points (checked by checkMountPoints; a mount elsewhere is an error). It
-// runs on a thread of its own that joins the container's namespace and ends there.
-func reroot(pid int, newRoot string, points []string) error {
-	if err := onDiscardedThread(func() error { return rerootThread(pid, newRoot, points) }); err != nil {
+// runs on a thread that joins the container's namespace: one of b.nsThreads, which comes
+// back, or one of its own that ends there.
+func (b *Backend) reroot(pid int, newRoot string, points []string) error {
+	fn := func() error { return rerootThread(pid, newRoot, points) }
+	var err error
+	if b.nsThreads != nil {
+		err = b.nsThreads.run(fn)
+	} else {
+		err = onDiscardedThread(fn)
+	}
+	if err != nil {
 		return fmt.Errorf("oci: move container onto its root: %w", err)
 	}
 	return nil
@@ -255,5 +263,5 @@ func (b *Backend) moveBlank(ctx context.Context, w *Instance, root createOpts) (
 	if err != nil {
 		return 0, err
 	}
-	return pid, reroot(pid, w.l.rootfs(), points)
+	return pid, b.reroot(pid, w.l.rootfs(), points)
 }
