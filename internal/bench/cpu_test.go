@@ -43,7 +43,7 @@ func TestProcCPU(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			writeFile(t, filepath.Join(root, "42", "stat"), tc.stat)
-			self, children, err := procCPU(root, 42)
+			self, children, err := procCPU(root, 42, false)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
 			}
@@ -52,8 +52,33 @@ func TestProcCPU(t *testing.T) {
 			}
 		})
 	}
-	if _, _, err := procCPU(t.TempDir(), 7); err == nil {
+	if _, _, err := procCPU(t.TempDir(), 7, false); err == nil {
 		t.Error("a missing process read without error")
+	}
+}
+
+// TestProcCPUPrecise reads this process both ways: the CPU clock is in nanoseconds, at
+// least what the ticks say and less than a tick more for each of utime and stime.
+func TestProcCPUPrecise(t *testing.T) {
+	for end := time.Now().Add(30 * time.Millisecond); time.Now().Before(end); {
+	}
+	ticks, _, err := procCPU("/proc", os.Getpid(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock, _, err := procCPU("/proc", os.Getpid(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tick := time.Second / clockTick
+	if clock < ticks || clock-ticks >= 2*tick+5*time.Millisecond {
+		t.Fatalf("cpu clock %v, ticks %v: want the clock within two ticks above", clock, ticks)
+	}
+	if clock%tick == 0 {
+		t.Fatalf("cpu clock %v is a whole number of ticks", clock)
+	}
+	if _, _, err := procCPU("/proc", 1<<22+1, true); err == nil {
+		t.Error("a process that cannot exist read without error")
 	}
 }
 
