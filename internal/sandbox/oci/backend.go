@@ -246,6 +246,8 @@ type Backend struct {
 	usernsFDs *usernsCache
 	// nsThreads reroots blank containers (nil: each on a thread of its own).
 	nsThreads *nsThreads
+	// stopLoopTrim stops the trim of free loop devices (startLoopTrim).
+	stopLoopTrim func()
 	// lowers are the shared lowers of overlay roots (sharedlower.go).
 	lowers *rootfs.Lowers
 
@@ -333,6 +335,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	if b.nsThreads, err = newNSThreads(b.log); err != nil {
 		b.log.Warn("oci: blank containers are rerooted each on a thread of its own", "err", err)
 	}
+	b.stopLoopTrim = b.startLoopTrim()
 	b.log.Info("oci backend ready", append([]any{"runtime", rt.name, "bin", binPath, "userns", userns, "cgroup_v2_only", b.v2,
 		"uid_base", cfg.UIDBase, "uid_ranges", cfg.UIDRanges, "overlay_roots", cfg.OverlayRoots}, laps.Attrs()...)...)
 	return b, nil
@@ -367,6 +370,9 @@ func (b *Backend) Close(ctx context.Context) error {
 	err := errors.Join(b.waitTeardowns(ctx), b.warm.close(ctx), b.pool.Close(ctx), b.usernsFDs.close())
 	if b.nsThreads != nil {
 		b.nsThreads.close()
+	}
+	if b.stopLoopTrim != nil {
+		b.stopLoopTrim()
 	}
 	return errors.Join(err, b.rt.ns.release())
 }

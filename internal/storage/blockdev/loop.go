@@ -60,7 +60,8 @@ func AttachLoopWith(ctx context.Context, backing string, o LoopOptions) (*Loop, 
 	}
 	defer ctl.Close()
 	dio := o.DirectIO
-	// Other processes race for free devices; retry on EBUSY.
+	// Other processes race for free devices; retry on EBUSY, and on a device removed
+	// before it was opened.
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -72,6 +73,10 @@ func AttachLoopWith(ctx context.Context, backing string, o LoopOptions) (*Loop, 
 		path := fmt.Sprintf("/dev/loop%d", n)
 		lf, err := os.OpenFile(path, flag, 0)
 		if err != nil {
+			// Removed since LOOP_CTL_GET_FREE handed it out (TrimFreeLoops elsewhere).
+			if (errors.Is(err, unix.ENXIO) || errors.Is(err, os.ErrNotExist)) && attempt < 20 {
+				continue
+			}
 			return nil, fmt.Errorf("blockdev: %w", err)
 		}
 		cfg := unix.LoopConfig{Fd: uint32(bf.Fd())}
