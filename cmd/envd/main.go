@@ -78,7 +78,7 @@ func run() error {
 	if r != nil {
 		waiter = r
 	}
-	users := identity.DB{PasswdPath: *passwd, GroupPath: *group}
+	users := identity.NewDB(*passwd, *group)
 	if *defaultUser == "" {
 		*defaultUser = "root"
 		if uid := os.Geteuid(); uid != 0 {
