@@ -159,6 +159,9 @@ func TestDocsExamplesParse(t *testing.T) {
 		}
 		if e.ref {
 			for _, w := range rest {
+				if w == "--" { // the end of the flags: a command's own arguments follow
+					break
+				}
 				name, _, _ := strings.Cut(strings.TrimLeft(w, "-"), "=")
 				if strings.HasPrefix(w, "--") && cmd.Flags().Lookup(name) == nil {
 					t.Errorf("%s: aenv %s: no flag --%s", e.where, strings.Join(e.words, " "), name)
