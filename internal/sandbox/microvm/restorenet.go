@@ -71,6 +71,20 @@ func (b *Backend) attachRestoredTap(ctx context.Context, slot *network.Slot, g g
 	return &guestNIC{tap: tap, mac: mac}, nil
 }
 
+// inheritedRules answer what the guest sends on the connections it holds from before the
+// capture with a reset, so they end in the guest at once. A fork child's memory holds
+// copies of its parent's connections, with the parent's addresses and sequence numbers;
+// conntrack here saw none of them begin, and with tcp_loose off it takes up none of
+// their packets, which are then "invalid". Before, a FIN or RST on one left the namespace
+// untranslated, from the parent's address, and closed the parent's own connection at its
+// peer (TestForkChildLeavesParentConnections); its other packets were taken up as
+// connections of the slot, which a new connection to the slot from the same host port
+// then matched, missing the translation to the guest. Dropping them instead would leave
+// the child's copies retransmitting for minutes. tcp_be_liberal keeps the guest's own
+// connections out of "invalid" whatever their windows do, so only the copies are reset.
+const inheritedRules = `iifname "` + tapName + `" ct state invalid meta l4proto tcp reject with tcp reset
+    iifname "` + tapName + `" ct state invalid drop`
+
 // translate sets up slot's namespace for a guest at guest: the tap (wearing gwMAC, which
 // the guest has cached for its gateway) routed to the guest's address and answering ARP
 // for the rest of the subnet, forwarding on, and the NAT between the slot's address and
@@ -111,9 +125,15 @@ func translate(ctx context.Context, ns netns.NsHandle, slot *network.Slot, guest
 		if err := h.RouteReplace(route); err != nil {
 			return fmt.Errorf("route to %s: %w", guest, err)
 		}
-		// /proc/sys/net is the namespace of the thread that opens it.
-		for _, f := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv4/conf/" + tapName + "/proxy_arp"} {
-			if err := os.WriteFile(f, []byte("1\n"), 0o644); err != nil {
+		// /proc/sys/net is the namespace of the thread that opens it. The conntrack
+		// settings are inheritedRules'.
+		for f, v := range map[string]string{
+			"/proc/sys/net/ipv4/ip_forward":                       "1",
+			"/proc/sys/net/ipv4/conf/" + tapName + "/proxy_arp":   "1",
+			"/proc/sys/net/netfilter/nf_conntrack_tcp_loose":      "0",
+			"/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal": "1",
+		} {
+			if err := os.WriteFile(f, []byte(v+"\n"), 0o644); err != nil {
 				return err
 			}
 		}
@@ -127,8 +147,12 @@ delete table ip %[3]s
 table ip %[3]s {
   chain pre { type nat hook prerouting priority dstnat; iifname "eth0" ip daddr %[2]s dnat to %[1]s; }
   chain post { type nat hook postrouting priority srcnat; oifname "eth0" ip saddr %[1]s snat to %[2]s; }
+  chain inherited {
+    type filter hook forward priority filter;
+    %[4]s
+  }
 }
-`, guest, slot.IP, natTable)
+`, guest, slot.IP, natTable, inheritedRules)
 	cmd := exec.CommandContext(ctx, "nsenter", "--net="+slot.NetnsPath, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	var out bytes.Buffer

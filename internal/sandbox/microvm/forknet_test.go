@@ -1,0 +1,90 @@
+package microvm
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// TestForkChildLeavesParentConnections: a fork child's memory holds copies of the
+// parent's TCP connections, but nothing it does with them may reach the parent's peers.
+// Here the parent runs an echo server with one client on the host; the child ends its
+// copy of the server, so the child's kernel closes its copy of the connection (a FIN
+// with the parent's addresses and sequence numbers). The host's connection to the
+// parent must see none of it and keep echoing.
+func TestForkChildLeavesParentConnections(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	src := launch(t, b, "sbx-cnsrc", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
+	// nc -e execs cat on the accepted connection in its own process: the pid stays.
+	mustSh(t, src, `setsid sh -c 'echo $$ > /tmp/echo.pid; exec nc -l -p 7000 -e /bin/cat' </dev/null >/dev/null 2>&1 &`)
+	addr := net.JoinHostPort(src.Endpoint().Host, "7000")
+	var conn net.Conn
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			conn = c
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("echo server in the parent: %v", err)
+		}
+	}
+	defer conn.Close()
+	echo := func(when string) {
+		t.Helper()
+		msg := []byte("ping " + when + "\n")
+		if err := conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Write(msg); err != nil {
+			t.Fatalf("%s: write to the parent: %v", when, err)
+		}
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(conn, got); err != nil {
+			t.Fatalf("%s: echo from the parent: %v", when, err)
+		}
+	}
+	echo("before the fork")
+
+	res, err := src.Fork(ctx, []sandbox.ForkSpec{{SandboxID: "sbx-cnfork"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Err != nil {
+		t.Fatal(res[0].Err)
+	}
+	child := res[0].Instance.(*Instance)
+	waitEnvdErr(t, child)
+	mustSh(t, child, `kill "$(cat /tmp/echo.pid)"`)
+	// The child's copy ends in the child at once (the namespace resets it) instead of
+	// retransmitting its FIN into nothing: no socket of port 7000 (1B58) is left there
+	// but a listening one (nc listens on IPv6, v4 clients mapped).
+	const copies = `awk '$2 ~ /:1B58$/ && $4 != "0A"' /proc/net/tcp /proc/net/tcp6`
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		left := mustSh(t, child, copies)
+		if left == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the child's copy of the connection is still there 5 s after its process ended:\n%s", left)
+		}
+	}
+
+	// The host's connection sees no end of stream from the child's close...
+	if err := conn.SetReadDeadline(time.Now().Add(2 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := conn.Read(make([]byte, 64)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the parent's connection after the child closed its copy: read %d bytes, err %v; "+
+			"want nothing (the child's FIN reached the parent's peer)", n, err)
+	}
+	// ...and the parent still serves it.
+	echo("after the child closed its copy")
+}
