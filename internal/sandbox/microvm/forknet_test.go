@@ -6,8 +6,11 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
 )
@@ -87,4 +90,70 @@ func TestForkChildLeavesParentConnections(t *testing.T) {
 	}
 	// ...and the parent still serves it.
 	echo("after the child closed its copy")
+}
+
+// TestForkChildTakesTheParentsClientPort: a client of the parent connects to the fork
+// child from the same host port. The child's copy of the parent's connection has been
+// sending meanwhile; its packets must not have made the child's namespace take that port
+// for a connection of its own, or the new connection misses the translation to the
+// guest and the namespace itself refuses it.
+func TestForkChildTakesTheParentsClientPort(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	src := launch(t, b, "sbx-cpsrc", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
+	// Each client gets a line every 0.2 s, in the parent and in the child.
+	mustSh(t, src, `setsid nc -ll -p 7000 -e sh -c 'while sleep 0.2; do echo tick || exit; done' </dev/null >/dev/null 2>&1 &`)
+	// Both connections bind the same host port.
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			for _, o := range []int{unix.SO_REUSEADDR, unix.SO_REUSEPORT} {
+				if serr == nil {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o, 1)
+				}
+			}
+		})
+		return errors.Join(err, serr)
+	}}
+	tick := func(c net.Conn, what string) {
+		t.Helper()
+		if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, make([]byte, len("tick\n"))); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	var conn net.Conn
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		c, err := d.Dial("tcp", net.JoinHostPort(src.Endpoint().Host, "7000"))
+		if err == nil {
+			conn = c
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server in the parent: %v", err)
+		}
+	}
+	defer conn.Close()
+	tick(conn, "parent")
+
+	res, err := src.Fork(ctx, []sandbox.ForkSpec{{SandboxID: "sbx-cpfork"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Err != nil {
+		t.Fatal(res[0].Err)
+	}
+	child := res[0].Instance.(*Instance)
+	waitEnvdErr(t, child)
+	time.Sleep(time.Second) // the child's copy sends its ticks
+	d.LocalAddr = &net.TCPAddr{Port: conn.LocalAddr().(*net.TCPAddr).Port}
+	cc, err := d.Dial("tcp", net.JoinHostPort(child.Endpoint().Host, "7000"))
+	if err != nil {
+		t.Fatalf("connect to the child from %v, the port of the parent's client: %v", d.LocalAddr, err)
+	}
+	defer cc.Close()
+	tick(cc, "child")
+	tick(conn, "parent after the fork")
 }
