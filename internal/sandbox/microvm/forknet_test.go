@@ -23,23 +23,10 @@ import (
 // parent must see none of it and keep echoing.
 func TestForkChildLeavesParentConnections(t *testing.T) {
 	b := newTestBackend(t)
-	ctx := context.Background()
 	src := launch(t, b, "sbx-cnsrc", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
 	// nc -e execs cat on the accepted connection in its own process: the pid stays.
 	mustSh(t, src, `setsid sh -c 'echo $$ > /tmp/echo.pid; exec nc -l -p 7000 -e /bin/cat' </dev/null >/dev/null 2>&1 &`)
-	addr := net.JoinHostPort(src.Endpoint().Host, "7000")
-	var conn net.Conn
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			conn = c
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("echo server in the parent: %v", err)
-		}
-	}
-	defer conn.Close()
+	conn := dialServer(t, &net.Dialer{}, src)
 	echo := func(when string) {
 		t.Helper()
 		msg := []byte("ping " + when + "\n")
@@ -56,27 +43,19 @@ func TestForkChildLeavesParentConnections(t *testing.T) {
 	}
 	echo("before the fork")
 
-	res, err := src.Fork(ctx, []sandbox.ForkSpec{{SandboxID: "sbx-cnfork"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res[0].Err != nil {
-		t.Fatal(res[0].Err)
-	}
-	child := res[0].Instance.(*Instance)
-	waitEnvdErr(t, child)
+	child := forkOne(t, src, "sbx-cnfork")
 	mustSh(t, child, `kill "$(cat /tmp/echo.pid)"`)
 	// The child's copy ends in the child at once (the namespace resets it) instead of
 	// retransmitting its FIN into nothing: no socket of port 7000 (1B58) is left there
 	// but a listening one (nc listens on IPv6, v4 clients mapped).
 	const copies = `awk '$2 ~ /:1B58$/ && $4 != "0A"' /proc/net/tcp /proc/net/tcp6`
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		left := mustSh(t, child, copies)
 		if left == "" {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the child's copy of the connection is still there 5 s after its process ended:\n%s", left)
+			t.Fatalf("the child's copy of the connection is still there 10 s after its process ended:\n%s", left)
 		}
 	}
 
@@ -99,7 +78,6 @@ func TestForkChildLeavesParentConnections(t *testing.T) {
 // guest and the namespace itself refuses it.
 func TestForkChildTakesTheParentsClientPort(t *testing.T) {
 	b := newTestBackend(t)
-	ctx := context.Background()
 	src := launch(t, b, "sbx-cpsrc", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
 	// Each client gets a line every 0.2 s, in the parent and in the child.
 	mustSh(t, src, `setsid nc -ll -p 7000 -e sh -c 'while sleep 0.2; do echo tick || exit; done' </dev/null >/dev/null 2>&1 &`)
@@ -124,29 +102,10 @@ func TestForkChildTakesTheParentsClientPort(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	var conn net.Conn
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		c, err := d.Dial("tcp", net.JoinHostPort(src.Endpoint().Host, "7000"))
-		if err == nil {
-			conn = c
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server in the parent: %v", err)
-		}
-	}
-	defer conn.Close()
+	conn := dialServer(t, &d, src)
 	tick(conn, "parent")
 
-	res, err := src.Fork(ctx, []sandbox.ForkSpec{{SandboxID: "sbx-cpfork"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res[0].Err != nil {
-		t.Fatal(res[0].Err)
-	}
-	child := res[0].Instance.(*Instance)
-	waitEnvdErr(t, child)
+	child := forkOne(t, src, "sbx-cpfork")
 	time.Sleep(time.Second) // the child's copy sends its ticks
 	d.LocalAddr = &net.TCPAddr{Port: conn.LocalAddr().(*net.TCPAddr).Port}
 	cc, err := d.Dial("tcp", net.JoinHostPort(child.Endpoint().Host, "7000"))
@@ -156,4 +115,34 @@ func TestForkChildTakesTheParentsClientPort(t *testing.T) {
 	defer cc.Close()
 	tick(cc, "child")
 	tick(conn, "parent after the fork")
+}
+
+// dialServer connects with d to port 7000 of inst once a server there listens.
+func dialServer(t *testing.T, d *net.Dialer, inst *Instance) net.Conn {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		c, err := d.Dial("tcp", net.JoinHostPort(inst.Endpoint().Host, "7000"))
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server in %s: %v", inst.id, err)
+		}
+	}
+}
+
+// forkOne forks src into one child, id, and waits for its envd.
+func forkOne(t *testing.T, src *Instance, id string) *Instance {
+	t.Helper()
+	res, err := src.Fork(context.Background(), []sandbox.ForkSpec{{SandboxID: id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Err != nil {
+		t.Fatal(res[0].Err)
+	}
+	child := res[0].Instance.(*Instance)
+	waitEnvdErr(t, child)
+	return child
 }
