@@ -3,6 +3,7 @@ package envd_test
 import (
 	"bytes"
 	"compress/gzip"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -119,6 +120,24 @@ func TestInitTokenUserWorkdirEnv(t *testing.T) {
 	}
 	resp, body = e.do("GET", "/init", nil, nil)
 	wantJSONError(t, resp, body, 405)
+}
+
+// TestInitEntropy: /init with entropy reseeds the kernel's random generator, which only
+// root may do; envd answers 500 rather than leave a restored sandbox's generator as its
+// siblings' (the microvm package shows the effect on forks).
+func TestInitEntropy(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	entropy := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))
+	resp, body := e.do("POST", "/init", strings.NewReader(fmt.Sprintf(`{"entropy":%q}`, entropy)), nil)
+	if os.Geteuid() != 0 {
+		wantJSONError(t, resp, body, 500)
+		return
+	}
+	if resp.StatusCode != 204 {
+		t.Fatalf("init with entropy as root: %d %s", resp.StatusCode, body)
+	}
+	resp, body = e.do("POST", "/init", strings.NewReader(`{"entropy":"not base64"}`), nil)
+	wantJSONError(t, resp, body, 400)
 }
 
 func TestMetrics(t *testing.T) {

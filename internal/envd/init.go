@@ -16,13 +16,15 @@ import (
 )
 
 // InitRequest is the body of POST /init as the orchestrator sends it (E2B's shape). volumeMounts,
-// hyperloopIP, lifecycleID and caBundle are accepted and ignored.
+// hyperloopIP, lifecycleID and caBundle are accepted and ignored. Entropy is aenv's own:
+// fresh random bytes for a sandbox whose memory came from a capture (reseedRandom).
 type InitRequest struct {
 	EnvVars        map[string]string `json:"envVars,omitempty"`
 	AccessToken    *string           `json:"accessToken,omitempty"`
 	Timestamp      *time.Time        `json:"timestamp,omitempty"`
 	DefaultUser    *string           `json:"defaultUser,omitempty"`
 	DefaultWorkdir *string           `json:"defaultWorkdir,omitempty"`
+	Entropy        []byte            `json:"entropy,omitempty"`
 }
 
 // init applies an InitRequest. Once a token is set, re-initialising needs it in X-Access-Token.
@@ -55,6 +57,13 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 	applied := s.defaults.Apply(in)
 	if applied && s.cfg.SetClock && req.Timestamp != nil {
 		s.setClock(*req.Timestamp)
+	}
+	if applied && len(req.Entropy) > 0 {
+		// A sandbox that would share its random numbers with its siblings is not made.
+		if err := reseedRandom(req.Entropy); err != nil {
+			files.Error(w, http.StatusInternalServerError, err.Error())
+			return
+		}
 	}
 	if applied && s.cfg.RunDir != "" {
 		for _, k := range []string{"E2B_SANDBOX_ID", "E2B_TEMPLATE_ID"} {

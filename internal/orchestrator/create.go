@@ -303,9 +303,10 @@ func (o *Orchestrator) launch(ctx context.Context, operation string, plan sandbo
 		o.stopQuietly(ctx, inst)
 		return nil, "", fmt.Errorf("sandbox %s: %w", plan.SandboxID, err)
 	}
+	restored := o.backend.Capabilities().MemorySnapshots && plan.Kind != sandbox.LaunchFresh && !plan.ColdBoot
 	var version string
 	err = m.timeStage(operation, stageEnvdInit, func() (err error) {
-		version, err = o.initEnvd(ectx, ep, rec, held)
+		version, err = o.initEnvd(ectx, ep, rec, held, restored)
 		return err
 	})
 	if err != nil {

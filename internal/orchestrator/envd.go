@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -31,7 +32,14 @@ type envdInit struct {
 	DefaultUser    string            `json:"defaultUser"`
 	DefaultWorkdir string            `json:"defaultWorkdir"`
 	Timestamp      string            `json:"timestamp"`
+	// Entropy reseeds the kernel's random generator of a sandbox whose memory came
+	// from a capture (aenv's envd; others ignore it): without it a fork's children and
+	// its parent go on with one generator state and read the same random bytes.
+	Entropy []byte `json:"entropy,omitempty"`
 }
+
+// entropyBytes is how much Entropy carries: a key's worth for the kernel's generator.
+const entropyBytes = 32
 
 // envdURL is the base URL of an instance's envd.
 func (o *Orchestrator) envdURL(ep sandbox.Endpoint) string {
@@ -81,9 +89,10 @@ func (o *Orchestrator) waitEnvd(ctx context.Context, ep sandbox.Endpoint) error 
 // initEnvd hands envd its environment, token and default user. held is the token the
 // instance's envd may already hold (its memory came from a capture: a resumed pause, or
 // a fork or snapshot launch, whose envd holds the source's token), which envd requires in
-// X-Access-Token; it is replaced by rec's (cleared when rec has none). It returns the
-// envd version envd reports.
-func (o *Orchestrator) initEnvd(ctx context.Context, ep sandbox.Endpoint, rec *Sandbox, held string) (string, error) {
+// X-Access-Token; it is replaced by rec's (cleared when rec has none). restored: the
+// instance continues captured memory, and envd gets fresh entropy. It returns the envd
+// version envd reports.
+func (o *Orchestrator) initEnvd(ctx context.Context, ep sandbox.Endpoint, rec *Sandbox, held string, restored bool) (string, error) {
 	env, err := o.sandboxEnv(rec)
 	if err != nil {
 		return "", err
@@ -100,6 +109,10 @@ func (o *Orchestrator) initEnvd(ctx context.Context, ep sandbox.Endpoint, rec *S
 	}
 	if rec.EnvdAccessToken != "" || held != "" {
 		body.AccessToken = &rec.EnvdAccessToken
+	}
+	if restored {
+		body.Entropy = make([]byte, entropyBytes)
+		rand.Read(body.Entropy) // never fails (crypto/rand)
 	}
 	raw, err := json.Marshal(body)
 	if err != nil {

@@ -32,7 +32,11 @@ func TestForkChildrenAreIsolatedCopies(t *testing.T) {
 				t.Fatalf("%d results, want %d", len(res), n)
 			}
 			parent.WriteFile("/shared", []byte("after"))
+			if e := h.inst(src.ID).Envd().Inits()[0].Entropy; e != nil {
+				t.Fatalf("a fresh sandbox's envd got entropy %x: its memory is its own", e)
+			}
 			seen := map[string]bool{src.ID: true}
+			entropy := map[string]bool{}
 			for i, r := range res {
 				if r.Err != nil || r.Sandbox == nil {
 					t.Fatalf("child %d: %+v", i, r)
@@ -62,6 +66,13 @@ func TestForkChildrenAreIsolatedCopies(t *testing.T) {
 					in[0].AccessToken != c.EnvdAccessToken {
 					t.Fatalf("child %d envd init %+v, want header token %q", i, in, src.EnvdAccessToken)
 				}
+				// Children that continue the source's memory continue its random generator
+				// too, unless each gets entropy of its own.
+				e := h.inst(c.ID).Envd().Inits()[0].Entropy
+				if want := mode.opts.Capabilities.MemorySnapshots; (len(e) == entropyBytes) != want || want && entropy[string(e)] {
+					t.Fatalf("child %d envd init entropy %x (seen before: %v), want %d fresh bytes: %v", i, e, entropy[string(e)], entropyBytes, want)
+				}
+				entropy[string(e)] = true
 				h.inst(c.ID).WriteFile("/mine", []byte(fmt.Sprint(i)))
 				hasAgent := slices.Contains(h.inst(c.ID).Processes(), "agent")
 				if hasAgent != mode.opts.Capabilities.LiveFork {

@@ -28,6 +28,7 @@ type InitRequest struct {
 	DefaultUser    string            `json:"defaultUser"`
 	DefaultWorkdir string            `json:"defaultWorkdir"`
 	Timestamp      string            `json:"timestamp"`
+	Entropy        []byte            `json:"entropy"`
 	// HeaderToken is the X-Access-Token header of the request (not part of the body).
 	HeaderToken string `json:"-"`
 }
