@@ -86,4 +86,4 @@ mount -o remount,bind,ro "$r$envd_at"
 echo "AENV-INIT-DONE $(cut -d" " -f1 /proc/uptime)"
 exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
 	E2B_SANDBOX=true AENV_ENVD_PORT="$port" \
-	switch_root "$r" "$envd_at" -port "$port" -set-clock -idle-trim 0
+	switch_root "$r" "$envd_at" -port "$port" -set-clock -set-hostname -idle-trim 0

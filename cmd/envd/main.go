@@ -45,6 +45,7 @@ func run() error {
 		grace       = flag.Duration("shutdown-grace", 5*time.Second, "on SIGTERM/SIGINT, how long processes get before SIGKILL")
 		subreaper   = flag.Bool("subreaper", true, "when not PID 1, adopt and reap orphaned descendants (PR_SET_CHILD_SUBREAPER)")
 		setClock    = flag.Bool("set-clock", false, "let POST /init set the system clock forward from its timestamp (VM guests)")
+		setHostname = flag.Bool("set-hostname", false, "let POST /init set the host name to the sandbox's id (E2B_SANDBOX_ID) (VM guests, whose restored memory holds the captured sandbox's name)")
 		idleTrim    = flag.Duration("idle-trim", 10*time.Second, "after a burst of requests, return freed memory to the OS once this long passes without one (0: never; VM guests, where the OS keeps it anyway)")
 		trimMin     = flag.Int("idle-trim-min-kb", 0, "with -idle-trim: trim only when the heap grew by at least this many KiB since the last trim (a trim is a collection, whose first one leaves ~1.1 MiB of the collector's memory resident)")
 		gcLimit     = flag.Int("gc-limit-mb", 0, "collect only when the Go runtime's memory reaches this many MiB, switching to Go's default collector while the live heap is above a quarter of it (0: Go's default collector; containers, where an idle envd that never collects keeps ~1.1 MiB less)")
@@ -90,13 +91,14 @@ func run() error {
 		runDir, hostsFile = "/run/e2b", "/etc/hosts"
 	}
 	srv := envd.New(envd.Config{
-		Users:     users,
-		Defaults:  state.New(*defaultUser),
-		Waiter:    waiter,
-		Logger:    log,
-		RunDir:    runDir,
-		SetClock:  *setClock,
-		HostsFile: hostsFile,
+		Users:       users,
+		Defaults:    state.New(*defaultUser),
+		Waiter:      waiter,
+		Logger:      log,
+		RunDir:      runDir,
+		SetClock:    *setClock,
+		SetHostname: *setHostname,
+		HostsFile:   hostsFile,
 	})
 	if runDir != "" {
 		// Made at start rather than by the first /init: a warm container's envd starts

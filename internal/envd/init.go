@@ -73,6 +73,9 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	if applied && s.cfg.SetHostname {
+		s.setHostname(req.EnvVars["E2B_SANDBOX_ID"])
+	}
 	if applied && s.cfg.HostsFile != "" {
 		// After a restore or a fork the host name is the new sandbox's.
 		if name, err := os.Hostname(); err == nil {
@@ -84,6 +87,18 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Envd-Version", Version)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// setHostname makes id, cut to the kernel's 64 bytes less one as the backends name
+// sandboxes, the host name, unless id is empty or already the name.
+func (s *Server) setHostname(id string) {
+	name := id[:min(len(id), 63)]
+	if cur, err := os.Hostname(); name == "" || err == nil && cur == name {
+		return
+	}
+	if err := unix.Sethostname([]byte(name)); err != nil {
+		s.cfg.Logger.Warn("envd: set the host name", "name", name, "err", err)
+	}
 }
 
 // setClock moves the system clock forward to ts when it is behind. It never moves it back:

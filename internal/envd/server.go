@@ -34,6 +34,10 @@ type Config struct {
 	// clock is behind it: a VM's clock lags after a restore by the snapshot's age (and
 	// starts from the RTC's whole seconds at boot). Containers share the host's clock.
 	SetClock bool
+	// SetHostname makes /init set the host name to the sandbox's id (E2B_SANDBOX_ID,
+	// cut to 63 bytes) when it differs: a VM restored from a capture keeps the name of
+	// the sandbox it was captured from, where a container's runtime names each one.
+	SetHostname bool
 	// HostsFile, when set, is the hosts file /init adds the sandbox's host name to (the
 	// sandbox's /etc/hosts): its name is its id, which no DNS server resolves.
 	HostsFile string

@@ -14,7 +14,7 @@ import (
 )
 
 // TestForkChildrenDrawOwnRandom: fork children continue the parent's memory, the
-// kernel's random generator included. The node's /init of each child carries fresh
+// kernel's random generator and host name included. The node's /init of each child carries fresh
 // entropy (as the orchestrator sends it), after which the parent and every child read
 // different bytes from /dev/urandom. The parent first runs past the guest kernel's
 // early-boot reseeding (every uptime/2 s for two minutes), or the children would
@@ -39,6 +39,10 @@ func TestForkChildrenDrawOwnRandom(t *testing.T) {
 	kids := []*Instance{forkOne(t, src, "sbx-rn1"), forkOne(t, src, "sbx-rn2")}
 	for _, k := range kids {
 		initEntropy(t, k)
+		// The same /init names the child after itself (envd's -set-hostname).
+		if got := strings.TrimSpace(mustSh(t, k, "hostname; grep -c \"$(hostname)\" /etc/hosts")); got != k.id+"\n1" {
+			t.Errorf("%s after /init: host name and hosts file entries %q", k.id, got)
+		}
 	}
 	seen := map[string]string{}
 	for _, i := range append(kids, src) {
@@ -50,13 +54,14 @@ func TestForkChildrenDrawOwnRandom(t *testing.T) {
 	}
 }
 
-// initEntropy posts an /init with fresh entropy to i's envd, as the orchestrator does
-// for a sandbox whose memory came from a capture.
+// initEntropy posts an /init with fresh entropy and i's id to i's envd, as the
+// orchestrator does for a sandbox whose memory came from a capture.
 func initEntropy(t *testing.T, i *Instance) {
 	t.Helper()
 	e := make([]byte, 32)
 	rand.Read(e)
-	body, err := json.Marshal(map[string]any{"entropy": e, "timestamp": time.Now().UTC()})
+	body, err := json.Marshal(map[string]any{"entropy": e, "timestamp": time.Now().UTC(),
+		"envVars": map[string]string{"E2B_SANDBOX_ID": i.id}})
 	if err != nil {
 		t.Fatal(err)
 	}
