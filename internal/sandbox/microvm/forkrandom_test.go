@@ -60,18 +60,24 @@ func initEntropy(t *testing.T, i *Instance) {
 	t.Helper()
 	e := make([]byte, 32)
 	rand.Read(e)
-	body, err := json.Marshal(map[string]any{"entropy": e, "timestamp": time.Now().UTC(),
+	postInit(t, i, map[string]any{"entropy": e, "timestamp": time.Now().UTC(),
 		"envVars": map[string]string{"E2B_SANDBOX_ID": i.id}})
+}
+
+// postInit posts body, as JSON, to i's envd /init and wants it applied.
+func postInit(t testing.TB, i *Instance, body any) {
+	t.Helper()
+	raw, err := json.Marshal(body)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ep := i.Endpoint()
-	resp, err := http.Post(fmt.Sprintf("http://%s:%d/init", ep.Host, ep.EnvdPort), "application/json", bytes.NewReader(body))
+	resp, err := http.Post(fmt.Sprintf("http://%s:%d/init", ep.Host, ep.EnvdPort), "application/json", bytes.NewReader(raw))
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("init %s: %s", i.id, resp.Status)
+		t.Fatalf("/init of %s: %s", i.id, resp.Status)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -61,16 +60,7 @@ ip -4 -o addr show eth0 | awk '{print $4}'; df -m / | awk 'NR==2{print $2}'; ech
 	}
 	// The guest clock follows envd's /init timestamp forward (as after a restore).
 	ahead := time.Now().Add(time.Hour).UTC()
-	body := fmt.Sprintf(`{"timestamp":%q}`, ahead.Format(time.RFC3339Nano))
-	ep := i.Endpoint()
-	resp, err := http.Post(fmt.Sprintf("http://%s:%d/init", ep.Host, ep.EnvdPort), "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("/init: %s", resp.Status)
-	}
+	postInit(t, i, map[string]any{"timestamp": ahead})
 	guest, _ := strconv.ParseInt(strings.TrimSpace(mustSh(t, i, "date +%s")), 10, 64)
 	if d := guest - ahead.Unix(); d < -2 || d > 60 {
 		t.Errorf("guest clock %d, /init set it to %d", guest, ahead.Unix())
