@@ -221,6 +221,10 @@ func TestMicroVMNode(t *testing.T) {
 			t.Errorf("fork %d: counter %q, want %q", i, got, want)
 		}
 		run(ctx, t, c, f, fmt.Sprintf("echo fork-%d > /home/user/own", i))
+		// Named after itself, not after a (the node's /init; envd's -set-hostname).
+		if got := strings.TrimSpace(run(ctx, t, c, f, "hostname")); got != f.ID {
+			t.Errorf("fork %d (%s): host name %q", i, f.ID, got)
+		}
 	}
 	if got := run(ctx, t, c, forks[0], `cat /home/user/own; cat /home/user/note; echo; echo "$TOK"`); got != "fork-0\nkept\n"+secret {
 		t.Errorf("fork 0 reads %q", got)
