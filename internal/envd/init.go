@@ -58,8 +58,9 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 	if applied && s.cfg.SetClock && req.Timestamp != nil {
 		s.setClock(*req.Timestamp)
 	}
-	if applied && len(req.Entropy) > 0 {
-		// A sandbox that would share its random numbers with its siblings is not made.
+	if len(req.Entropy) > 0 {
+		// Whatever the timestamp: fresh entropy is never stale. A sandbox that would
+		// share its random numbers with its siblings is not made.
 		if err := reseedRandom(req.Entropy); err != nil {
 			files.Error(w, http.StatusInternalServerError, err.Error())
 			return
