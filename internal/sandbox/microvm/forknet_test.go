@@ -3,9 +3,12 @@ package microvm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"os"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -81,8 +84,11 @@ func TestForkChildTakesTheParentsClientPort(t *testing.T) {
 	src := launch(t, b, "sbx-cpsrc", sandbox.Resources{CPUCount: 1, MemoryMB: testMemMB, DiskSizeMB: templateMB})
 	// Each client gets a line every 0.2 s, in the parent and in the child.
 	mustSh(t, src, `setsid nc -ll -p 7000 -e sh -c 'while sleep 0.2; do echo tick || exit; done' </dev/null >/dev/null 2>&1 &`)
-	// Both connections bind the same host port.
-	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+	// Both connections bind the same host port, one below the kernel's ephemeral range:
+	// one of that range, taken by the first connection, can be taken meanwhile by another
+	// program's connection to elsewhere, without SO_REUSEADDR, and the second bind then
+	// fails (a CI run, other packages' tests beside this one).
+	d := net.Dialer{LocalAddr: &net.TCPAddr{Port: unusedLowPort(t)}, Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
 			for _, o := range []int{unix.SO_REUSEADDR, unix.SO_REUSEPORT} {
@@ -107,7 +113,6 @@ func TestForkChildTakesTheParentsClientPort(t *testing.T) {
 
 	child := forkOne(t, src, "sbx-cpfork")
 	time.Sleep(time.Second) // the child's copy sends its ticks
-	d.LocalAddr = &net.TCPAddr{Port: conn.LocalAddr().(*net.TCPAddr).Port}
 	cc, err := d.Dial("tcp", net.JoinHostPort(child.Endpoint().Host, "7000"))
 	if err != nil {
 		t.Fatalf("connect to the child from %v, the port of the parent's client: %v", d.LocalAddr, err)
@@ -145,4 +150,27 @@ func forkOne(t *testing.T, src *Instance, id string) *Instance {
 	child := res[0].Instance.(*Instance)
 	waitEnvdErr(t, child)
 	return child
+}
+
+// unusedLowPort is a TCP port below the kernel's ephemeral range that nothing listens on
+// now: connections that do not bind get ports of that range only.
+func unusedLowPort(t *testing.T) int {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var low int
+	if _, err := fmt.Sscan(string(raw), &low); err != nil || low < 2048 {
+		t.Fatalf("ephemeral port range %q: %v", raw, err)
+	}
+	for range 100 {
+		port := 1024 + mrand.IntN(low-1024)
+		if l, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(port))); err == nil {
+			l.Close()
+			return port
+		}
+	}
+	t.Fatalf("no unused port below %d", low)
+	return 0
 }
