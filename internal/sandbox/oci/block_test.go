@@ -383,7 +383,7 @@ func TestBlockCrashRecovery(t *testing.T) {
 	e.b.mu.Lock()
 	delete(e.b.instances, "crash-blk")
 	e.b.mu.Unlock()
-	slot := a.slot
+	slot := traceSlot(t, a.slot)
 	cfg := e.cfg
 	b2, err := New(ctx, cfg)
 	if err != nil {

@@ -51,7 +51,7 @@ func TestAdoptBlockRoot(t *testing.T) {
 	}
 	e.mustSh(t, keep, "echo kept > /root/mark && sync")
 	pid := keep.pidOf(t)
-	lostSlot := lost.slot
+	lostSlot := traceSlot(t, lost.slot)
 	if got, _ := dp.List(ctx); len(got) != 2 {
 		t.Fatalf("the data plane serves %d disks, want 2", len(got))
 	}

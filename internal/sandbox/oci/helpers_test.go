@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/aenv-dev/aenv/internal/rootfs"
-	"golang.org/x/sys/unix"
 	"io"
 	"net"
 	"net/http"
@@ -21,9 +19,11 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/rootfs"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/template/base"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Names no other package's tests use, so parallel test binaries never sweep each other.
@@ -273,9 +273,55 @@ func settleNetwork(t *testing.T, p *network.Pool) {
 	}
 }
 
+// slotTrace names one slot's namespace and host veth by identity, not only by name: the
+// warm filler may build a new slot of the same index, so of the same names, as soon as a
+// stopped sandbox's slot is free (the CI failed on that once).
+type slotTrace struct {
+	netns   string
+	mount   netnsMount
+	veth    string
+	ifindex int // interface indexes are not reused soon
+}
+
+// netnsMount identifies the bind mount that holds a named namespace: by the mount's unique
+// id where the kernel has one (6.8+); else by the namespace's inode, which the kernel may
+// give a new namespace once the old one is freed.
+type netnsMount struct {
+	unique bool
+	id     uint64
+}
+
+func statNetns(path string) (netnsMount, error) {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_INO|unix.STATX_MNT_ID_UNIQUE, &st); err != nil {
+		return netnsMount{}, err
+	}
+	if st.Mask&unix.STATX_MNT_ID_UNIQUE != 0 {
+		return netnsMount{unique: true, id: st.Mnt_id}, nil
+	}
+	return netnsMount{id: st.Ino}, nil
+}
+
+// traceSlot records s's identity; take it before the sandbox stops. nil for nil.
+func traceSlot(t *testing.T, s *network.Slot) *slotTrace {
+	t.Helper()
+	if s == nil {
+		return nil
+	}
+	m, err := statNetns(s.NetnsPath)
+	if err != nil {
+		t.Fatalf("slot's netns: %v", err)
+	}
+	l, err := netlink.LinkByName(s.HostVeth)
+	if err != nil {
+		t.Fatalf("slot's veth: %v", err)
+	}
+	return &slotTrace{netns: s.NetnsPath, mount: m, veth: s.HostVeth, ifindex: l.Attrs().Index}
+}
+
 // assertGone checks that a stopped container (by container id) left nothing: container,
-// cgroups, mounts, bundle, netns, veth.
-func assertGone(t *testing.T, b *Backend, id string, slot *network.Slot) {
+// cgroups, mounts, bundle, and the namespace and veth of its slot (traced before the stop).
+func assertGone(t *testing.T, b *Backend, id string, slot *slotTrace) {
 	t.Helper()
 	if _, err := b.rt.state(context.Background(), id); err == nil {
 		t.Errorf("container %s still exists", id)
@@ -293,12 +339,12 @@ func assertGone(t *testing.T, b *Backend, id string, slot *network.Slot) {
 		t.Errorf("bundle left: %s", l.dir)
 	}
 	if slot != nil {
-		if _, err := os.Stat(slot.NetnsPath); err == nil {
-			t.Errorf("netns left: %s", slot.NetnsPath)
+		if m, err := statNetns(slot.netns); err == nil && m == slot.mount {
+			t.Errorf("netns left: %s", slot.netns)
 		}
 		settleNetwork(t, b.pool)
-		if _, err := netlink.LinkByName(slot.HostVeth); err == nil {
-			t.Errorf("veth left: %s", slot.HostVeth)
+		if l, err := netlink.LinkByIndex(slot.ifindex); err == nil && l.Attrs().Name == slot.veth {
+			t.Errorf("veth left: %s", slot.veth)
 		}
 	}
 }

@@ -272,7 +272,7 @@ func TestStopAfterCapture(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid, _ := strconv.Atoi(string(raw))
-	oldCid, oldSlot := a.cid, a.slot
+	oldCid, oldSlot := a.cid, traceSlot(t, a.slot)
 	if err := a.StopAfterCapture(ctx); err != nil {
 		t.Fatal(err)
 	}

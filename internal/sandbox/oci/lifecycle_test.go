@@ -47,7 +47,7 @@ func testLaunchReachStop(t *testing.T, mode string) {
 	if st.MemUsed <= 0 || st.MemTotal != 128<<20 || st.CPUCount != 1 || st.DiskTotal != 512<<20 || st.DiskUsed <= 0 {
 		t.Fatalf("stats %+v", st)
 	}
-	slot := i.slot
+	slot := traceSlot(t, i.slot)
 	if err := i.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -118,10 +118,7 @@ func testConcurrentLaunchStop(t *testing.T, warm int) {
 	}
 	for _, i := range insts {
 		go func() {
-			slot := i.slot
-			if warm > 0 {
-				slot = nil // the warm filler may reuse a freed slot index at once
-			}
+			slot := traceSlot(t, i.slot)
 			err := i.Stop(context.Background())
 			if err == nil {
 				assertGone(t, e.b, i.cid, slot)
@@ -174,7 +171,7 @@ func TestWarmContainers(t *testing.T) {
 	if err != nil || st.ID != "warm1" || st.ContainerID != i.cid || st.AllowInternet {
 		t.Fatalf("saved state %+v %v", st, err)
 	}
-	slot := i.slot
+	slot := traceSlot(t, i.slot)
 	if err := i.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}

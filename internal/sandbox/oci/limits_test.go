@@ -85,7 +85,7 @@ func TestForkBombStoppedByPidsLimit(t *testing.T) {
 		t.Fatalf("pids.current %d above the limit 64", cur)
 	}
 	// Stop must kill the whole bomb and leave nothing.
-	slot := i.slot
+	slot := traceSlot(t, i.slot)
 	if err := i.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestPauseResume(t *testing.T) {
 	if _, err := i.Pause(ctx, sandbox.PauseOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	slot := i.slot
+	slot := traceSlot(t, i.slot)
 	if err := i.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ func TestCrashRecovery(t *testing.T) {
 	ctx := context.Background()
 	keep := e.launch(t, "crash-keep", sandbox.Resources{CPUCount: 1, MemoryMB: 128})
 	lost := e.launch(t, "crash-lost", sandbox.Resources{CPUCount: 1, MemoryMB: 128})
-	lostSlot := lost.slot
+	lostSlot := traceSlot(t, lost.slot)
 	t.Logf("lost runs in container %s", lost.cid)
 	e.sh(t, keep, "echo kept > /root/mark")
 	waitWarm(t, e.b, e.template, 1)
@@ -76,7 +76,7 @@ func TestCrashRecovery(t *testing.T) {
 	assertGone(t, b2, warmCid, nil)
 
 	// Second crash, and this time the node knows nothing: everything goes.
-	keepSlot := adopted.slot
+	keepSlot := traceSlot(t, adopted.slot)
 	b3, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
