@@ -77,6 +77,13 @@ const (
 	LaunchResume                         // resume a paused sandbox (same id)
 )
 
+// Hostname is the host name a sandbox runs under: its id, cut to the 63 bytes the kernel
+// keeps (HOST_NAME_MAX 64, less the NUL). Backends set it at launch; envd sets it again
+// after a memory restore, and both must agree.
+func Hostname(id string) string {
+	return id[:min(len(id), 63)]
+}
+
 // LaunchPlan is everything a backend needs to start one sandbox.
 type LaunchPlan struct {
 	Kind      LaunchKind

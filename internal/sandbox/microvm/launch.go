@@ -178,7 +178,7 @@ func (b *Backend) startQEMU(ctx context.Context, inst *Instance) error {
 	defer nic.tap.Close()
 	spec := b.vmSpec(inst, disk.Path(), nic)
 	params := bootParams{
-		ip: netip.PrefixFrom(slot.IP, slot.PrefixLen), gateway: slot.Gateway, hostname: hostname(inst.id),
+		ip: netip.PrefixFrom(slot.IP, slot.PrefixLen), gateway: slot.Gateway, hostname: sandbox.Hostname(inst.id),
 		dns: b.dns, envdPort: b.cfg.EnvdPort,
 	}
 	spec.cmdline = params.cmdline()
@@ -202,11 +202,4 @@ func (b *Backend) vmSpec(inst *Instance, disk string, nic *guestNIC) vmSpec {
 		console: filepath.Join(inst.dir, consoleLog), log: filepath.Join(inst.dir, qemuLog),
 		confine: b.confine,
 	}
-}
-
-func hostname(id string) string {
-	if len(id) > 63 {
-		return id[:63]
-	}
-	return id
 }

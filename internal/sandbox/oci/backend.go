@@ -461,13 +461,6 @@ func hostResolvConf(path string) string {
 	return path
 }
 
-func hostname(id string) string {
-	if len(id) > 63 {
-		return id[:63]
-	}
-	return id
-}
-
 // pausedState is this backend's PausedState: the sandbox stays frozen on this node, or,
 // with Disk, it was stopped after a snapshot and resumes from that capture.
 type pausedState struct {

@@ -115,7 +115,7 @@ func (b *Backend) reserve(plan sandbox.LaunchPlan) (*Instance, error) {
 func (b *Backend) launchNew(ctx context.Context, inst *Instance, plan sandbox.LaunchPlan, o createOpts) (sandbox.Instance, error) {
 	inst.cid = b.containerID(plan.SandboxID)
 	inst.l = b.layout(inst.cid)
-	o.allowInternet, o.res, o.hostname, o.run = plan.AllowInternet, plan.Resources, hostname(plan.SandboxID), true
+	o.allowInternet, o.res, o.hostname, o.run = plan.AllowInternet, plan.Resources, sandbox.Hostname(plan.SandboxID), true
 	o.mounts = plan.Mounts
 	err := os.Mkdir(inst.l.dir, 0o711)
 	if err == nil {

@@ -146,7 +146,7 @@ func TestBlankWarmFork(t *testing.T) {
 	if n := usernsMade(e.b); k.idmap != nil && n != made {
 		t.Fatalf("moving the blank container and refilling the pool made %d user namespaces by a fork", n-made)
 	}
-	if out := e.mustSh(t, k, "cat /root/state /proc/1/root/root/state; hostname"); out != "pinned\npinned\n"+hostname("bl-warm")+"\n" {
+	if out := e.mustSh(t, k, "cat /root/state /proc/1/root/root/state; hostname"); out != "pinned\npinned\n"+sandbox.Hostname("bl-warm")+"\n" {
 		t.Fatalf("blank child sees %q", out)
 	}
 	want, got := e.mustSh(t, a, mountTable), e.mustSh(t, k, mountTable)

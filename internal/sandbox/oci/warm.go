@@ -401,7 +401,7 @@ func (b *Backend) claimWarm(ctx context.Context, w *Instance, pid int, plan sand
 	if err := setLimits(b.cgroupsPath(w.cid), b.v2, b.memsw, plan.Resources); err != nil {
 		return err
 	}
-	if err := setHostname(pid, hostname(plan.SandboxID)); err != nil {
+	if err := setHostname(pid, sandbox.Hostname(plan.SandboxID)); err != nil {
 		return err
 	}
 	if w.running {
