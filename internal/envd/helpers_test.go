@@ -39,7 +39,8 @@ type env struct {
 }
 
 type envOpts struct {
-	token string // set an access token via Defaults
+	token        string // set an access token via Defaults
+	randomDevice string // Config.RandomDevice
 }
 
 func isRoot() bool { return os.Geteuid() == 0 }
@@ -85,7 +86,7 @@ func newEnvOpts(t testing.TB, o envOpts) *env {
 		tok := o.token
 		defaults.Apply(state.Init{AccessToken: &tok})
 	}
-	srv := envd.New(envd.Config{Users: identity.DB{PasswdPath: pw, GroupPath: gr}, Defaults: defaults, DiskPath: dir})
+	srv := envd.New(envd.Config{Users: identity.DB{PasswdPath: pw, GroupPath: gr}, Defaults: defaults, DiskPath: dir, RandomDevice: o.randomDevice})
 	hs := httptest.NewUnstartedServer(srv)
 	p := new(http.Protocols)
 	p.SetHTTP1(true)

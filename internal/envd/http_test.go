@@ -140,6 +140,30 @@ func TestInitEntropy(t *testing.T) {
 	wantJSONError(t, resp, body, 400)
 }
 
+// TestInitEntropyFailureChangesNothing: an /init whose reseed fails answers 500 and applies
+// none of the body (here the random device is a plain file, which takes the bytes but not
+// the reseed ioctl): the node does not go on with a sandbox sharing its siblings' random
+// numbers, and its retry meets envd as it was.
+func TestInitEntropyFailureChangesNothing(t *testing.T) {
+	dev := filepath.Join(t.TempDir(), "urandom")
+	if err := os.WriteFile(dev, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, envOpts{randomDevice: dev})
+	raw := bytes.Repeat([]byte{7}, 32)
+	body := fmt.Sprintf(`{"accessToken":"tok-1","envVars":{"A":"1"},"entropy":%q}`, base64.StdEncoding.EncodeToString(raw))
+	resp, out := e.do("POST", "/init", strings.NewReader(body), nil)
+	wantJSONError(t, resp, out, 500)
+	if got, _ := os.ReadFile(dev); !bytes.Equal(got, raw) {
+		t.Fatalf("the random device got %x, want the body's entropy", got)
+	}
+	// No token was set: an /init without one is still accepted.
+	resp, out = e.do("POST", "/init", strings.NewReader(`{}`), nil)
+	if resp.StatusCode != 204 {
+		t.Fatalf("/init after the failed one: %d %s (the failed one applied its token)", resp.StatusCode, out)
+	}
+}
+
 func TestMetrics(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	resp, body := e.do("GET", "/metrics", nil, nil)

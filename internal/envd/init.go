@@ -13,6 +13,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/envd/files"
 	"github.com/aenv-dev/aenv/internal/envd/state"
+	"github.com/aenv-dev/aenv/internal/sandbox"
 )
 
 // InitRequest is the body of POST /init as the orchestrator sends it (E2B's shape). volumeMounts,
@@ -50,6 +51,15 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if len(req.Entropy) > 0 {
+		// Whatever the timestamp: fresh entropy is never stale. A sandbox that would
+		// share its random numbers with its siblings is not made, and a failed /init
+		// changes nothing, so this comes before the defaults.
+		if err := reseedRandom(s.cfg.RandomDevice, req.Entropy); err != nil {
+			files.Error(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+	}
 	in := state.Init{EnvVars: req.EnvVars, AccessToken: req.AccessToken, DefaultUser: req.DefaultUser, DefaultWorkdir: req.DefaultWorkdir}
 	if req.Timestamp != nil {
 		in.Timestamp = *req.Timestamp
@@ -57,14 +67,6 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 	applied := s.defaults.Apply(in)
 	if applied && s.cfg.SetClock && req.Timestamp != nil {
 		s.setClock(*req.Timestamp)
-	}
-	if len(req.Entropy) > 0 {
-		// Whatever the timestamp: fresh entropy is never stale. A sandbox that would
-		// share its random numbers with its siblings is not made.
-		if err := reseedRandom(req.Entropy); err != nil {
-			files.Error(w, http.StatusInternalServerError, err.Error())
-			return
-		}
 	}
 	if applied && s.cfg.RunDir != "" {
 		for _, k := range []string{"E2B_SANDBOX_ID", "E2B_TEMPLATE_ID"} {
@@ -90,10 +92,10 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// setHostname makes id, cut to the kernel's 64 bytes less one as the backends name
-// sandboxes, the host name, unless id is empty or already the name.
+// setHostname makes the host name the one the backends give sandbox id, unless id is
+// empty or that is already the name.
 func (s *Server) setHostname(id string) {
-	name := id[:min(len(id), 63)]
+	name := sandbox.Hostname(id)
 	if cur, err := os.Hostname(); name == "" || err == nil && cur == name {
 		return
 	}

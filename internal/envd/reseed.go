@@ -7,7 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// reseedRandom mixes b into the kernel's entropy pool and makes the kernel's random
+// reseedRandom mixes b into the kernel's entropy pool (through dev, /dev/urandom) and makes the kernel's random
 // generator take a new key from the pool at once (RNDRESEEDCRNG, root only).
 //
 // A microVM restored from a capture goes on with the generator's state of the moment
@@ -16,10 +16,10 @@ import (
 // scheduled reseed, up to a minute later once the guest has run two minutes, each
 // then from entropy of its own. The node sends fresh bytes in the /init of every
 // sandbox whose memory came from a capture.
-func reseedRandom(b []byte) error {
-	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+func reseedRandom(dev string, b []byte) error {
+	f, err := os.OpenFile(dev, os.O_WRONLY, 0)
 	if err != nil {
-		return fmt.Errorf("open /dev/urandom: %w", err)
+		return fmt.Errorf("open the random device: %w", err)
 	}
 	defer f.Close()
 	if _, err := f.Write(b); err != nil {

@@ -41,6 +41,9 @@ type Config struct {
 	// HostsFile, when set, is the hosts file /init adds the sandbox's host name to (the
 	// sandbox's /etc/hosts): its name is its id, which no DNS server resolves.
 	HostsFile string
+	// RandomDevice is the kernel random device /init's entropy goes to (default
+	// /dev/urandom); tests point it at a file to make the reseed fail.
+	RandomDevice string
 }
 
 // Server is envd's HTTP handler.
@@ -60,6 +63,9 @@ type Server struct {
 func New(cfg Config) *Server {
 	if cfg.Defaults == nil {
 		cfg.Defaults = state.New("root")
+	}
+	if cfg.RandomDevice == "" {
+		cfg.RandomDevice = "/dev/urandom"
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
