@@ -188,6 +188,12 @@ func (h *harness) start() {
 		}
 		o.mu.Unlock()
 		o.bg.Wait()
+		// The start commands' captures write their last lines before the temp dir goes.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := o.logs.stopFollowing(ctx); err != nil {
+			h.t.Error(err)
+		}
 	})
 }
 

@@ -68,6 +68,10 @@ type logStore struct {
 
 	mu   sync.Mutex
 	bufs map[string]*logBuf
+	// followers counts the start commands' output captures still running; stopFollowing
+	// waits for them, so none writes after the node is gone (and re-creates its log
+	// directory).
+	followers sync.WaitGroup
 }
 
 type logBuf struct {
@@ -388,8 +392,9 @@ func (s *logStore) following(id string) bool {
 	return b.followCtx != nil && b.followCtx.Err() == nil
 }
 
-// stopFollowing stops every output capture (the node is going away).
-func (s *logStore) stopFollowing() {
+// stopFollowing stops every output capture (the node is going away) and waits, until ctx
+// is done, for the captures to write their last lines.
+func (s *logStore) stopFollowing(ctx context.Context) error {
 	s.mu.Lock()
 	bufs := make([]*logBuf, 0, len(s.bufs))
 	for _, b := range s.bufs {
@@ -402,6 +407,14 @@ func (s *logStore) stopFollowing() {
 			b.follow()
 		}
 		b.mu.Unlock()
+	}
+	done := make(chan struct{})
+	go func() { s.followers.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("start commands' output captures still running: %w", ctx.Err())
 	}
 }
 
@@ -431,7 +444,9 @@ func (o *Orchestrator) followStartCommand(id string, p *envdclient.Process, ctx 
 	_ = o.logs.addTo(id, b, LogEntry{Time: o.clock.Now().UTC(), Level: LevelInfo, Message: msg,
 		Fields: map[string]string{"pid": fmt.Sprint(p.Pid)}})
 	o.logs.setFollow(b, ctx, cancel)
+	o.logs.followers.Add(1)
 	go func() {
+		defer o.logs.followers.Done()
 		defer cancel()
 		defer p.Close()
 		out := &lineWriter{o: o, id: id, buf: b, level: LevelInfo, fields: map[string]string{"stream": "stdout"}}

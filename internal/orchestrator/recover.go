@@ -192,7 +192,9 @@ func (o *Orchestrator) Shutdown(ctx context.Context) error {
 	}
 	wg.Wait()
 	// Kept sandboxes' start commands run on; the next node re-attaches to their output.
-	o.logs.stopFollowing()
+	if err := o.logs.stopFollowing(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("orchestrator shutdown: %w", err)
 	}

@@ -103,7 +103,9 @@ func TestStartCommandReattach(t *testing.T) {
 	eventually(t, "first output captured", hasLog(running.ID, "out of -l -c serve"))
 
 	// The node goes away: its streams close, the processes run on.
-	h.o.logs.stopFollowing()
+	if err := h.o.logs.stopFollowing(ctx); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, "streams detached", func() bool { return ra.Attached(pid) == 0 && ea.Attached(pid) == 0 })
 	ra.Emit(pid, "while down\n")
 	ea.End(pid, 3)
@@ -154,7 +156,9 @@ func TestStartCommandReattachOnResume(t *testing.T) {
 	if err := h.o.Pause(ctx, sb.ID, sandbox.PauseOptions{KeepMemory: true}); err != nil {
 		t.Fatal(err)
 	}
-	h.o.logs.stopFollowing()
+	if err := h.o.logs.stopFollowing(ctx); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, "detached", func() bool { return env.Attached(pid) == 0 })
 	h.restart()
 	if c := env.Connects(); len(c) != 0 {
