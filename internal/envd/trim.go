@@ -2,10 +2,11 @@ package envd
 
 import (
 	"runtime/debug"
-	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/lazygc"
 )
 
 // idleTrimmer returns freed memory to the OS once a burst of requests is over. It holds a
@@ -94,11 +95,4 @@ func (t *idleTrimmer) stop() {
 }
 
 // heapObjects is the bytes of heap objects, live or not yet collected.
-func heapObjects() int64 {
-	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
-		return 0
-	}
-	return int64(s[0].Value.Uint64())
-}
+func heapObjects() int64 { return lazygc.RuntimeBytes("/memory/classes/heap/objects:bytes") }

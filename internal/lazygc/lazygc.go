@@ -95,8 +95,12 @@ func (g *GC) Normal() bool {
 }
 
 // liveHeap is the heap the last cycle found live (0 before the first).
-func liveHeap() int64 {
-	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+func liveHeap() int64 { return RuntimeBytes("/gc/heap/live:bytes") }
+
+// RuntimeBytes reads one of runtime/metrics' byte counts, 0 when this Go has no such
+// metric.
+func RuntimeBytes(name string) int64 {
+	s := []metrics.Sample{{Name: name}}
 	metrics.Read(s)
 	if s[0].Value.Kind() != metrics.KindUint64 {
 		return 0
