@@ -161,6 +161,15 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 		if dp, err = startDataPlane(ctx, cfg, n.Log); err != nil {
 			return nil, err
 		}
+		// After the backend's close (closers run in reverse), and also when Open fails
+		// later (no runtime, a bad egress CA): a data plane left with no disk (sandboxes
+		// stopped or paused, or none ever made) ends; one still serving the disks of kept
+		// sandboxes runs on for the next node.
+		n.onClose(func(ctx context.Context) {
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			dp.stopIfIdle(cctx)
+		})
 	}
 	lap("data_plane")
 	kind := cfg.Backend.Kind
@@ -183,11 +192,6 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 		defer cancel()
 		if err := n.Backend.Close(cctx); err != nil {
 			n.Log.Warn("close the sandbox backend", "backend", kind, "err", err)
-		}
-		// A data plane left with no disk (sandboxes stopped or paused) ends; one still
-		// serving the disks of kept sandboxes runs on for the next node.
-		if dp != nil {
-			dp.stopIfIdle(cctx)
 		}
 	})
 

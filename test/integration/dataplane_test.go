@@ -391,3 +391,30 @@ func buildVersioned(t *testing.T, version string) string {
 	_ = os.Chmod(filepath.Dir(out), 0o755)
 	return out
 }
+
+// TestFailedStartStopsDataPlane: a node whose start fails after it started the data plane
+// (here: the egress upstream CA file is missing; a host where no OCI runtime works fails
+// at the same point) leaves no data plane running and no FUSE mount behind, as a node
+// stopped with no sandbox does; before, `aenv dataplane` ran on, holding its mount.
+func TestFailedStartStopsDataPlane(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no-ca.pem")
+	n := newNode(t, "AENV_NETWORK_EGRESS_UPSTREAM_CA="+missing)
+	n.launch()
+	select {
+	case <-n.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("aenv serve with a missing CA file still runs after 60 s:\n%s", n.output())
+	}
+	if n.cmd.ProcessState.Success() || !strings.Contains(n.output(), "network.egress_upstream_ca") {
+		t.Fatalf("aenv serve with a missing CA file: %v\n%s", n.cmd.ProcessState, n.output())
+	}
+	if !strings.Contains(n.output(), "data plane") {
+		t.Fatalf("the node failed before it started the data plane, so this shows nothing:\n%s", n.output())
+	}
+	if pid := n.dataPlanePid(t); pid != 0 {
+		t.Errorf("the data plane (pid %d) still runs after the node failed to start", pid)
+	}
+	if m := mountsUnder(t, n.dataDir); len(m) > 0 {
+		t.Errorf("mounts left under the data dir: %v", m)
+	}
+}
