@@ -7,8 +7,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// reseedRandom mixes b into the kernel's entropy pool (through dev, /dev/urandom) and makes the kernel's random
-// generator take a new key from the pool at once (RNDRESEEDCRNG, root only).
+// reseedRandom mixes b into the kernel's entropy pool through dev (/dev/urandom) and
+// makes the kernel's random generator take a new key from the pool at once
+// (RNDRESEEDCRNG, root only).
 //
 // A microVM restored from a capture goes on with the generator's state of the moment
 // of the capture: every fork child and the parent read the same bytes from

@@ -260,11 +260,9 @@ func (h *harness) stored(id string) *Sandbox {
 // immediately run on their own goroutine; tests wait for those with eventually.)
 func (h *harness) settle() {
 	h.t.Helper()
-	done := make(chan struct{})
-	go func() { h.o.bg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := waitGroup(ctx, &h.o.bg); err != nil {
 		h.t.Fatal("background operations did not finish")
 	}
 }

@@ -408,14 +408,10 @@ func (s *logStore) stopFollowing(ctx context.Context) error {
 		}
 		b.mu.Unlock()
 	}
-	done := make(chan struct{})
-	go func() { s.followers.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("start commands' output captures still running: %w", ctx.Err())
+	if err := waitGroup(ctx, &s.followers); err != nil {
+		return fmt.Errorf("start commands' output captures still running: %w", err)
 	}
+	return nil
 }
 
 // stopFollowingOf stops the output capture of id, if any: the stream it reads belongs to

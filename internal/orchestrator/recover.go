@@ -164,12 +164,8 @@ func (o *Orchestrator) Shutdown(ctx context.Context) error {
 	o.mu.Unlock()
 
 	// Expiries already running finish first so they do not race the shutdown action.
-	done := make(chan struct{})
-	go func() { o.bg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return fmt.Errorf("orchestrator shutdown: %w", ctx.Err())
+	if err := waitGroup(ctx, &o.bg); err != nil {
+		return fmt.Errorf("orchestrator shutdown: %w", err)
 	}
 
 	var (
@@ -220,4 +216,17 @@ func (o *Orchestrator) shutdownOne(ctx context.Context, id string) error {
 	// process), so it would not survive the restart: without memory snapshots, pause to
 	// disk, which falls back to pausing in place where the sandbox cannot be captured.
 	return o.pauseLocked(ctx, e, sandbox.PauseOptions{KeepMemory: o.backend.Capabilities().MemorySnapshots})
+}
+
+// waitGroup waits for wg until ctx is done; ctx's error then (the waiting goroutine stays
+// until wg is done).
+func waitGroup(ctx context.Context, wg *sync.WaitGroup) error {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
