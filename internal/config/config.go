@@ -628,7 +628,11 @@ func (c *Config) Validate() error {
 	switch c.Backend.Runtime {
 	case "auto", "runc", "crun", "runsc":
 	default:
-		bad("backend.runtime", "%q is not auto, runc, crun or runsc", c.Backend.Runtime)
+		// A runtime outside PATH (a newer build beside the distribution's); the backend's
+		// probe says whether it runs.
+		if !filepath.IsAbs(c.Backend.Runtime) {
+			bad("backend.runtime", "%q is not auto, runc, crun, runsc or an absolute path to one of them", c.Backend.Runtime)
+		}
 	}
 	for _, d := range c.Proxy.Domains {
 		if d == "" || strings.ContainsAny(d, "/ ") {

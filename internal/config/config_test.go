@@ -87,6 +87,12 @@ domains = ["sbx.example.com"]
 					t.Fatalf("env not applied: %+v", c)
 				}
 			}},
+		{"runtime path", "", map[string]string{"AENV_BACKEND_RUNTIME": "/opt/crun-1.19/crun"},
+			func(t *testing.T, c Config) {
+				if c.Backend.Runtime != "/opt/crun-1.19/crun" {
+					t.Fatalf("runtime = %q", c.Backend.Runtime)
+				}
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -114,6 +120,7 @@ func TestLoadErrorsNameTheKey(t *testing.T) {
 		{"bad env int", "", map[string]string{"AENV_SANDBOX_DEFAULT_CPU": "two"}, "AENV_SANDBOX_DEFAULT_CPU"},
 		{"bad env duration", "", map[string]string{"AENV_ENVD_READY_TIMEOUT": "-"}, "AENV_ENVD_READY_TIMEOUT"},
 		{"bad runtime", "", map[string]string{"AENV_BACKEND_RUNTIME": "docker"}, "backend.runtime"},
+		{"relative runtime path", "", map[string]string{"AENV_BACKEND_RUNTIME": "bin/crun"}, "backend.runtime"},
 		{"bad backend kind", "", map[string]string{"AENV_BACKEND_KIND": "lxc"}, "backend.kind"},
 		{"microvm without layered base", "[backend]\nkind = \"microvm\"\n[templates]\nlayered_base = false\n", nil, "templates.layered_base"},
 		{"bad accel", "", map[string]string{"AENV_BACKEND_ACCEL": "hvf"}, "backend.accel"},

@@ -117,6 +117,10 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	if err != nil {
 		return nil, err
 	}
+	roots, err := upstreamRoots(cfg)
+	if err != nil {
+		return nil, err
+	}
 	n := &Node{Config: cfg, Log: o.Logger, Metrics: prometheus.NewRegistry(), baseBuild: newBaseBuild(o.Logger),
 		sandboxConns: sandboxconn.New()}
 	n.onClose(func(context.Context) { n.sandboxConns.CloseIdleConnections() })
@@ -162,7 +166,7 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 			return nil, err
 		}
 		// After the backend's close (closers run in reverse), and also when Open fails
-		// later (no runtime, a bad egress CA): a data plane left with no disk (sandboxes
+		// later (no runtime works, the egress CA cannot be made): a data plane left with no disk (sandboxes
 		// stopped or paused, or none ever made) ends; one still serving the disks of kept
 		// sandboxes runs on for the next node.
 		n.onClose(func(ctx context.Context) {
@@ -178,7 +182,9 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 	if dp != nil {
 		env.DataPlane = dp.Client
 	}
-	if env.EgressCA, env.EgressUpstreamRoots, err = openEgressCA(cfg); err != nil {
+	env.EgressUpstreamRoots = roots
+	// The egress proxy's CA: made on the first start, kept under <data_dir>/egress.
+	if env.EgressCA, err = egressproxy.LoadOrCreateCA(filepath.Join(cfg.DataDir, "egress")); err != nil {
 		return nil, err
 	}
 	n.egressCA = env.EgressCA
@@ -404,29 +410,24 @@ func (n *Node) Close(ctx context.Context) {
 	n.closers = nil
 }
 
-// openEgressCA loads (or makes, on first start) the node's egress CA under
-// <data_dir>/egress and the roots its proxy verifies servers against: the system's plus
-// network.egress_upstream_ca.
-func openEgressCA(cfg config.Config) (*egressproxy.CA, *x509.CertPool, error) {
-	ca, err := egressproxy.LoadOrCreateCA(filepath.Join(cfg.DataDir, "egress"))
-	if err != nil {
-		return nil, nil, err
-	}
+// upstreamRoots is what the egress proxy verifies servers against when
+// network.egress_upstream_ca is set: the system's roots plus that file's (nil: the system's).
+func upstreamRoots(cfg config.Config) (*x509.CertPool, error) {
 	if cfg.Network.EgressUpstreamCA == "" {
-		return ca, nil, nil
+		return nil, nil
 	}
 	pem, err := os.ReadFile(cfg.Network.EgressUpstreamCA)
 	if err != nil {
-		return nil, nil, fmt.Errorf("network.egress_upstream_ca: %w", err)
+		return nil, fmt.Errorf("network.egress_upstream_ca: %w", err)
 	}
 	roots, err := x509.SystemCertPool()
 	if err != nil {
 		roots = x509.NewCertPool()
 	}
 	if !roots.AppendCertsFromPEM(pem) {
-		return nil, nil, fmt.Errorf("network.egress_upstream_ca: %s holds no PEM certificate", cfg.Network.EgressUpstreamCA)
+		return nil, fmt.Errorf("network.egress_upstream_ca: %s holds no PEM certificate", cfg.Network.EgressUpstreamCA)
 	}
-	return ca, roots, nil
+	return roots, nil
 }
 
 // nodeName is how the node names itself to API clients: its cluster id, else the host name.

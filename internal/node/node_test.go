@@ -122,3 +122,29 @@ func TestOpenBackendFailureUnwinds(t *testing.T) {
 		}
 	}
 }
+
+// A bad network.egress_upstream_ca fails the start before anything is made: no data
+// dir, no catalog, no data plane (found once only after the data plane had started).
+func TestOpenBadEgressUpstreamCAChangesNothing(t *testing.T) {
+	notPEM := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ name, file, want string }{
+		{"missing", filepath.Join(t.TempDir(), "none.pem"), "no such file"},
+		{"no certificate", notPEM, "holds no PEM certificate"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := nodeConfig(t)
+			cfg.Network.EgressUpstreamCA = tt.file
+			_, err := Open(context.Background(), cfg, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err == nil || !strings.Contains(err.Error(), "network.egress_upstream_ca") || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want network.egress_upstream_ca: …%s", err, tt.want)
+			}
+			if _, err := os.Stat(cfg.DataDir); !os.IsNotExist(err) {
+				t.Fatalf("data dir made for a node that cannot start: %v", err)
+			}
+		})
+	}
+}

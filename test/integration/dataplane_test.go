@@ -393,20 +393,23 @@ func buildVersioned(t *testing.T, version string) string {
 }
 
 // TestFailedStartStopsDataPlane: a node whose start fails after it started the data plane
-// (here: the egress upstream CA file is missing; a host where no OCI runtime works fails
-// at the same point) leaves no data plane running and no FUSE mount behind, as a node
-// stopped with no sandbox does; before, `aenv dataplane` ran on, holding its mount.
+// (here: the OCI runtime it is given cannot start a container, as on a host where none
+// works) leaves no data plane running and no FUSE mount behind, as a node stopped with no
+// sandbox does; before, `aenv dataplane` ran on, holding its mount.
 func TestFailedStartStopsDataPlane(t *testing.T) {
-	missing := filepath.Join(t.TempDir(), "no-ca.pem")
-	n := newNode(t, "AENV_NETWORK_EGRESS_UPSTREAM_CA="+missing)
+	runtime := filepath.Join(t.TempDir(), "runc")
+	if err := os.WriteFile(runtime, []byte("#!/bin/sh\necho 'this runtime starts nothing' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(t, "AENV_BACKEND_RUNTIME="+runtime)
 	n.launch()
 	select {
 	case <-n.done:
 	case <-time.After(60 * time.Second):
-		t.Fatalf("aenv serve with a missing CA file still runs after 60 s:\n%s", n.output())
+		t.Fatalf("aenv serve with a runtime that starts nothing still runs after 60 s:\n%s", n.output())
 	}
-	if n.cmd.ProcessState.Success() || !strings.Contains(n.output(), "network.egress_upstream_ca") {
-		t.Fatalf("aenv serve with a missing CA file: %v\n%s", n.cmd.ProcessState, n.output())
+	if n.cmd.ProcessState.Success() || !strings.Contains(n.output(), "this runtime starts nothing") {
+		t.Fatalf("aenv serve with a runtime that starts nothing: %v\n%s", n.cmd.ProcessState, n.output())
 	}
 	if !strings.Contains(n.output(), "data plane") {
 		t.Fatalf("the node failed before it started the data plane, so this shows nothing:\n%s", n.output())
