@@ -237,6 +237,9 @@ type Backend struct {
 	bootIDs bool
 	// emptyDir masks directories under /sys in every sandbox ("": a tmpfs each).
 	emptyDir string
+	// cgroupBinds are the cgroup hierarchies sandboxes' /sys/fs/cgroup shows by bind
+	// mounts (specParams.cgroupBinds): with crun; nil with other runtimes.
+	cgroupBinds []string
 	// blankRoot is the skeleton blank warm containers start on ("": none are kept).
 	blankRoot string
 	pool      *network.Pool
@@ -321,6 +324,11 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	laps.Lap("probe")
 	binPath := rt.bin
 	b.rt, b.userns = rt.sealed(b.log), userns
+	if rt.cgroupView() {
+		if b.cgroupBinds, _, err = hostCgroupMounts(); err != nil {
+			return nil, err
+		}
+	}
 	b.bootIDs = rt.name != "runsc"
 	pool, err := network.New(ctx, cfg.Network)
 	if err != nil {
@@ -329,7 +337,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	b.pool = pool
 	laps.Lap("network")
 	// After the pool, which makes the netns directory a mount point.
-	b.rt.ns = newLaunchNS(cfg.DataDir, network.NetnsDir, []string{cfg.EnvdPath, cfg.ResolvConf}, b.log)
+	b.rt.ns = newLaunchNS(cfg.DataDir, network.NetnsDir, []string{cfg.EnvdPath, cfg.ResolvConf}, rt.cgroupView(), b.log)
 	b.warm = newWarmPool(b, max(cfg.WarmContainers, 0), cfg.WarmContainersMax)
 	b.lowers = rootfs.NewLowers(b.lowersDir(), b.diskOpener(), cfg.LayerResolver)
 	if b.nsThreads, err = newNSThreads(b.log); err != nil {

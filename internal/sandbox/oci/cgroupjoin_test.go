@@ -27,29 +27,32 @@ const hybridTable = `25 1 0:22 / /sys rw - sysfs sysfs rw
 41 1 0:37 / /mnt/other/blkio rw - cgroup cgroup rw,blkio
 `
 
-func TestUnneededCgroupMounts(t *testing.T) {
+func TestSplitCgroupMounts(t *testing.T) {
 	for _, tc := range []struct {
 		name, table string
-		want        []string
+		need, rest  []string
 	}{
-		{"hybrid", hybridTable, []string{"/sys/fs/cgroup/cpuset", "/sys/fs/cgroup/blkio", "/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"}},
+		{"hybrid", hybridTable,
+			[]string{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/devices", "/sys/fs/cgroup/freezer", "/sys/fs/cgroup/pids"},
+			[]string{"/sys/fs/cgroup/cpuset", "/sys/fs/cgroup/blkio", "/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"}},
 		{"co-mounted", `30 25 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs rw
 31 30 0:27 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
 32 30 0:28 / /sys/fs/cgroup/net_cls,net_prio rw - cgroup cgroup rw,net_cls,net_prio
 33 30 0:29 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
 34 30 0:30 / /sys/fs/cgroup/perf_event rw - cgroup cgroup rw,perf_event
 35 30 0:31 / /sys/fs/cgroup/hugetlb rw - cgroup cgroup rw,hugetlb
-`, []string{"/sys/fs/cgroup/net_cls,net_prio", "/sys/fs/cgroup/perf_event", "/sys/fs/cgroup/hugetlb"}},
-		{"pure v2", "30 25 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", nil},
+`, []string{"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/memory"},
+			[]string{"/sys/fs/cgroup/net_cls,net_prio", "/sys/fs/cgroup/perf_event", "/sys/fs/cgroup/hugetlb"}},
+		{"pure v2", "30 25 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", nil, nil},
 		{"no needed controller mounted", `30 25 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs rw
 33 30 0:29 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset
 40 30 0:36 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
-`, nil},
+`, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := unneededCgroupMounts([]byte(tc.table), "/sys/fs/cgroup/", sandboxControllers)
-			if !slices.Equal(got, tc.want) {
-				t.Errorf("got %v, want %v", got, tc.want)
+			need, rest := splitCgroupMounts([]byte(tc.table), "/sys/fs/cgroup/", sandboxControllers)
+			if !slices.Equal(need, tc.need) || !slices.Equal(rest, tc.rest) {
+				t.Errorf("got %v and %v, want %v and %v", need, rest, tc.need, tc.rest)
 			}
 		})
 	}
@@ -57,8 +60,10 @@ func TestUnneededCgroupMounts(t *testing.T) {
 
 // TestSandboxCgroupHierarchies checks that a sandbox is a cgroup only in the hierarchies
 // of the controllers it needs, and sees only those in its /sys/fs/cgroup.
-func TestSandboxCgroupHierarchies(t *testing.T) {
-	e := newTestBackend(t, nil)
+func TestSandboxCgroupHierarchies(t *testing.T) { eachRuntime(t, testSandboxCgroupHierarchies) }
+
+func testSandboxCgroupHierarchies(t *testing.T, runtime string) {
+	e := newTestBackend(t, func(c *Config) { c.Runtime = runtime })
 	if e.b.v2 {
 		t.Skip("pure cgroup v2 host: one hierarchy")
 	}

@@ -8,19 +8,21 @@ import (
 	"github.com/aenv-dev/aenv/internal/sandbox/sandboxtest"
 )
 
-// TestConformance runs the backend suite with real runc, the real envd and layered
-// roots (FUSE, loop devices, ext4), as root.
+// TestConformance runs the backend suite with real runc and real crun, the real envd
+// and layered roots (FUSE, loop devices, ext4), as root.
 func TestConformance(t *testing.T) {
-	sandboxtest.Run(t, func(t *testing.T) *sandboxtest.Env {
-		needBlock(t)
-		envd := testEnvd(t)
-		if envd == "" {
-			t.Skip("needs the envd binary (go build ./cmd/envd failed)")
-		}
-		e := newTestBackend(t, func(c *Config) { c.EnvdPath, c.InitArgs = envd, nil })
-		return &sandboxtest.Env{Backend: e.b, Root: testLayered(t), Guest: sandboxtest.EnvdGuest{},
-			Resources: sandbox.Resources{CPUCount: 1, MemoryMB: 256},
-			Crash:     func(t *testing.T) sandbox.Backend { return crash(t, e) }}
+	eachRuntime(t, func(t *testing.T, runtime string) {
+		sandboxtest.Run(t, func(t *testing.T) *sandboxtest.Env {
+			needBlock(t)
+			envd := testEnvd(t)
+			if envd == "" {
+				t.Skip("needs the envd binary (go build ./cmd/envd failed)")
+			}
+			e := newTestBackend(t, func(c *Config) { c.EnvdPath, c.InitArgs, c.Runtime = envd, nil, runtime })
+			return &sandboxtest.Env{Backend: e.b, Root: testLayered(t), Guest: sandboxtest.EnvdGuest{},
+				Resources: sandbox.Resources{CPUCount: 1, MemoryMB: 256},
+				Crash:     func(t *testing.T) sandbox.Backend { return crash(t, e) }}
+		})
 	})
 }
 

@@ -55,6 +55,20 @@ func needRuntime(t testing.TB) {
 	}
 }
 
+// eachRuntime runs f as a subtest per OCI runtime the backend supports: runc, and crun,
+// whose path differs (its cgroup view, spec version and error messages; see
+// runtimeCLI.cgroupView). A runtime that is not installed skips its subtest.
+func eachRuntime(t *testing.T, f func(t *testing.T, runtime string)) {
+	for _, rt := range []string{"runc", "crun"} {
+		t.Run(rt, func(t *testing.T) {
+			if _, err := exec.LookPath(rt); err != nil {
+				t.Skipf("needs %s (Debian package %s; scripts/deps.sh --test installs it)", rt, rt)
+			}
+			f(t, rt)
+		})
+	}
+}
+
 var (
 	backendSeq   atomic.Int64
 	templateOnce sync.Once
@@ -175,6 +189,11 @@ func newTestBackend(t *testing.T, mod func(*Config)) *testEnv {
 		UIDRanges: 64,
 		// No warm pool: it could refill a freed slot index before assertGone looks at it.
 		Network: testNetwork(-1),
+	}
+	// The runtime the probe picks, or the one AENV_TEST_OCI_RUNTIME names (to run the
+	// whole package on crun); tests that run on each runtime set it in mod.
+	if r := os.Getenv("AENV_TEST_OCI_RUNTIME"); r != "" {
+		cfg.Runtime = r
 	}
 	if mod != nil {
 		mod(&cfg)

@@ -135,8 +135,10 @@ func testConcurrentLaunchStop(t *testing.T, warm int) {
 
 // TestWarmContainers launches from the warm pool: the sandbox must get its own limits,
 // hostname, network policy and state, and stop as cleanly as a fresh one.
-func TestWarmContainers(t *testing.T) {
-	e := newTestBackend(t, func(c *Config) { c.WarmContainers = 2 })
+func TestWarmContainers(t *testing.T) { eachRuntime(t, testWarmContainers) }
+
+func testWarmContainers(t *testing.T, runtime string) {
+	e := newTestBackend(t, func(c *Config) { c.WarmContainers, c.Runtime = 2, runtime })
 	ctx := context.Background()
 	first := e.launch(t, "warm0", sandbox.Resources{CPUCount: 1, MemoryMB: 64})
 	if first.cid != "warm0" {

@@ -40,11 +40,14 @@ type launchNS struct {
 	netnsDir string // the netns directory if it is a mount point of its own, or ""
 	// keep are host paths launches use (envd): templates keep every mount they are on.
 	keep []string
-	// cgroups are the host's cgroup hierarchies no sandbox needs (see
-	// sandboxControllers), detached in the namespace so that the runtime skips them.
-	cgroups []string
-	off     atomic.Bool
-	log     *slog.Logger
+	// cgroups are what the namespace changes in the host's cgroup hierarchies (see
+	// sandboxControllers) so that the runtime uses only those sandboxes need: with
+	// cgroupView (crun) the hierarchies it shows (showCgroupMounts), else the ones it
+	// detaches (hideCgroupMounts, runc); nil: none, the runtime sees all.
+	cgroups    []string
+	cgroupView bool
+	off        atomic.Bool
+	log        *slog.Logger
 
 	mu     sync.Mutex
 	tmpl   *nsTemplate   // the current template, nil when none was needed lately
@@ -137,7 +140,9 @@ var errPrivateNS = errors.New("oci: private mount namespace for the runtime")
 // is not a mount point but already holds mounts (sandboxes of a node that ran before
 // this existed) cannot be made one without hiding them: it returns nil, logged, and the
 // runtime runs in the node's namespace until a restart finds no mount below dir.
-func newLaunchNS(dir, netnsDir string, keep []string, log *slog.Logger) *launchNS {
+// cgroupView says how the namespace leaves the runtime only the cgroup hierarchies
+// sandboxes need (see launchNS.cgroups): true for crun.
+func newLaunchNS(dir, netnsDir string, keep []string, cgroupView bool, log *slog.Logger) *launchNS {
 	dir = filepath.Clean(dir)
 	if mounted, err := mountinfo.Mounted(dir); err != nil {
 		log.Warn("oci: the runtime runs in the host's mount namespace", "err", err)
@@ -168,10 +173,12 @@ func newLaunchNS(dir, netnsDir string, keep []string, log *slog.Logger) *launchN
 			ns.keep = append(ns.keep, p)
 		}
 	}
-	if hide, err := hostUnneededCgroupMounts(); err != nil {
+	if need, rest, err := hostCgroupMounts(); err != nil {
 		log.Warn("oci: sandboxes join every cgroup hierarchy", "err", err)
+	} else if ns.cgroupView = cgroupView; cgroupView {
+		ns.cgroups = need
 	} else {
-		ns.cgroups = hide
+		ns.cgroups = rest
 	}
 	if mounted, err := mountinfo.Mounted(netnsDir); err == nil && mounted {
 		ns.netnsDir = filepath.Clean(netnsDir)
@@ -383,7 +390,11 @@ func (ns *launchNS) makeTemplate() (int, error) {
 			return -1, fmt.Errorf("detach %s: %w", d, err)
 		}
 	}
-	if err := hideCgroupMounts(ns.cgroups); err != nil {
+	if ns.cgroupView {
+		if err := showCgroupMounts(cgroupRoot, ns.cgroups); err != nil {
+			return -1, err
+		}
+	} else if err := hideCgroupMounts(ns.cgroups); err != nil {
 		return -1, err
 	}
 	if err := detachHolders(append([]string{ns.root}, ns.keep...)); err != nil {

@@ -113,8 +113,14 @@ func (b *Backend) tryRuntime(ctx context.Context, rt runtimeCLI, userns bool) (e
 	if err := mountRootfs(l, lower, m, fd); err != nil {
 		return err
 	}
+	var cgroups []string
+	if rt.cgroupView() {
+		if cgroups, _, err = hostCgroupMounts(); err != nil {
+			return err
+		}
+	}
 	spec := buildSpec(specParams{
-		rootfs: l.rootfs(), hostname: probeID, envdPath: b.cfg.EnvdPath,
+		rootfs: l.rootfs(), hostname: probeID, envdPath: b.cfg.EnvdPath, cgroupBinds: cgroups,
 		args:        []string{"/bin/busybox", "sh", "-c", "touch /probe && test -e " + envdMount + " && echo probe-ok"},
 		env:         []string{"PATH=/bin"},
 		cgroupsPath: b.cgroupsPath(probeID), cpuCount: 1, memoryMB: 64, pidsLimit: 64, idmap: m, memsw: b.memsw,
@@ -122,7 +128,7 @@ func (b *Backend) tryRuntime(ctx context.Context, rt runtimeCLI, userns bool) (e
 	if err := writeJSON(filepath.Join(l.dir, "config.json"), spec); err != nil {
 		return err
 	}
-	out, err := rt.runForeground(ctx, probeID, l.dir)
+	out, err := rt.runForeground(ctx, probeID, l.dir, cgroups)
 	if err != nil {
 		return err
 	}

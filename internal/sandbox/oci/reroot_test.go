@@ -110,10 +110,12 @@ const mountTable = `awk '{ for (i = 7; $i != "-"; i++); print $5, $(i+1), $6 }' 
 // source's launch missed its template's pool) moved onto the capture's root: it sees the
 // source's files, its init runs on that root, its mounts are those of a container runc
 // made, its writes land in its own upper, and it can be forked in turn.
-func TestBlankWarmFork(t *testing.T) {
+func TestBlankWarmFork(t *testing.T) { eachRuntime(t, testBlankWarmFork) }
+
+func testBlankWarmFork(t *testing.T, runtime string) {
 	needRuntime(t)
 	needBlock(t)
-	e := newTestBackend(t, func(c *Config) { c.WarmContainers = 1 })
+	e := newTestBackend(t, func(c *Config) { c.WarmContainers, c.Runtime = 1, runtime })
 	ctx := context.Background()
 	a := e.launchBlock(t, "bl-a", testLayered(t), sandbox.Resources{})
 	if a.cid != a.id {

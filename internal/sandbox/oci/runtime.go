@@ -50,12 +50,20 @@ func (r runtimeCLI) output(ctx context.Context, args ...string) ([]byte, error) 
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := runPolled(cmd); err != nil {
 		msg := strings.TrimSpace(stderr.String())
-		if strings.Contains(msg, "does not exist") || strings.Contains(msg, "not found") || strings.Contains(msg, "container not found") {
+		if noContainer(msg, r.root) {
 			return nil, fmt.Errorf("%w: %s %s: %s", errNoContainer, r.name, args[0], msg)
 		}
 		return nil, fmt.Errorf("oci: %s %s: %w: %s", r.name, strings.Join(args, " "), err, msg)
 	}
 	return stdout.Bytes(), nil
+}
+
+// noContainer says whether a runtime's error message msg means it has no container of
+// the id asked for in state directory root: runc's "container does not exist", runsc's
+// "not found", crun's failed open of the container's state files below root.
+func noContainer(msg, root string) bool {
+	return strings.Contains(msg, "does not exist") || strings.Contains(msg, "not found") ||
+		strings.Contains(msg, filepath.Clean(root)+"/") && strings.Contains(msg, "No such file or directory")
 }
 
 // create creates the container without starting its init (the warm pool); start runs it.
@@ -86,14 +94,26 @@ func (r runtimeCLI) start(ctx context.Context, id string) error {
 	return err
 }
 
-// runForeground runs a container to completion (used by the probe).
-func (r runtimeCLI) runForeground(ctx context.Context, id, bundle string) ([]byte, error) {
+// cgroupView says whether the runtime must see only the cgroup hierarchies sandboxes
+// need in a cgroup root of their own (showCgroupMounts) rather than the host's with the
+// others detached (hideCgroupMounts): crun, which on this project's hybrid hosts cannot
+// start a container otherwise (the probe sees the same).
+func (r runtimeCLI) cgroupView() bool { return r.name == "crun" }
+
+// runForeground runs a container to completion (used by the probe), seeing only the
+// cgroup hierarchies at cgroups (nil: all), as crun's launches do.
+func (r runtimeCLI) runForeground(ctx context.Context, id, bundle string, cgroups []string) ([]byte, error) {
 	cmd := r.command(ctx, "run", "--no-new-keyring", "--bundle", bundle, id)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return out, fmt.Errorf("oci: %s run: %w: %s", r.name, err, strings.TrimSpace(string(out)))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := startInCgroupView(cmd, cgroups)
+	if err == nil {
+		err = cmd.Wait()
 	}
-	return out, nil
+	if err != nil {
+		return out.Bytes(), fmt.Errorf("oci: %s run: %w: %s", r.name, err, strings.TrimSpace(out.String()))
+	}
+	return out.Bytes(), nil
 }
 
 func (r runtimeCLI) state(ctx context.Context, id string) (containerState, error) {
@@ -197,4 +217,25 @@ func (r runtimeCLI) sealed(log *slog.Logger) runtimeCLI {
 	}
 	r.exe, r.bin = f, fmt.Sprintf("/proc/self/fd/%d", f.Fd())
 	return r
+}
+
+// startInCgroupView starts cmd in a mount namespace of its own whose cgroup root shows only
+// the hierarchies at paths (showCgroupMounts); with no paths, in the node's.
+func startInCgroupView(cmd *exec.Cmd, paths []string) error {
+	if len(paths) == 0 {
+		return cmd.Start()
+	}
+	return onDiscardedThread(func() error {
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			return fmt.Errorf("oci: unshare: %w", err)
+		}
+		if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("oci: make / a slave: %w", err)
+		}
+		if err := showCgroupMounts(cgroupRoot, paths); err != nil {
+			return fmt.Errorf("oci: %w", err)
+		}
+		// os/exec forks on this (locked) thread: the child inherits its namespace.
+		return cmd.Start()
+	})
 }

@@ -2,6 +2,8 @@ package oci
 
 import (
 	"os"
+	"path/filepath"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 
@@ -27,10 +29,38 @@ type specParams struct {
 	// emptyDir is a host directory, empty and read-only, bound over the masked
 	// directories under /sys instead of a tmpfs each (see hostSysDirs); "" = tmpfs.
 	emptyDir string
+	// cgroupBinds are the host's v1 hierarchies (mount points) the sandbox's
+	// /sys/fs/cgroup shows, each as a read-only bind of the sandbox's own cgroup there;
+	// nil: a cgroup mount, which the runtime fills. For crun (runtimeCLI.cgroupView),
+	// whose cgroup mount holds every hierarchy of /proc/self/cgroup, not only those the
+	// sandbox is in.
+	cgroupBinds []string
+}
+
+// cgroupMounts are the mounts of the sandbox's /sys/fs/cgroup.
+func (p specParams) cgroupMounts() []specs.Mount {
+	ro := []string{"nosuid", "noexec", "nodev", "relatime", "ro"}
+	if len(p.cgroupBinds) == 0 {
+		return []specs.Mount{{Destination: cgroupRoot, Type: "cgroup", Source: "cgroup", Options: ro}}
+	}
+	// Writable, as it must be for the mount points below it, but with room for no more
+	// than a few empty files.
+	ms := []specs.Mount{{Destination: cgroupRoot, Type: "tmpfs", Source: "tmpfs",
+		Options: []string{"nosuid", "noexec", "nodev", "mode=755", "size=4k", "nr_inodes=" + strconv.Itoa(len(p.cgroupBinds)+8)}}}
+	for _, h := range p.cgroupBinds {
+		ms = append(ms, specs.Mount{Destination: filepath.Join(cgroupRoot, filepath.Base(h)), Type: "none",
+			Source: filepath.Join(h, p.cgroupsPath), Options: append([]string{"rbind"}, ro...)})
+	}
+	return ms
 }
 
 // envdMount is where the host's envd appears inside every sandbox.
 const envdMount = "/.aenv/envd"
+
+// specVersion is the ociVersion of our config.json: the oldest runtime-spec release whose
+// fields it uses (all from 1.0). Not the Go module's specs.Version (1.2.0), which Debian
+// 12's crun 1.8.1 refuses ("unknown version specified"); runc and runsc take either.
+const specVersion = "1.0.2"
 
 // capabilities is Docker's default set minus NET_RAW (raw sockets spoof and sniff on the
 // bridge) and MKNOD (device nodes); enough for envd to switch to the sandbox user and for
@@ -91,9 +121,11 @@ func buildSpec(p specParams) *specs.Spec {
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 		sysMount,
-		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
-		{Destination: envdMount, Type: "none", Source: p.envdPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	}
+	mounts = append(mounts, p.cgroupMounts()...)
+	mounts = append(mounts, []specs.Mount{
+		{Destination: envdMount, Type: "none", Source: p.envdPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+	}...)
 	masked, maskMounts := maskBinds(maskedPaths, hostSysDirs(), p.emptyDir)
 	mounts = append(mounts, maskMounts...)
 	if p.resolvConf != "" {
@@ -102,7 +134,7 @@ func buildSpec(p specParams) *specs.Spec {
 	}
 	mounts = append(mounts, p.volumes...)
 	return &specs.Spec{
-		Version:  specs.Version,
+		Version:  specVersion,
 		Hostname: p.hostname,
 		Root:     &specs.Root{Path: p.rootfs},
 		Process: &specs.Process{
