@@ -13,7 +13,7 @@ fi
 
 need=()
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for pkg in runc e2fsprogs iproute2 nftables iptables busybox-static bash-static fuse3 protobuf-compiler libprotobuf-dev ca-certificates \
+for pkg in crun runc e2fsprogs iproute2 nftables iptables busybox-static bash-static fuse3 protobuf-compiler libprotobuf-dev ca-certificates \
     qemu-system-x86 lz4 debootstrap util-linux git openssl "${extra[@]}"; do
   have "$pkg" || need+=("$pkg")
 done

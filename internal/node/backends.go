@@ -129,7 +129,7 @@ func openOCI(ctx context.Context, env BackendEnv) (Backend, error) {
 	if err != nil {
 		if errors.Is(err, oci.ErrNoRuntime) {
 			return nil, fmt.Errorf("no OCI runtime can start a container on this host: %w "+
-				"(install runc: `apt-get install runc`, run as root, or choose one with backend.runtime / AENV_BACKEND_RUNTIME)", err)
+				"(install crun or runc: `apt-get install crun runc`, run as root, or choose one with backend.runtime / AENV_BACKEND_RUNTIME)", err)
 		}
 		return nil, fmt.Errorf("start the oci backend: %w", err)
 	}

@@ -39,7 +39,7 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	n.observe()
 	oldPid := n.pid()
-	before := runcList(t, n.dataDir)
+	before := runtimeList(t, n.dataDir)
 	cids := make([]string, len(sbs))
 	for i, sb := range sbs {
 		if cids[i] = n.seen.cidOf(sb.ID); cids[i] == "" {
@@ -50,7 +50,7 @@ func TestCrashRecovery(t *testing.T) {
 	n.kill9()
 
 	// The sandboxes outlive the node: containers, rootfs mounts, namespaces, cgroups.
-	after := runcList(t, n.dataDir)
+	after := runtimeList(t, n.dataDir)
 	mounts := strings.Join(mountsUnder(t, n.dataDir), "\n")
 	seen := n.seen.snapshot()
 	for i, cid := range cids {
@@ -84,7 +84,7 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	// Adopted, not recreated: the same init process answers, with the token it was given,
 	// and still has the file written before the crash.
-	now := runcList(t, n.dataDir)
+	now := runtimeList(t, n.dataDir)
 	for i, sb := range sbs[:2] {
 		if got[sb.ID] != "running" {
 			continue

@@ -20,7 +20,7 @@ import (
 // initPid is the host pid of the init of sandbox id's container (0 when none runs).
 func (n *node) initPid(t testing.TB, id string) int {
 	t.Helper()
-	for cid, c := range runcList(t, n.dataDir) {
+	for cid, c := range runtimeList(t, n.dataDir) {
 		raw, err := os.ReadFile(filepath.Join(n.dataDir, "oci", "sandboxes", cid, "state.json"))
 		if err != nil {
 			continue

@@ -91,44 +91,54 @@ func (o *ownership) snapshot() map[string]owned {
 	return out
 }
 
-// container is one entry of `runc list`.
+// container is one entry of the runtime's `list`.
 type container struct {
-	ID     string `json:"id"`
-	Pid    int    `json:"pid"`
-	Status string `json:"status"`
+	ID      string `json:"id"`
+	Pid     int    `json:"pid"`
+	Status  string `json:"status"`
+	runtime string // the runtime whose root holds it
 }
 
-// runcList lists the containers in the node's runtime root (<data>/oci/runc).
-func runcList(t testing.TB, dataDir string) map[string]container {
+// runtimes are the OCI runtimes a node may run its containers with (backend.runtime);
+// each keeps its state in <data>/oci/<name>.
+var runtimes = []string{"runc", "crun"}
+
+// runtimeList lists the containers in the node's runtime roots (<data>/oci/runc, crun).
+func runtimeList(t testing.TB, dataDir string) map[string]container {
 	t.Helper()
-	root := filepath.Join(dataDir, "oci", "runc")
 	out := map[string]container{}
-	if _, err := os.Stat(root); os.IsNotExist(err) {
-		return out
-	}
-	// runc list fails on a container whose state the node is writing or removing at
-	// that moment (a warm container being made, a sandbox stopping): ask again.
-	var raw []byte
-	var err error
-	for try := 0; try < 20; try++ {
-		if raw, err = exec.Command("runc", "--root", root, "list", "--format", "json").Output(); err == nil {
-			break
+	for _, rt := range runtimes {
+		root := filepath.Join(dataDir, "oci", rt)
+		if _, err := os.Stat(root); os.IsNotExist(err) {
+			continue
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
+		// list fails on a container whose state the node is writing or removing at that
+		// moment (a warm container being made, a sandbox stopping): ask again.
+		var raw []byte
+		var err error
+		for try := 0; try < 20; try++ {
+			if raw, err = exec.Command(rt, "--root", root, "list", "--format", "json").Output(); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		t.Fatalf("runc list: %v: %s", err, stderr)
-	}
-	var list []container
-	if err := json.Unmarshal(raw, &list); err != nil {
-		t.Fatalf("runc list: %v: %s", err, raw)
-	}
-	for _, c := range list {
-		out[c.ID] = c
+		if err != nil {
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			t.Fatalf("%s list: %v: %s", rt, err, stderr)
+		}
+		var list []container
+		if s := strings.TrimSpace(string(raw)); s != "" && s != "null" {
+			if err := json.Unmarshal(raw, &list); err != nil {
+				t.Fatalf("%s list: %v: %s", rt, err, raw)
+			}
+		}
+		for _, c := range list {
+			c.runtime = rt
+			out[c.ID] = c
+		}
 	}
 	return out
 }
@@ -212,7 +222,7 @@ func cgroupsOf(parent, cid string) []string {
 func leftovers(t testing.TB, n *node, keep map[string]bool) []string {
 	t.Helper()
 	var out []string
-	for id, c := range runcList(t, n.dataDir) {
+	for id, c := range runtimeList(t, n.dataDir) {
 		if !keep[id] {
 			out = append(out, fmt.Sprintf("container %s (%s)", id, c.Status))
 		}
@@ -328,16 +338,16 @@ func requireNoLeftovers(t *testing.T, n *node, keep map[string]bool) {
 // forceCleanup removes what a failed test's node left under its data dir: helper processes
 // that outlived it (an orphaned `runc create` names the data dir and can hold the node's
 // /dev/fuse descriptors, and while one is open an unmount of a block root waits forever),
-// containers (runc delete -f also kills their processes and removes their cgroups), mounts
+// containers (the runtime's delete -f also kills their processes and removes their cgroups), mounts
 // and loop devices. The node's network and cgroup names are nodeNet.teardown's business.
 func forceCleanup(t testing.TB, dataDir string, seen *ownership) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	killNaming(dataDir)
-	root := filepath.Join(dataDir, "oci", "runc")
-	for id := range runcList(t, dataDir) {
-		if out, err := exec.CommandContext(ctx, "runc", "--root", root, "delete", "--force", id).CombinedOutput(); err != nil {
-			t.Logf("cleanup: runc delete %s: %v: %s", id, err, out)
+	for id, c := range runtimeList(t, dataDir) {
+		root := filepath.Join(dataDir, "oci", c.runtime)
+		if out, err := exec.CommandContext(ctx, c.runtime, "--root", root, "delete", "--force", id).CombinedOutput(); err != nil {
+			t.Logf("cleanup: %s delete %s: %v: %s", c.runtime, id, err, out)
 		}
 	}
 	for _, m := range mountsUnder(t, dataDir) {

@@ -292,7 +292,7 @@ func sharedRepositoryFlow(t *testing.T, nets []nodeNet, repo repository.Reposito
 	b.stop()
 	for i, n := range []*node{a, b} {
 		var left []string
-		for id, c := range runcList(t, n.dataDir) {
+		for id, c := range runtimeList(t, n.dataDir) {
 			left = append(left, fmt.Sprintf("container %s (%s)", id, c.Status))
 		}
 		for _, m := range mountsUnder(t, n.dataDir) {

@@ -50,7 +50,7 @@ func TestGracefulShutdown(t *testing.T) {
 
 			keep := map[string]bool{}
 			if tt.left != "" {
-				containers := runcList(t, n.dataDir)
+				containers := runtimeList(t, n.dataDir)
 				for _, sb := range sbs {
 					cid := n.seen.cidOf(sb.ID)
 					if got := containers[cid].Status; got != tt.left {

@@ -3,6 +3,7 @@ package oci
 import (
 	"context"
 	"net"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -125,4 +126,54 @@ func (i *Instance) pidOf(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return st.Pid
+}
+
+// TestRestartKeepsHeldRuntime: a node that prefers crun (auto), restarted over sandboxes
+// runc runs, adopts them with runc, the only runtime that lists, pauses and deletes them;
+// once none is left, the next start picks crun.
+func TestRestartKeepsHeldRuntime(t *testing.T) {
+	if _, err := exec.LookPath("crun"); err != nil {
+		t.Skip("needs crun (Debian package crun) to prefer")
+	}
+	dp := startDataPlane(t)
+	e := newTestBackend(t, func(c *Config) { c.DataPlane, c.Runtime = dp, "runc" })
+	ctx := context.Background()
+	keep := e.launchBlock(t, "rt-keep", testLayered(t), sandbox.Resources{CPUCount: 1, MemoryMB: 128})
+	pid := keep.pidOf(t)
+	blockOf(keep).Abandon()
+
+	e.cfg.Runtime = "auto"
+	env2, adopted := e.restart(t, "rt-keep")
+	if got := env2.b.Runtime(); got != "runc" {
+		t.Fatalf("the restarted node runs %s, not runc whose sandbox it holds", got)
+	}
+	if got := adopted.pidOf(t); got != pid {
+		t.Fatalf("adopted init is pid %d, was %d", got, pid)
+	}
+	if _, err := adopted.Pause(ctx, sandbox.PauseOptions{KeepMemory: true}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := adopted.Status(ctx); st != "paused" {
+		t.Fatalf("memory pause: status %q", st)
+	}
+	if err := adopted.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := env2.mustSh(t, adopted, "echo still"); out != "still\n" {
+		t.Fatalf("adopted sandbox answers %q", out)
+	}
+	if err := adopted.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := env2.b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b3, err := New(ctx, env2.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cleanupBackend(t, b3) })
+	if got := b3.Runtime(); got != "crun" {
+		t.Fatalf("with no sandbox held the node runs %s, want crun", got)
+	}
 }

@@ -17,12 +17,15 @@ const probeID = "aenv-probe"
 
 // probe picks the runtime by running a tiny container shaped like a real sandbox (same
 // namespaces, cgroup limits, seccomp, envd bind mount, overlay root; with and without a
-// user namespace) and keeping the first combination that works. Hosts differ: Debian's
-// crun 1.8.1 refuses hybrid cgroup v1/v2 layouts, runsc often cannot start at all.
+// user namespace) and keeping the first combination that works. crun comes first: it
+// starts no Go program per sandbox (runc and runc's init do), which halves the CPU the
+// sandboxes' own cgroup burns per create and fork child (docs/operations.md, "crun").
+// Hosts differ: runsc often cannot start at all.
 func (b *Backend) probe(ctx context.Context) (runtimeCLI, bool, error) {
-	names := []string{"runc", "crun"}
+	names := []string{"crun", "runc"}
 	switch b.cfg.Runtime {
 	case "auto":
+		names = heldFirst(b.cfg.DataDir, names)
 	case "runc", "crun", "runsc":
 		names = []string{b.cfg.Runtime}
 	default:
@@ -70,6 +73,36 @@ func (b *Backend) probe(ctx context.Context) (runtimeCLI, bool, error) {
 		}
 	}
 	return runtimeCLI{}, false, fmt.Errorf("%w: %w", ErrNoRuntime, errors.Join(errs...))
+}
+
+// heldFirst puts first the runtimes whose state root under dataDir holds a container:
+// the sandboxes a restarted node adopts are the ones the last node's runtime runs, and
+// only that runtime lists, pauses and deletes them. A node upgraded to prefer crun keeps
+// runc until runc's containers are gone.
+func heldFirst(dataDir string, names []string) []string {
+	var held, rest []string
+	for _, n := range names {
+		if holdsContainer(filepath.Join(dataDir, n)) {
+			held = append(held, n)
+		} else {
+			rest = append(rest, n)
+		}
+	}
+	return append(held, rest...)
+}
+
+// holdsContainer says whether a runtime's state root holds a container's directory.
+func holdsContainer(root string) bool {
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if e.IsDir() && e.Name() != probeID {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *Backend) tryRuntime(ctx context.Context, rt runtimeCLI, userns bool) (err error) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -81,5 +82,31 @@ func TestProbeAnsweredFromCache(t *testing.T) {
 	}
 	if userns != a.UserNS {
 		t.Fatal("probe ran the containers again instead of answering from cache")
+	}
+}
+
+func TestHeldFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		dirs []string // made below the data dir
+		want []string
+	}{
+		{"nothing held", nil, []string{"crun", "runc"}},
+		{"empty roots", []string{"runc", "crun"}, []string{"crun", "runc"}},
+		{"runc holds a container", []string{"runc/sb1"}, []string{"runc", "crun"}},
+		{"only the probe's leftover", []string{"runc/" + probeID}, []string{"crun", "runc"}},
+		{"crun holds one", []string{"crun/warm.1.1"}, []string{"crun", "runc"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, d := range tc.dirs {
+				if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := heldFirst(dir, []string{"crun", "runc"}); !slices.Equal(got, tc.want) {
+				t.Errorf("heldFirst = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
