@@ -166,9 +166,9 @@ func Open(ctx context.Context, cfg config.Config, o Options) (_ *Node, err error
 			return nil, err
 		}
 		// After the backend's close (closers run in reverse), and also when Open fails
-		// later (no runtime works, the egress CA cannot be made): a data plane left with no disk (sandboxes
-		// stopped or paused, or none ever made) ends; one still serving the disks of kept
-		// sandboxes runs on for the next node.
+		// later (no runtime works, the egress CA cannot be made): a data plane left with
+		// no disk (sandboxes stopped or paused, or none ever made) ends; one still serving
+		// the disks of kept sandboxes runs on for the next node.
 		n.onClose(func(ctx context.Context) {
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()

@@ -237,9 +237,9 @@ type Backend struct {
 	bootIDs bool
 	// emptyDir masks directories under /sys in every sandbox ("": a tmpfs each).
 	emptyDir string
-	// cgroupBinds are the cgroup hierarchies sandboxes' /sys/fs/cgroup shows by bind
-	// mounts (specParams.cgroupBinds): with crun; nil with other runtimes.
-	cgroupBinds []string
+	// cgroupNeed and cgroupRest are the host's v1 cgroup hierarchies sandboxes are a
+	// cgroup in and the others (splitCgroupMounts), read once at the start.
+	cgroupNeed, cgroupRest []string
 	// blankRoot is the skeleton blank warm containers start on ("": none are kept).
 	blankRoot string
 	pool      *network.Pool
@@ -316,6 +316,9 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		b.log.Warn("oci: no blank warm containers: forks and resumes start their containers on their path", "err", err)
 	}
 	b.memsw = hostAccountsSwap(b.v2)
+	if b.cgroupNeed, b.cgroupRest, err = hostCgroupMounts(); err != nil {
+		b.log.Warn("oci: sandboxes join every cgroup hierarchy", "err", err)
+	}
 	laps := steptime.Start()
 	rt, userns, err := b.probe(ctx)
 	if err != nil {
@@ -324,11 +327,6 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	laps.Lap("probe")
 	binPath := rt.bin
 	b.rt, b.userns = rt.sealed(b.log), userns
-	if rt.cgroupView() {
-		if b.cgroupBinds, _, err = hostCgroupMounts(); err != nil {
-			return nil, err
-		}
-	}
 	b.bootIDs = rt.name != "runsc"
 	pool, err := network.New(ctx, cfg.Network)
 	if err != nil {
@@ -337,7 +335,11 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	b.pool = pool
 	laps.Lap("network")
 	// After the pool, which makes the netns directory a mount point.
-	b.rt.ns = newLaunchNS(cfg.DataDir, network.NetnsDir, []string{cfg.EnvdPath, cfg.ResolvConf}, rt.cgroupView(), b.log)
+	cgroups := b.cgroupRest
+	if rt.cgroupView() {
+		cgroups = b.cgroupNeed
+	}
+	b.rt.ns = newLaunchNS(cfg.DataDir, network.NetnsDir, []string{cfg.EnvdPath, cfg.ResolvConf}, rt.cgroupView(), cgroups, b.log)
 	b.warm = newWarmPool(b, max(cfg.WarmContainers, 0), cfg.WarmContainersMax)
 	b.lowers = rootfs.NewLowers(b.lowersDir(), b.diskOpener(), cfg.LayerResolver)
 	if b.nsThreads, err = newNSThreads(b.log); err != nil {
@@ -412,6 +414,16 @@ func (b *Backend) layout(id string) layout {
 }
 
 func (b *Backend) cgroupsPath(id string) string { return "/" + b.cfg.CgroupParent + "/" + id }
+
+// viewCgroups are the hierarchies rt sees in its own cgroup root (showCgroupMounts) and
+// binds into its sandboxes' /sys/fs/cgroup (specParams.cgroupBinds): for crun, those
+// sandboxes need; nil for runc, which sees the host's root.
+func (b *Backend) viewCgroups(rt runtimeCLI) []string {
+	if rt.cgroupView() {
+		return b.cgroupNeed
+	}
+	return nil
+}
 
 // sandboxDNS writes the configured nameservers into the backend's own resolv.conf, and
 // lets the network pool's infrastructure deny pass the nameservers sandboxes get.

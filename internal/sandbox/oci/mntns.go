@@ -140,9 +140,9 @@ var errPrivateNS = errors.New("oci: private mount namespace for the runtime")
 // is not a mount point but already holds mounts (sandboxes of a node that ran before
 // this existed) cannot be made one without hiding them: it returns nil, logged, and the
 // runtime runs in the node's namespace until a restart finds no mount below dir.
-// cgroupView says how the namespace leaves the runtime only the cgroup hierarchies
-// sandboxes need (see launchNS.cgroups): true for crun.
-func newLaunchNS(dir, netnsDir string, keep []string, cgroupView bool, log *slog.Logger) *launchNS {
+// cgroupView and cgroups are how the namespace leaves the runtime only the cgroup
+// hierarchies sandboxes need (see launchNS.cgroups).
+func newLaunchNS(dir, netnsDir string, keep []string, cgroupView bool, cgroups []string, log *slog.Logger) *launchNS {
 	dir = filepath.Clean(dir)
 	if mounted, err := mountinfo.Mounted(dir); err != nil {
 		log.Warn("oci: the runtime runs in the host's mount namespace", "err", err)
@@ -164,7 +164,7 @@ func newLaunchNS(dir, netnsDir string, keep []string, cgroupView bool, log *slog
 			return nil
 		}
 	}
-	ns := &launchNS{root: dir, log: log, maxAge: templateMaxAge}
+	ns := &launchNS{root: dir, log: log, maxAge: templateMaxAge, cgroupView: cgroupView, cgroups: cgroups}
 	for _, p := range keep {
 		if p == "" {
 			continue
@@ -172,13 +172,6 @@ func newLaunchNS(dir, netnsDir string, keep []string, cgroupView bool, log *slog
 		if p, err := filepath.Abs(p); err == nil && p != "/" {
 			ns.keep = append(ns.keep, p)
 		}
-	}
-	if need, rest, err := hostCgroupMounts(); err != nil {
-		log.Warn("oci: sandboxes join every cgroup hierarchy", "err", err)
-	} else if ns.cgroupView = cgroupView; cgroupView {
-		ns.cgroups = need
-	} else {
-		ns.cgroups = rest
 	}
 	if mounted, err := mountinfo.Mounted(netnsDir); err == nil && mounted {
 		ns.netnsDir = filepath.Clean(netnsDir)
@@ -375,11 +368,8 @@ func (ns *launchNS) buildTemplate() (int, error) {
 
 // makeTemplate does buildTemplate's work on the calling (locked, disposable) thread.
 func (ns *launchNS) makeTemplate() (int, error) {
-	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-		return -1, fmt.Errorf("unshare: %w", err)
-	}
-	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
-		return -1, fmt.Errorf("make / a slave: %w", err)
+	if err := unshareMountNS(); err != nil {
+		return -1, err
 	}
 	detach := []string{ns.root}
 	if ns.netnsDir != "" {
@@ -405,6 +395,19 @@ func (ns *launchNS) makeTemplate() (int, error) {
 		return -1, fmt.Errorf("open its namespace: %w", err)
 	}
 	return fd, nil
+}
+
+// unshareMountNS moves the calling (locked, disposable) thread into a mount namespace of
+// its own, a copy of its current one that the host's mounts and unmounts still reach
+// (slave) and whose own changes never reach the host.
+func unshareMountNS() error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make / a slave: %w", err)
+	}
+	return nil
 }
 
 // detachHolders detaches, in the calling thread's mount namespace (a template's), every

@@ -41,7 +41,7 @@ func heldTree(t *testing.T, held int) (sandboxes, netnsDir string, ns *launchNS)
 		t.Fatal(err)
 	}
 	mounted = append(mounted, netnsDir)
-	ns = newLaunchNS(sandboxes, netnsDir, nil, false, slog.New(slog.DiscardHandler))
+	ns = newLaunchNS(sandboxes, netnsDir, nil, false, nil, slog.New(slog.DiscardHandler))
 	if ns == nil || ns.netnsDir != netnsDir {
 		t.Fatalf("launcher %+v, want one with netns dir %s", ns, netnsDir)
 	}
@@ -221,7 +221,7 @@ func TestLaunchNSBusyDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
-	if ns := newLaunchNS(dir, "/nonexistent", nil, false, slog.New(slog.DiscardHandler)); ns != nil {
+	if ns := newLaunchNS(dir, "/nonexistent", nil, false, nil, slog.New(slog.DiscardHandler)); ns != nil {
 		t.Fatalf("launcher %+v over a directory holding mounts, want none", ns)
 	}
 	if m, _ := mountsUnder(dir); len(m) != 1 || m[0] != root {

@@ -146,12 +146,7 @@ func (b *Backend) tryRuntime(ctx context.Context, rt runtimeCLI, userns bool) (e
 	if err := mountRootfs(l, lower, m, fd); err != nil {
 		return err
 	}
-	var cgroups []string
-	if rt.cgroupView() {
-		if cgroups, _, err = hostCgroupMounts(); err != nil {
-			return err
-		}
-	}
+	cgroups := b.viewCgroups(rt)
 	spec := buildSpec(specParams{
 		rootfs: l.rootfs(), hostname: probeID, envdPath: b.cfg.EnvdPath, cgroupBinds: cgroups,
 		args:        []string{"/bin/busybox", "sh", "-c", "touch /probe && test -e " + envdMount + " && echo probe-ok"},

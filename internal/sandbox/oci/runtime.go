@@ -226,11 +226,8 @@ func startInCgroupView(cmd *exec.Cmd, paths []string) error {
 		return cmd.Start()
 	}
 	return onDiscardedThread(func() error {
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			return fmt.Errorf("oci: unshare: %w", err)
-		}
-		if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
-			return fmt.Errorf("oci: make / a slave: %w", err)
+		if err := unshareMountNS(); err != nil {
+			return fmt.Errorf("oci: %w", err)
 		}
 		if err := showCgroupMounts(cgroupRoot, paths); err != nil {
 			return fmt.Errorf("oci: %w", err)

@@ -123,9 +123,7 @@ func buildSpec(p specParams) *specs.Spec {
 		sysMount,
 	}
 	mounts = append(mounts, p.cgroupMounts()...)
-	mounts = append(mounts, []specs.Mount{
-		{Destination: envdMount, Type: "none", Source: p.envdPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
-	}...)
+	mounts = append(mounts, specs.Mount{Destination: envdMount, Type: "none", Source: p.envdPath, Options: []string{"bind", "ro", "nosuid", "nodev"}})
 	masked, maskMounts := maskBinds(maskedPaths, hostSysDirs(), p.emptyDir)
 	mounts = append(mounts, maskMounts...)
 	if p.resolvConf != "" {
