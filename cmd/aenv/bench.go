@@ -146,7 +146,8 @@ func newBenchCmd() *cobra.Command {
 		Long: "density creates sandboxes until --count exist or the first create fails, checks that\n" +
 			"each answers a command, reports the ceiling and the host's MemAvailable before and after\n" +
 			"(meaningful only when the node runs on this machine), then kills them all. Every --block\n" +
-			"creates it prints a row: the rate, the CPU per create (node, helpers, sandboxes) and\n" +
+			"creates it prints a row: the rate, the CPU per create (node, helpers, sandboxes; with\n" +
+			"a local node also the whole machine's busy time and its kernel threads' share) and\n" +
 			"MemAvailable, so a rate that falls as the count grows shows; it stops early once\n" +
 			"MemAvailable drops below --min-available. The command round at the end gives the\n" +
 			"latency percentiles across every held sandbox.",

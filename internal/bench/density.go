@@ -59,8 +59,12 @@ type DensityBlock struct {
 	Time    time.Duration `json:"time"`
 	Rate    float64       `json:"perSecond"`
 	// CPU is the CPU per create over the block (nil when not measured).
-	CPU          *CPUCost `json:"cpu,omitempty"`
-	MemAvailable int64    `json:"memAvailable"`
+	CPU *CPUCost `json:"cpu,omitempty"`
+	// Host is the whole machine's CPU per create over the block (with CPU, when the
+	// node runs on this machine): where it exceeds CPU's total, the difference went to
+	// kernel threads and processes outside the node.
+	Host         *HostCPUCost `json:"host,omitempty"`
+	MemAvailable int64        `json:"memAvailable"`
 }
 
 // DensityResult is what a density run found.
@@ -253,6 +257,8 @@ type blockMeter struct {
 	t       time.Time
 	cpu     CPUReading
 	cpuOK   bool
+	host    *hostCPU // nil: not read
+	hostAt  hostReading
 	held    int // at the start of the current block
 	checked int // creates at the last MemAvailable check
 }
@@ -261,6 +267,12 @@ func newBlockMeter(o DensityOptions) *blockMeter {
 	b := &blockMeter{o: o, t: time.Now()}
 	if o.CPU != nil {
 		b.cpu, b.cpuOK = readCPU(o.CPU)
+		if o.CPU.precise {
+			h := &hostCPU{procRoot: o.CPU.src.ProcRoot}
+			if r, err := h.read(); err == nil {
+				b.host, b.hostAt = h, r
+			}
+		}
 	}
 	return b
 }
@@ -303,6 +315,12 @@ func (b *blockMeter) flush(n int) {
 		if cur, ok := readCPU(b.o.CPU); ok {
 			row.CPU = costOf(cur.Sub(b.cpu), row.Created)
 			b.cpu = cur
+		}
+	}
+	if b.host != nil {
+		if cur, err := b.host.read(); err == nil {
+			row.Host = cur.costSince(b.hostAt, row.Created)
+			b.hostAt = cur
 		}
 	}
 	b.rows = append(b.rows, row)

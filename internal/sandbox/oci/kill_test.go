@@ -165,12 +165,12 @@ func TestUsernsCache(t *testing.T) {
 	unix.Close(pidfd)
 	fa2, err := c.get(a)
 	if err != nil || fa2 == fa || c.made != 2 {
-		t.Fatalf("second get of one mapping with nothing put back = %d, %v after %d forks; want a new fd (not %d) from a second fork", fa2, err, c.made, fa)
+		t.Fatalf("second get of one mapping with nothing put back = %d, %v after %d made; want a new fd (not %d), a second made", fa2, err, c.made, fa)
 	}
 	unix.Close(fa2)
 	c.put(a, fa)
 	if got, err := c.get(a); err != nil || got != fa || c.made != 2 {
-		t.Fatalf("get after a put = %d, %v after %d forks; want the fd put, %d, without a fork", got, err, c.made, fa)
+		t.Fatalf("get after a put = %d, %v after %d made; want the fd put, %d, none made", got, err, c.made, fa)
 	}
 	c.put(a, fa)
 	fb, err := c.get(b)

@@ -146,7 +146,7 @@ func testBlankWarmFork(t *testing.T, runtime string) {
 	// the blank container that replaces it in the pool needs none.
 	waitWarm(t, e.b, blankKey, 1)
 	if n := usernsMade(e.b); k.idmap != nil && n != made {
-		t.Fatalf("moving the blank container and refilling the pool made %d user namespaces by a fork", n-made)
+		t.Fatalf("moving the blank container and refilling the pool made %d user namespaces", n-made)
 	}
 	if out := e.mustSh(t, k, "cat /root/state /proc/1/root/root/state; hostname"); out != "pinned\npinned\n"+sandbox.Hostname("bl-warm")+"\n" {
 		t.Fatalf("blank child sees %q", out)
@@ -344,7 +344,7 @@ func TestBlankWarmTemplate(t *testing.T) {
 	}
 }
 
-// usernsMade is how many user namespaces b's cache has made by a fork.
+// usernsMade is how many user namespaces b's cache has made.
 func usernsMade(b *Backend) int {
 	b.usernsFDs.mu.Lock()
 	defer b.usernsFDs.mu.Unlock()

@@ -15,27 +15,19 @@ import (
 const maxKeptUserns = 1024
 
 // usernsCache hands out user namespace fds per id mapping, for the id-mapped mounts of
-// sandbox roots. Making one forks the node process (Go cannot unshare a user namespace in
-// a multithreaded process, and a fork with CLONE_NEWUSER copies every page table of this
-// large process: ~1.4 ms of CPU per create with a few sandboxes held, ~2.8 ms at 1 500),
-// so a namespace is reused: every sandbox of a slot index has the same mapping, and its
-// own container runs in a user namespace with exactly that mapping, made by the runtime
-// from the spec. When a sandbox stops, its init's namespace is kept (keeper) for the next
-// create on that slot, which takes it (get); only a slot never used before, or whose last
-// sandbox's init was already gone, costs a fork. The cache holds namespaces of free
-// slots only: one held per running sandbox, as before, was a descriptor per sandbox in
-// the node, which every process the node starts copies and closes again at exec. These
+// sandbox roots. Making one starts a child (usernsFD: a vfork and an exec), so a
+// namespace is reused: every sandbox of a slot index has the same mapping,
+// and its own container runs in a user namespace with exactly that mapping, made by the
+// runtime from the spec. When a sandbox stops, its init's namespace is kept (keeper) for
+// the next create on that slot, which takes it (get); only a slot never used before, or
+// whose last sandbox's init was already gone, makes one. The cache holds namespaces of
+// free slots only: one held per running sandbox, as before, was a descriptor per sandbox
+// in the node, which every process the node starts copies and closes again at exec. These
 // fds never reach a sandbox.
-//
-// Making is serialized: Go's child for a user namespace waits on a pipe for its id maps,
-// and two such forks in flight hold each other's pipe open, so a node killed between them
-// would leave both children waiting forever with every fd of the node (its catalog lock,
-// its API socket). One at a time, a killed node's child sees its pipe close and exits.
 type usernsCache struct {
-	making sync.Mutex
-	mu     sync.Mutex
-	fds    map[idMap]int // nil once closed
-	made   int           // namespaces made by a fork, for tests
+	mu   sync.Mutex
+	fds  map[idMap]int // nil once closed
+	made int           // namespaces made by a child, for tests
 }
 
 func newUsernsCache() *usernsCache { return &usernsCache{fds: map[idMap]int{}} }
@@ -53,8 +45,6 @@ func (c *usernsCache) get(m idMap) (int, error) {
 	if ok {
 		return fd, nil
 	}
-	c.making.Lock()
-	defer c.making.Unlock()
 	fd, err := usernsFD(m)
 	if err == nil {
 		c.mu.Lock()

@@ -1,0 +1,146 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// hostCPU reads what the whole machine spends, beside the node's own sources: all CPUs'
+// busy time and its kernel threads'. A fill whose rate falls while its CPU per create
+// stays flat is waiting on something the sources do not cover, and on a small host that
+// is usually CPU spent elsewhere: kernel threads (a memory monitor such as kdamond whose
+// scans grow with the memory in use, kworkers finishing deferred teardown), other
+// tenants. Only meaningful when the node runs on this machine.
+type hostCPU struct {
+	procRoot string
+}
+
+// hostReading is one reading of hostCPU's cumulative counters.
+type hostReading struct {
+	busy time.Duration // all CPUs: user, nice, system, irq, softirq, steal
+	self time.Duration // this process (the bench), to leave out of busy
+	// kthreads is each kernel thread group's CPU (by name up to its first '/': kworker,
+	// ksoftirqd; kdamond.0 stays whole).
+	kthreads map[string]time.Duration
+}
+
+// HostCPUCost is the machine's CPU per create over a block.
+type HostCPUCost struct {
+	// Busy is every CPU's busy time (the bench's own left out), per create: what the
+	// machine spent, against the sources' Total.
+	Busy time.Duration `json:"busy"`
+	// KernelThreads is the kernel threads' share of Busy (their CPU is charged to no
+	// cgroup and no process of the node's).
+	KernelThreads time.Duration `json:"kernelThreads"`
+	// TopKernelThread is the kernel thread group that used the most, and its CPU.
+	TopKernelThread    string        `json:"topKernelThread,omitempty"`
+	TopKernelThreadCPU time.Duration `json:"topKernelThreadCPU,omitempty"`
+}
+
+func (h hostCPU) read() (hostReading, error) {
+	var r hostReading
+	raw, err := os.ReadFile(filepath.Join(h.procRoot, "stat"))
+	if err != nil {
+		return r, fmt.Errorf("bench: host cpu: %w", err)
+	}
+	if r.busy, err = parseStatBusy(raw); err != nil {
+		return r, fmt.Errorf("bench: host cpu: %w", err)
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_PROCESS_CPUTIME_ID, &ts); err != nil {
+		return r, fmt.Errorf("bench: own cpu clock: %w", err)
+	}
+	r.self = time.Duration(ts.Nano())
+	r.kthreads, err = kthreadCPU(h.procRoot)
+	return r, err
+}
+
+// parseStatBusy sums the busy fields of /proc/stat's first line (all CPUs, in ticks):
+// user, nice, system, irq, softirq, steal; guest time is already inside user.
+func parseStatBusy(raw []byte) (time.Duration, error) {
+	line, _, _ := bytes.Cut(raw, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, fmt.Errorf("malformed stat line %q", line)
+	}
+	var ticks int64
+	for _, i := range []int{1, 2, 3, 6, 7, 8} { // user nice system (idle iowait) irq softirq steal
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("malformed stat line %q", line)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * (time.Second / clockTick), nil
+}
+
+// kthreadCPU reads the CPU of kthreadd's children (every kernel thread), grouped by name.
+// Threads that exited took their CPU with them, so this is a lower bound.
+func kthreadCPU(procRoot string) (map[string]time.Duration, error) {
+	raw, err := os.ReadFile(filepath.Join(procRoot, "2", "task", "2", "children"))
+	if err != nil {
+		return nil, fmt.Errorf("bench: kernel threads: %w", err)
+	}
+	out := map[string]time.Duration{}
+	for _, pid := range strings.Fields(string(raw)) {
+		st, err := os.ReadFile(filepath.Join(procRoot, pid, "stat"))
+		if err != nil {
+			continue // exited since the list was read
+		}
+		name, cpu, ok := statNameCPU(st)
+		if !ok {
+			continue
+		}
+		group, _, _ := strings.Cut(name, "/")
+		out[group] += cpu
+	}
+	return out, nil
+}
+
+// statNameCPU parses a /proc/<pid>/stat line: the command name and utime + stime.
+func statNameCPU(st []byte) (string, time.Duration, bool) {
+	open, end := bytes.IndexByte(st, '('), bytes.LastIndexByte(st, ')')
+	if open < 0 || end < open {
+		return "", 0, false
+	}
+	f := strings.Fields(string(st[end+1:]))
+	if len(f) < 13 {
+		return "", 0, false
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return "", 0, false
+	}
+	return string(st[open+1 : end]), time.Duration(u+s) * (time.Second / clockTick), true
+}
+
+// costSince is the machine's CPU per create from reading o to r over ops creates.
+func (r hostReading) costSince(o hostReading, ops int) *HostCPUCost {
+	if ops <= 0 {
+		return nil
+	}
+	n := time.Duration(ops)
+	c := &HostCPUCost{Busy: max(r.busy-o.busy-(r.self-o.self), 0) / n}
+	var top time.Duration
+	for name, cpu := range r.kthreads {
+		d := cpu - o.kthreads[name]
+		if d <= 0 {
+			continue
+		}
+		c.KernelThreads += d
+		if d > top || (d == top && name < c.TopKernelThread) {
+			top, c.TopKernelThread = d, name
+		}
+	}
+	c.KernelThreads /= n
+	c.TopKernelThreadCPU = top / n
+	return c
+}
