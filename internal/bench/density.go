@@ -268,7 +268,11 @@ func newBlockMeter(o DensityOptions) *blockMeter {
 	if o.CPU != nil {
 		b.cpu, b.cpuOK = readCPU(o.CPU)
 		if o.CPU.precise {
-			h := &hostCPU{procRoot: o.CPU.src.ProcRoot}
+			skip := map[int]bool{o.CPU.src.NodePID: true, os.Getpid(): true}
+			for _, pid := range o.CPU.src.DataPlanePIDs {
+				skip[pid] = true
+			}
+			h := &hostCPU{procRoot: o.CPU.src.ProcRoot, skip: skip, cgroupParent: o.CPU.src.CgroupParent}
 			if r, err := h.read(); err == nil {
 				b.host, b.hostAt = h, r
 			}
@@ -320,6 +324,9 @@ func (b *blockMeter) flush(n int) {
 	if b.host != nil {
 		if cur, err := b.host.read(); err == nil {
 			row.Host = cur.costSince(b.hostAt, row.Created)
+			if row.Host != nil {
+				row.Host.TopOther, row.Host.TopOtherCPU = b.host.topOther(b.hostAt, cur, row.Created)
+			}
 			b.hostAt = cur
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +21,11 @@ import (
 // tenants. Only meaningful when the node runs on this machine.
 type hostCPU struct {
 	procRoot string
+	// skip are the processes the CPUMeter already counts (the node, its data planes) and
+	// the bench itself; cgroupParent is the sandboxes' parent cgroup, whose processes it
+	// counts too: none of them is named as another process.
+	skip         map[int]bool
+	cgroupParent string
 }
 
 // hostReading is one reading of hostCPU's cumulative counters.
@@ -29,6 +35,13 @@ type hostReading struct {
 	// kthreads is each kernel thread group's CPU (by name up to its first '/': kworker,
 	// ksoftirqd; kdamond.0 stays whole).
 	kthreads map[string]time.Duration
+	// procs is every other process's name and CPU, by pid.
+	procs map[int]procTime
+}
+
+type procTime struct {
+	name string
+	cpu  time.Duration
 }
 
 // HostCPUCost is the machine's CPU per create over a block.
@@ -42,6 +55,10 @@ type HostCPUCost struct {
 	// TopKernelThread is the kernel thread group that used the most, and its CPU.
 	TopKernelThread    string        `json:"topKernelThread,omitempty"`
 	TopKernelThreadCPU time.Duration `json:"topKernelThreadCPU,omitempty"`
+	// TopOther is the process outside the node, its data planes, its sandboxes and the
+	// kernel threads that used the most (a host agent, another tenant), and its CPU.
+	TopOther    string        `json:"topOther,omitempty"`
+	TopOtherCPU time.Duration `json:"topOtherCPU,omitempty"`
 }
 
 func (h hostCPU) read() (hostReading, error) {
@@ -58,8 +75,74 @@ func (h hostCPU) read() (hostReading, error) {
 		return r, fmt.Errorf("bench: own cpu clock: %w", err)
 	}
 	r.self = time.Duration(ts.Nano())
-	r.kthreads, err = kthreadCPU(h.procRoot)
+	if r.kthreads, err = kthreadCPU(h.procRoot); err != nil {
+		return r, err
+	}
+	r.procs, err = h.otherCPU()
 	return r, err
+}
+
+// otherCPU reads every process's CPU but the kernel threads and h.skip's.
+func (h hostCPU) otherCPU() (map[int]procTime, error) {
+	ents, err := os.ReadDir(h.procRoot)
+	if err != nil {
+		return nil, fmt.Errorf("bench: processes: %w", err)
+	}
+	out := map[int]procTime{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || h.skip[pid] {
+			continue
+		}
+		st, err := os.ReadFile(filepath.Join(h.procRoot, e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		name, cpu, ok := statNameCPU(st)
+		if !ok || kthread(st) || h.skip[statPPID(st)] {
+			continue // the skipped processes' children count as theirs once reaped
+		}
+		out[pid] = procTime{name: name, cpu: cpu}
+	}
+	return out, nil
+}
+
+// kthread reports whether a stat line is a kernel thread's: kthreadd (pid 2) or a child
+// of it.
+func kthread(st []byte) bool {
+	pid, _, _ := bytes.Cut(st, []byte(" "))
+	return string(pid) == "2" || statPPID(st) == 2
+}
+
+// statPPID is a stat line's parent pid (0 when malformed).
+func statPPID(st []byte) int {
+	f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:]))
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// inCgroup reports whether process pid is in the cgroup named parent or below it, in
+// any hierarchy.
+func (h hostCPU) inCgroup(pid int) bool {
+	if h.cgroupParent == "" {
+		return false
+	}
+	raw, err := os.ReadFile(filepath.Join(h.procRoot, strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return true // gone: nothing to name
+	}
+	p := "/" + strings.Trim(h.cgroupParent, "/")
+	for line := range strings.Lines(string(raw)) {
+		// hierarchy-id:controllers:path
+		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(parts) == 3 && (parts[2] == p || strings.HasPrefix(parts[2], p+"/")) {
+			return true
+		}
+	}
+	return false
 }
 
 // parseStatBusy sums the busy fields of /proc/stat's first line (all CPUs, in ticks):
@@ -143,4 +226,31 @@ func (r hostReading) costSince(o hostReading, ops int) *HostCPUCost {
 	c.KernelThreads /= n
 	c.TopKernelThreadCPU = top / n
 	return c
+}
+
+// topOther names the process outside h's sources that used the most CPU from reading o
+// to r, with its CPU per create over ops; a process that started in between counts whole.
+func (h hostCPU) topOther(o, r hostReading, ops int) (string, time.Duration) {
+	type use struct {
+		pid int
+		d   time.Duration
+	}
+	var all []use
+	for pid, p := range r.procs {
+		d := p.cpu
+		if q, ok := o.procs[pid]; ok && q.name == p.name {
+			d -= q.cpu
+		}
+		if d > 0 {
+			all = append(all, use{pid, d})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].d > all[j].d })
+	// The sandboxes' processes are the most numerous; only the few largest are checked.
+	for _, u := range all[:min(len(all), 64)] {
+		if !h.inCgroup(u.pid) {
+			return r.procs[u.pid].name, u.d / time.Duration(max(ops, 1))
+		}
+	}
+	return "", 0
 }

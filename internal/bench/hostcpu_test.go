@@ -2,6 +2,8 @@ package bench
 
 import (
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -90,5 +92,52 @@ func TestHostCPURead(t *testing.T) {
 	}
 	if b.busy <= a.busy || b.self <= a.self {
 		t.Errorf("a second of spinning: busy %v → %v, own %v → %v", a.busy, b.busy, a.self, b.self)
+	}
+}
+
+// TestTopOther names the busiest process the CPUMeter does not count: not a kernel
+// thread, not the node, its data plane, their children or the bench, and not in the
+// sandboxes' cgroup.
+func TestTopOther(t *testing.T) {
+	root := t.TempDir()
+	proc := func(pid int, name string, ppid, ticks int, cgroup string) {
+		dir := filepath.Join(root, strconv.Itoa(pid))
+		writeFile(t, filepath.Join(dir, "stat"), strings.Replace(statLine(name, ppid, ticks, 0, 0, 0), "42 (", strconv.Itoa(pid)+" (", 1))
+		writeFile(t, filepath.Join(dir, "cgroup"), cgroup)
+	}
+	writeFile(t, filepath.Join(root, "stat"), "cpu 1 0 1 5 0 0 0 0\n")
+	writeFile(t, filepath.Join(root, "2", "task", "2", "children"), "3")
+	proc(2, "kthreadd", 0, 0, "")
+	proc(3, "kdamond.0", 2, 100, "")
+	proc(1, "process_api", 0, 10, "0::/\n")
+	proc(10, "aenv", 1, 500, "0::/\n")  // the node: skipped
+	proc(11, "crun", 10, 400, "0::/\n") // its child: counted once the node reaps it
+	proc(20, "envd", 1, 300, "4:memory:/aenv/sb1\n3:cpu,cpuacct:/aenv/sb1\n")
+	proc(21, "agent", 1, 50, "0::/system.slice\n")
+	h := hostCPU{procRoot: root, skip: map[int]bool{10: true}, cgroupParent: "aenv"}
+	before, err := h.read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := before.procs[3]; ok {
+		t.Error("a kernel thread read as another process")
+	}
+	if _, ok := before.procs[11]; ok {
+		t.Error("the node's child read as another process")
+	}
+	proc(1, "process_api", 0, 40, "0::/\n")
+	proc(20, "envd", 1, 900, "4:memory:/aenv/sb1\n3:cpu,cpuacct:/aenv/sb1\n")
+	proc(21, "agent", 1, 60, "0::/system.slice\n")
+	proc(30, "sshd", 1, 20, "0::/system.slice\n") // started in between: counts whole
+	after, err := h.read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// envd used the most but is a sandbox's; process_api used 300 ms over 10 creates.
+	if name, cpu := h.topOther(before, after, 10); name != "process_api" || cpu != 30*time.Millisecond {
+		t.Errorf("top other = %s %v, want process_api 30ms", name, cpu)
+	}
+	if name, _ := h.topOther(after, after, 10); name != "" {
+		t.Errorf("no CPU used, top other = %q", name)
 	}
 }

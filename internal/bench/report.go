@@ -166,21 +166,24 @@ func writeBlocks(w io.Writer, blocks []DensityBlock) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "\nheld\tcreated\ttime\tcreates/s\tcpu/create\tnode\thelpers\tsandboxes\thost busy\tkernel threads\tMemAvailable\t")
+	fmt.Fprintln(tw, "\nheld\tcreated\ttime\tcreates/s\tcpu/create\tnode\thelpers\tsandboxes\thost busy\tkernel threads\ttop other process\tMemAvailable\t")
 	for _, b := range blocks {
 		node, helpers, sbx := "-", "-", "-"
 		if b.CPU != nil {
 			node, helpers, sbx = ms(b.CPU.Node), ms(b.CPU.Helpers), ms(b.CPU.Sandboxes)
 		}
-		busy, kthreads := "-", "-"
+		busy, kthreads, other := "-", "-", "-"
 		if h := b.Host; h != nil {
 			busy, kthreads = ms(h.Busy), ms(h.KernelThreads)
 			if h.TopKernelThread != "" {
 				kthreads += fmt.Sprintf(" (%s %s)", h.TopKernelThread, ms(h.TopKernelThreadCPU))
 			}
+			if h.TopOther != "" {
+				other = fmt.Sprintf("%s %s", h.TopOther, ms(h.TopOtherCPU))
+			}
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", b.Held, b.Created,
-			b.Time.Round(time.Millisecond), b.Rate, cpuMs(b.CPU), node, helpers, sbx, busy, kthreads, mib(b.MemAvailable))
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", b.Held, b.Created,
+			b.Time.Round(time.Millisecond), b.Rate, cpuMs(b.CPU), node, helpers, sbx, busy, kthreads, other, mib(b.MemAvailable))
 	}
 	return tw.Flush()
 }
