@@ -11,7 +11,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -68,7 +70,9 @@ func (n nodeNet) teardown(t testing.TB) {
 	for _, root := range cgroupRoots(n.cgroup) {
 		kids, _ := os.ReadDir(root)
 		for _, k := range kids {
-			_ = os.Remove(filepath.Join(root, k.Name()))
+			if k.IsDir() {
+				killCgroup(t, filepath.Join(root, k.Name()))
+			}
 		}
 		_ = os.Remove(root)
 	}
@@ -108,6 +112,32 @@ func (n nodeNet) newNode(t testing.TB, env ...string) *node {
 
 // cgroupRoots are the directories of cgroup parent on this host (v2, or every v1
 // hierarchy).
+// killCgroup SIGKILLs what is left in a sandbox cgroup and removes it. A container init
+// can outlive everything that knew of it: a node killed while its runtime was creating a
+// container leaves an init waiting for `start`, which the runtime never recorded (so
+// its delete cannot find it) and which was cloned after killNaming's scan. A restarted
+// node kills such processes (its reconcile kills every cgroup it does not adopt); a
+// test's node may never restart.
+func killCgroup(t testing.TB, dir string) {
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		raw, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		pids := strings.Fields(string(raw))
+		if len(pids) == 0 || time.Now().After(deadline) {
+			break
+		}
+		for _, p := range pids {
+			if pid, err := strconv.Atoi(p); err == nil {
+				t.Logf("cleanup: killing process %d left in %s", pid, dir)
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Logf("cleanup: remove %s: %v", dir, err)
+	}
+}
+
 func cgroupRoots(parent string) []string {
 	a, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", parent))
 	b, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", parent))
