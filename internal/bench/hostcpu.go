@@ -98,30 +98,13 @@ func (h hostCPU) otherCPU() (map[int]procTime, error) {
 		if err != nil {
 			continue
 		}
-		name, cpu, ok := statNameCPU(st)
-		if !ok || kthread(st) || h.skip[statPPID(st)] {
-			continue // the skipped processes' children count as theirs once reaped
+		ps, ok := parseProcStat(st)
+		if !ok || ps.pid == 2 || ps.ppid == 2 || h.skip[ps.ppid] {
+			continue // kernel threads; the skipped processes' children count as theirs once reaped
 		}
-		out[pid] = procTime{name: name, cpu: cpu}
+		out[pid] = procTime{name: ps.name, cpu: ps.cpu}
 	}
 	return out, nil
-}
-
-// kthread reports whether a stat line is a kernel thread's: kthreadd (pid 2) or a child
-// of it.
-func kthread(st []byte) bool {
-	pid, _, _ := bytes.Cut(st, []byte(" "))
-	return string(pid) == "2" || statPPID(st) == 2
-}
-
-// statPPID is a stat line's parent pid (0 when malformed).
-func statPPID(st []byte) int {
-	f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:]))
-	if len(f) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return ppid
 }
 
 // inCgroup reports whether process pid is in the cgroup named parent or below it, in
@@ -177,32 +160,44 @@ func kthreadCPU(procRoot string) (map[string]time.Duration, error) {
 		if err != nil {
 			continue // exited since the list was read
 		}
-		name, cpu, ok := statNameCPU(st)
+		ps, ok := parseProcStat(st)
 		if !ok {
 			continue
 		}
-		group, _, _ := strings.Cut(name, "/")
-		out[group] += cpu
+		group, _, _ := strings.Cut(ps.name, "/")
+		out[group] += ps.cpu
 	}
 	return out, nil
 }
 
-// statNameCPU parses a /proc/<pid>/stat line: the command name and utime + stime.
-func statNameCPU(st []byte) (string, time.Duration, bool) {
+// procStat is what hostCPU reads of a /proc/<pid>/stat line.
+type procStat struct {
+	pid, ppid int
+	name      string
+	cpu       time.Duration // utime + stime
+}
+
+// parseProcStat parses a /proc/<pid>/stat line. The command name is in parentheses and
+// may hold spaces and parentheses: fields count from the last ')'.
+func parseProcStat(st []byte) (procStat, bool) {
 	open, end := bytes.IndexByte(st, '('), bytes.LastIndexByte(st, ')')
 	if open < 0 || end < open {
-		return "", 0, false
+		return procStat{}, false
 	}
+	pid, err0 := strconv.Atoi(strings.TrimSpace(string(st[:open])))
+	// f[0] is field 3 (state), f[1] the parent, f[11] and f[12] utime and stime.
 	f := strings.Fields(string(st[end+1:]))
 	if len(f) < 13 {
-		return "", 0, false
+		return procStat{}, false
 	}
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	s, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return "", 0, false
+	ppid, err1 := strconv.Atoi(f[1])
+	u, err2 := strconv.ParseInt(f[11], 10, 64)
+	s, err3 := strconv.ParseInt(f[12], 10, 64)
+	if err0 != nil || err1 != nil || err2 != nil || err3 != nil {
+		return procStat{}, false
 	}
-	return string(st[open+1 : end]), time.Duration(u+s) * (time.Second / clockTick), true
+	return procStat{pid: pid, ppid: ppid, name: string(st[open+1 : end]),
+		cpu: time.Duration(u+s) * (time.Second / clockTick)}, true
 }
 
 // costSince is the machine's CPU per create from reading o to r over ops creates.

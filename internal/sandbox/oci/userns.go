@@ -112,7 +112,7 @@ func (b *Backend) initUserns(pid int, m idMap) (int, error) {
 // mapsAre reports whether process pid's user namespace maps ids exactly as m does, for
 // users and for groups, as seen from the node's namespace.
 func mapsAre(pid int, m idMap) bool {
-	want := fmt.Sprintf("0 %d %d", m.HostID, m.Size)
+	want := m.mapLine()
 	for _, f := range []string{"uid_map", "gid_map"} {
 		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, f))
 		if err != nil || strings.Join(strings.Fields(string(raw)), " ") != want {
