@@ -302,19 +302,30 @@ async function cleanupNode({ net, dataDir, netns }, keepDataDir = false) {
   }
   const sandboxCgroups = new Set(cgDirs.map((d) => d.split(net.cgroupParent + '/')[1]).filter(Boolean))
   if (sandboxCgroups.size) found.push('sandbox cgroups ' + [...sandboxCgroups].join(', '))
-  for (const d of cgDirs) {
+  // A cgroup whose last process was just killed is busy until the kernel has reaped it.
+  const removeCgroup = (d) => {
     for (let i = 0; i < 50; i++) {
-      try { rmdirSync(d); break } catch (err) {
-        if (err.code === 'ENOENT') break
+      try { rmdirSync(d); return } catch (err) {
+        if (err.code === 'ENOENT') return
         if (i === 49) found.push(`cgroup ${d} not removed: ${err.code}`)
         else Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 100)
       }
     }
   }
+  for (const d of cgDirs) removeCgroup(d)
   // The shared "aenv-e2e" parent, when no other node uses it any more.
   const top = net.cgroupParent.split('/')[0]
   for (const h of v2 ? ['.'] : hierarchies) {
     try { rmdirSync(join('/sys/fs/cgroup', h, top)) } catch {}
+  }
+  // The data plane's cgroup (internal/dataplane CgroupName: named after the data dir, in
+  // the unified and systemd hierarchies), which its node removes only when it stops the
+  // data plane itself; one killed above, or left serving a node stopped with sandboxes
+  // running, leaves it.
+  const plane = 'aenv.dataplane/' + createHash('sha256').update(resolve(dataDir)).digest('hex').slice(0, 12)
+  for (const h of v2 ? ['.'] : hierarchies) {
+    removeCgroup(join('/sys/fs/cgroup', h, plane))
+    try { rmdirSync(join('/sys/fs/cgroup', h, 'aenv.dataplane')) } catch {}
   }
   // Network slots (netns "<prefix>-<i>", host veths "<prefix>h<i>"), then the bridge and the
   // nftables tables named after it (internal/network/nft.go: table inet <bridge>, table
