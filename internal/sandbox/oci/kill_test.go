@@ -227,7 +227,7 @@ func TestSealedCopy(t *testing.T) {
 	if err != nil {
 		t.Skip("no true(1)")
 	}
-	f, err := sealedCopy(bin)
+	f, err := sealedCopy("true", bin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestSealedCopy(t *testing.T) {
 	if err := exec.Command(fmt.Sprintf("/proc/self/fd/%d", f.Fd())).Run(); err != nil {
 		t.Fatalf("run the sealed copy: %v", err)
 	}
-	if _, err := sealedCopy(filepath.Join(t.TempDir(), "missing")); err == nil {
+	if _, err := sealedCopy("missing", filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Fatal("sealed copy of a missing file succeeded")
 	}
 }

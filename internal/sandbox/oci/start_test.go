@@ -95,3 +95,55 @@ func TestStartRuncNotCreated(t *testing.T) {
 		t.Fatal("startRunc without a state file succeeded")
 	}
 }
+
+func TestStartCrun(t *testing.T) {
+	tests := []struct {
+		name    string
+		fifo    bool // the state directory has its exec fifo
+		reader  bool // an init holds the fifo's read end, as crun's does
+		wantErr error
+		wantMsg string
+		left    bool // the fifo is still there afterwards
+	}{
+		{name: "started", fifo: true, reader: true},
+		{name: "init gone", fifo: true, wantErr: errInitGone, left: true},
+		{name: "not created", wantMsg: "not a created container"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			fifo := filepath.Join(dir, "exec.fifo")
+			rfd := -1
+			if tc.fifo {
+				if err := unix.Mkfifo(fifo, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.reader {
+				fd, err := unix.Open(fifo, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rfd = fd
+				defer unix.Close(fd)
+			}
+			err := startCrun(dir)
+			switch {
+			case tc.wantErr != nil && !errors.Is(err, tc.wantErr),
+				tc.wantMsg != "" && (err == nil || !strings.Contains(err.Error(), tc.wantMsg)),
+				tc.wantErr == nil && tc.wantMsg == "" && err != nil:
+				t.Fatalf("startCrun = %v, want %v%s", err, tc.wantErr, tc.wantMsg)
+			}
+			_, serr := os.Lstat(fifo)
+			if got := serr == nil; got != tc.left {
+				t.Fatalf("fifo left = %v, want %v", got, tc.left)
+			}
+			if rfd >= 0 {
+				buf := make([]byte, 2)
+				if n, err := unix.Read(rfd, buf); n != 1 || err != nil || buf[0] != 0 {
+					t.Fatalf("the init read %d bytes %v (%v), want the one byte 0", n, buf[:max(n, 0)], err)
+				}
+			}
+		})
+	}
+}
