@@ -40,6 +40,9 @@ type containerState struct {
 func (r runtimeCLI) command(ctx context.Context, args ...string) *exec.Cmd {
 	full := append([]string{"--root", r.root}, args...)
 	cmd := exec.CommandContext(ctx, r.bin, full...)
+	// Run from a sealed copy, its path is /proc/self/fd/N: the host's process list shows
+	// the runtime's name instead.
+	cmd.Args[0] = r.name
 	cmd.WaitDelay = 0
 	return cmd
 }
