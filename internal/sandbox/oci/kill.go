@@ -131,12 +131,13 @@ func (b *Backend) removeContainer(ctx context.Context, cid string, l layout, m *
 	return b.rt.remove(ctx, cid)
 }
 
-// deleteDead deletes a container none of whose processes runs any more. For runc, whose
-// state under our own --root is a directory per container, it removes the cgroups and
-// that directory itself, which is all `runc delete` of a stopped container does (no hooks
-// are configured): one runtime exec less per stop. Other runtimes are asked.
+// deleteDead deletes a container none of whose processes runs any more. For runc and
+// crun, whose state under our own --root is a directory per container, it removes the
+// cgroups and that directory itself, which is all `runc delete` and `crun delete` of a
+// stopped container do (no hooks are configured, crun's keyring is off): one runtime
+// exec less per stop. Other runtimes are asked.
 func (b *Backend) deleteDead(ctx context.Context, cid string) error {
-	if b.rt.name != "runc" || !idRE.MatchString(strings.ReplaceAll(cid, ".", "-")) {
+	if b.rt.name != "runc" && b.rt.name != "crun" || !idRE.MatchString(strings.ReplaceAll(cid, ".", "-")) {
 		return b.rt.deleteStopped(ctx, cid)
 	}
 	if err := removeCgroups(b.cgroupsPath(cid), b.v2); err != nil {
