@@ -57,14 +57,17 @@ func TestFirstCommandOnReusedAddress(t *testing.T) {
 	first := n.create(ctx, c)
 	run(ctx, t, c, first, "true") // leaves an idle proxy connection to its address
 	slot := n.seen.snapshot()[n.seen.cidOf(first.ID)].netns
+	veth := strings.Replace(slot, "-", "h", 1)
+	ifindex := linkIndex(veth)
 	if err := c.Kill(ctx, first.ID); err != nil {
 		t.Fatal(err)
 	}
 	// The index is free again once the kernel has deleted the slot's veth with its
 	// namespace (network.Pool's reclaim), some milliseconds after the kill alone; the
 	// kernel tears namespaces down in one queue, so while other tests destroy theirs
-	// (CI's parallel packages) it took over 10 s.
-	if veth := strings.Replace(slot, "-", "h", 1); !linkGoes(veth, 60*time.Second) {
+	// (CI's parallel packages) it took over 10 s. The pool may make the slot anew at
+	// once, a veth of the same name: the wait is for this one (its index) to go.
+	if !linkGoes(veth, ifindex, 60*time.Second) {
 		t.Fatalf("the killed sandbox's veth %s is still there after 60 s", veth)
 	}
 	// The freed index is the lowest free one, so the pool prepares it next; but the

@@ -193,10 +193,26 @@ func slotNames(dir, prefix string) map[string]string {
 	return out
 }
 
-// linkGoes reports whether network interface name is gone within wait.
-func linkGoes(name string, wait time.Duration) bool {
+// linkIndex is the interface index of the network interface name, or 0 when there is none.
+func linkIndex(name string) int {
+	raw, err := os.ReadFile("/sys/class/net/" + name + "/ifindex")
+	if err != nil {
+		return 0
+	}
+	i, _ := strconv.Atoi(strings.TrimSpace(string(raw)))
+	return i
+}
+
+// linkGoes reports whether the network interface name with index ifindex (0: the one of
+// that name now) is gone within wait: no interface has the name any more, or another one
+// does. A node's pool makes a freed slot's veth anew under the same name at once (the
+// lowest free index), so the name alone can come back between two looks.
+func linkGoes(name string, ifindex int, wait time.Duration) bool {
+	if ifindex == 0 {
+		ifindex = linkIndex(name)
+	}
 	for deadline := time.Now().Add(wait); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := os.Stat("/sys/class/net/" + name); err != nil {
+		if i := linkIndex(name); i == 0 || i != ifindex {
 			return true
 		}
 		if time.Now().After(deadline) {
@@ -279,7 +295,7 @@ func leftovers(t testing.TB, n *node, keep map[string]bool) []string {
 		// cleanup shortly after (or by a restarted node's reconcile after a crash), so
 		// one still listed gets a moment before it counts.
 		for veth, ns := range aenvVeths(n.net.prefix) {
-			if !keptNetns[ns] && !linkGoes(veth, 3*time.Second) {
+			if !keptNetns[ns] && !linkGoes(veth, 0, 3*time.Second) {
 				out = append(out, "veth "+veth)
 			}
 		}
