@@ -110,8 +110,6 @@ func (n nodeNet) newNode(t testing.TB, env ...string) *node {
 	return nd
 }
 
-// cgroupRoots are the directories of cgroup parent on this host (v2, or every v1
-// hierarchy).
 // killCgroup SIGKILLs what is left in a sandbox cgroup and removes it. A container init
 // can outlive everything that knew of it: a node killed while its runtime was creating a
 // container leaves an init waiting for `start`, which the runtime never recorded (so
@@ -138,6 +136,8 @@ func killCgroup(t testing.TB, dir string) {
 	}
 }
 
+// cgroupRoots are the directories of cgroup parent on this host (v2, or every v1
+// hierarchy).
 func cgroupRoots(parent string) []string {
 	a, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", parent))
 	b, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", parent))
