@@ -110,7 +110,8 @@ type Backend struct {
 	// other node on the host holds (recorded in /run/aenv/uid-ranges.json).
 	UIDBase int `toml:"uid_base"`
 	// UIDRanges is how many 65536-id ranges the node reserves: the most sandboxes it
-	// holds at once.
+	// holds at once; 0 sizes the block to the host's memory (one range per 4 MiB, 256 to
+	// 16384) and to the ids other nodes left free.
 	UIDRanges int `toml:"uid_ranges"`
 	// WarmContainers is how many containers (created, envd started) the oci backend keeps
 	// per recently launched template (0: none); a burst of launches grows a template's
@@ -543,8 +544,8 @@ func (c *Config) Validate() error {
 	if c.Backend.UIDBase != 0 && (c.Backend.UIDBase < 100000 || c.Backend.UIDBase > 1<<32-1<<16) {
 		bad("backend.uid_base", "%d must be 0 (automatic) or a host uid from 100000 to %d", c.Backend.UIDBase, 1<<32-1<<16)
 	}
-	if c.Backend.UIDRanges < 1 || c.Backend.UIDRanges > 65000 {
-		bad("backend.uid_ranges", "must be between 1 and 65000, got %d", c.Backend.UIDRanges)
+	if c.Backend.UIDRanges < 0 || c.Backend.UIDRanges > 65000 {
+		bad("backend.uid_ranges", "must be 0 (automatic) or between 1 and 65000, got %d", c.Backend.UIDRanges)
 	}
 	if _, err := netip.ParsePrefix(c.Network.Subnet); err != nil {
 		bad("network.subnet", "%q is not a CIDR prefix such as 10.88.0.0/16", c.Network.Subnet)

@@ -130,6 +130,8 @@ func TestLoadErrorsNameTheKey(t *testing.T) {
 		{"negative warm containers", "", map[string]string{"AENV_BACKEND_WARM_CONTAINERS": "-1"}, "backend.warm_containers"},
 		{"warm max below warm", "[backend]\nwarm_containers = 8\nwarm_containers_max = 4\n", nil, "backend.warm_containers_max"},
 		{"huge snapshot pool max", "[backend]\nsnapshot_pool_max = 5000\n", nil, "backend.snapshot_pool_max"},
+		{"negative uid ranges", "", map[string]string{"AENV_BACKEND_UID_RANGES": "-1"}, "backend.uid_ranges"},
+		{"huge uid ranges", "[backend]\nuid_ranges = 70000\n", nil, "backend.uid_ranges"},
 		{"bad shutdown action", "[sandbox]\nshutdown_action = \"explode\"\n", nil, "sandbox.shutdown_action"},
 		{"bad envd version", "", map[string]string{"AENV_ENVD_VERSION": "latest"}, "envd.version"},
 		{"short api key", "", map[string]string{"AENV_API_KEY": "short"}, "api_key"},

@@ -52,6 +52,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/steptime"
 	"github.com/aenv-dev/aenv/internal/storage/stack"
+	"golang.org/x/sys/unix"
 )
 
 // ErrUnsupported is returned for operations this backend cannot do for a sandbox (a
@@ -100,7 +101,8 @@ type Config struct {
 	// UIDRangeFile, and a block that overlaps another node's is refused.
 	UIDBase uint32
 	// UIDRanges is how many 65536-id ranges the node reserves: the most sandboxes (and
-	// warm network slots) it can hold at once. Default 2048 (2^27 ids: 31 nodes fit on a host).
+	// warm network slots) it can hold at once. 0 (default): sized to the host's memory
+	// and the ids other nodes left free (autoUIDRanges). New sets it to the count it got.
 	UIDRanges int
 	// UIDRangeFile is the host-wide record of the nodes' uid blocks. Default
 	// DefaultUIDRangeFile.
@@ -173,9 +175,6 @@ func (c *Config) defaults() error {
 	case UserNSAuto, UserNSOn, UserNSOff:
 	default:
 		return fmt.Errorf("oci: UserNamespace %q is not auto, on or off", c.UserNamespace)
-	}
-	if c.UIDRanges == 0 {
-		c.UIDRanges = 2048
 	}
 	if c.UIDRangeFile == "" {
 		c.UIDRangeFile = DefaultUIDRangeFile
@@ -306,11 +305,19 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	if err != nil {
 		cfg.Logger.Warn("oci: masked directories get a tmpfs each", "err", err)
 	}
-	base, err := reserveUIDs(cfg.UIDRangeFile, cfg.DataDir, cfg.UIDBase, cfg.UIDRanges)
+	req := uidRequest{Owner: cfg.DataDir, Base: cfg.UIDBase, Ranges: cfg.UIDRanges}
+	if req.Ranges == 0 {
+		var si unix.Sysinfo_t
+		if err := unix.Sysinfo(&si); err != nil {
+			return nil, fmt.Errorf("oci: host memory: %w", err)
+		}
+		req.Ranges, req.Auto = autoUIDRanges(uint64(si.Totalram)*uint64(si.Unit)), true
+	}
+	block, err := reserveUIDs(cfg.UIDRangeFile, req)
 	if err != nil {
 		return nil, err
 	}
-	cfg.UIDBase = base
+	cfg.UIDBase, cfg.UIDRanges = block.Base, int(block.Ranges)
 	b := &Backend{cfg: cfg, v2: unifiedOnly(), log: cfg.Logger, emptyDir: emptyDir, instances: map[string]*Instance{}, tearing: map[string]int{}, usernsFDs: newUsernsCache()}
 	if b.blankRoot, err = makeBlankRoot(cfg.DataDir); err != nil {
 		b.log.Warn("oci: no blank warm containers: forks and resumes start their containers on their path", "err", err)
