@@ -45,10 +45,12 @@ func TestBenchAgainstNode(t *testing.T) {
 // sandbox would answer it with a reset, which the proxy turns into a 502 for a POST such as
 // process.Start, and the SDK would report the new sandbox as not running.
 func TestFirstCommandOnReusedAddress(t *testing.T) {
-	// Warm pools no bigger than their floor: the creates below come less than 2 s apart,
-	// a burst, which would grow the template's pool towards 16 containers, each holding
-	// a slot taken before the freed one (a CI failure: none of 16 creates reached it).
-	n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION=stop", "AENV_BACKEND_WARM_CONTAINERS_MAX=2")
+	// No warm containers: each holds a network slot, and one made while the freed slot
+	// was lowest keeps it until a create of its template (or, a blank one, a fork) claims
+	// it; two CI failures had none of 16 creates reach the slot, the second with the
+	// pools at their floor of 2. The creates then take prepared slots in the order the
+	// pool made them, the freed one among the next few.
+	n := newNode(t, "AENV_SANDBOX_SHUTDOWN_ACTION=stop", "AENV_BACKEND_WARM_CONTAINERS=0")
 	n.start()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -71,10 +73,9 @@ func TestFirstCommandOnReusedAddress(t *testing.T) {
 		t.Fatalf("the killed sandbox's veth %s is still there after 60 s", veth)
 	}
 	// The freed index is the lowest free one, so the pool prepares it next; but the
-	// prepared slots (4) and the warm containers (2, and blank ones) may already hold
-	// the next few, so allow for them.
+	// prepared slots (4) may already hold the next few, so allow for them.
 	const creates = 16
-	for range creates {
+	for i := range creates {
 		sb := n.create(ctx, c)
 		if n.seen.snapshot()[n.seen.cidOf(sb.ID)].netns != slot {
 			continue // kept alive, so the next create cannot take its slot
@@ -82,6 +83,7 @@ func TestFirstCommandOnReusedAddress(t *testing.T) {
 		if _, err := c.Run(ctx, sb, "true"); err != nil {
 			t.Fatalf("first command in %s, which took the slot %s of a killed sandbox: %v", sb.ID, slot, err)
 		}
+		t.Logf("create %d of %d took the slot %s", i+1, creates, slot)
 		return
 	}
 	t.Fatalf("no new sandbox took the slot %s of the killed one in %d creates", slot, creates)
