@@ -234,8 +234,11 @@ type Backend struct {
 	// bootIDs: each container gets a boot id of its own (bindBootID); false under
 	// gVisor, whose kernel makes its own.
 	bootIDs bool
-	// emptyDir masks directories under /sys in every sandbox ("": a tmpfs each).
+	// emptyDir masks directories in every sandbox ("": a tmpfs each).
 	emptyDir string
+	// cgroupViewDir is the /sys/fs/cgroup of sandboxes that see only their hierarchies
+	// ("": a tmpfs each; see makeCgroupViewDir).
+	cgroupViewDir string
 	// cgroupNeed and cgroupRest are the host's v1 cgroup hierarchies sandboxes are a
 	// cgroup in and the others (splitCgroupMounts), read once at the start.
 	cgroupNeed, cgroupRest []string
@@ -334,6 +337,11 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 	laps.Lap("probe")
 	binPath := rt.bin
 	b.rt, b.userns = rt.sealed(b.log), userns
+	if rt.cgroupView() && len(b.cgroupNeed) > 0 {
+		if b.cgroupViewDir, err = makeCgroupViewDir(cfg.DataDir, b.cgroupNeed); err != nil {
+			b.log.Warn("oci: sandboxes' /sys/fs/cgroup is a tmpfs each", "err", err)
+		}
+	}
 	b.bootIDs = rt.name != "runsc"
 	pool, err := network.New(ctx, cfg.Network)
 	if err != nil {

@@ -93,4 +93,12 @@ func testSandboxCgroupHierarchies(t *testing.T, runtime string) {
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1 {
 		t.Errorf("the sandbox sees hierarchies it is not in:\n%s", out)
 	}
+	if e.b.cgroupViewDir == "" {
+		return
+	}
+	// Seen through the node's shared view, read-only, not a tmpfs of its own.
+	out, _ = e.sh(t, i, "grep ' /sys/fs/cgroup ' /proc/self/mountinfo; ls /sys/fs/cgroup; mkdir /sys/fs/cgroup/x 2>/dev/null && echo writable")
+	if strings.Contains(out, " - tmpfs ") || strings.Contains(out, "writable") || !strings.Contains(out, "memory") {
+		t.Errorf("the sandbox's /sys/fs/cgroup: want a read-only bind listing its hierarchies:\n%s", out)
+	}
 }

@@ -230,7 +230,8 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		cgroupsPath: b.cgroupsPath(inst.cid), cpuCount: o.res.CPUCount,
 		memoryMB: o.res.MemoryMB, pidsLimit: b.cfg.PidsLimit, idmap: m, memsw: b.memsw,
 		resolvConf: b.cfg.ResolvConf, volumes: vols,
-		emptyDir: b.emptyDir, cgroupBinds: b.viewCgroups(b.rt),
+		emptyDir: b.emptyDir, maskDirs: bindMaskedDirs(b.rt), cgroupBinds: b.viewCgroups(b.rt),
+		cgroupViewDir: b.cgroupViewDir,
 	})
 	if err := writeJSON(filepath.Join(inst.l.dir, "config.json"), spec); err != nil {
 		return err

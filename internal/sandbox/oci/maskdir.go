@@ -39,19 +39,15 @@ func makeEmptyDir(dataDir string) (string, error) {
 	return dir, nil
 }
 
-// hostSysDirs are the masked paths under /sys that are directories on this host (the
-// sandbox's /sys is the host's or a sysfs of the same kernel). runc masks a directory
-// with a read-only tmpfs of its own: a superblock per directory per sandbox, and every
-// superblock is a memcg-aware shrinker that grows every memory cgroup on the host (see
+// hostMaskedDirs are the masked paths that are directories on this host (the sandbox's
+// /proc and /sys show the same kernel). A runtime masks a directory with a read-only
+// tmpfs of its own: a superblock per directory per sandbox, and every superblock is a
+// memcg-aware shrinker that grows every memory cgroup on the host (see
 // docs/operations.md, "Per memory cgroup"). A read-only bind of one shared empty
-// directory hides the same and adds no superblock. Under /proc runc refuses binds (only
-// lxcfs's files), so those stay masked by runc.
-var hostSysDirs = sync.OnceValue(func() []string {
+// directory hides the same and adds no superblock.
+var hostMaskedDirs = sync.OnceValue(func() []string {
 	var dirs []string
 	for _, p := range maskedPaths {
-		if !strings.HasPrefix(p, "/sys/") {
-			continue
-		}
 		if fi, err := os.Lstat(p); err == nil && fi.IsDir() {
 			dirs = append(dirs, p)
 		}
@@ -59,16 +55,61 @@ var hostSysDirs = sync.OnceValue(func() []string {
 	return dirs
 })
 
-// maskBinds splits masked into the paths runc masks and the read-only binds of empty
-// (a host directory, "" for none) over sysDirs, which come out of masked.
-func maskBinds(masked, sysDirs []string, empty string) ([]string, []specs.Mount) {
-	if empty == "" || len(sysDirs) == 0 {
+// bindMaskedDirs are the host's masked directories the runtime rt lets a bind mask:
+// those under /sys, and under /proc too where rt takes binds there (crun; runc refuses
+// them but for lxcfs's files).
+func bindMaskedDirs(rt runtimeCLI) []string {
+	var dirs []string
+	for _, d := range hostMaskedDirs() {
+		if strings.HasPrefix(d, "/sys/") || rt.bindsUnderProc() {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
+}
+
+// cgroupViewDirName is the directory below the data directory whose read-only bind is
+// the /sys/fs/cgroup of sandboxes that see only the hierarchies they are in
+// (specParams.cgroupBinds): an empty directory per hierarchy, their binds' mount points.
+// It takes the place of a tmpfs (a superblock) per sandbox.
+const cgroupViewDirName = "cgroupview"
+
+// makeCgroupViewDir creates (or completes) dataDir's cgroup view for the hierarchies
+// (host mount points) hs and returns its path. It never removes a directory: one may be
+// a mount point in a sandbox that outlived the node, and removing it would unmount the
+// sandbox's hierarchy there.
+func makeCgroupViewDir(dataDir string, hs []string) (string, error) {
+	dir := filepath.Join(dataDir, cgroupViewDirName)
+	for _, d := range append([]string{dir}, hierarchyDirs(dir, hs)...) {
+		if err := os.Mkdir(d, 0o555); err != nil && !errors.Is(err, os.ErrExist) {
+			return "", fmt.Errorf("oci: cgroup view: %w", err)
+		}
+		if err := os.Chmod(d, 0o555); err != nil {
+			return "", fmt.Errorf("oci: cgroup view: %w", err)
+		}
+	}
+	return dir, nil
+}
+
+// hierarchyDirs are the mount points in a cgroup view dir of the hierarchies hs.
+func hierarchyDirs(dir string, hs []string) []string {
+	out := make([]string, len(hs))
+	for i, h := range hs {
+		out[i] = filepath.Join(dir, filepath.Base(h))
+	}
+	return out
+}
+
+// maskBinds splits masked into the paths the runtime masks and the read-only binds of
+// empty (a host directory, "" for none) over dirs, which come out of masked.
+func maskBinds(masked, dirs []string, empty string) ([]string, []specs.Mount) {
+	if empty == "" || len(dirs) == 0 {
 		return masked, nil
 	}
 	var rest []string
 	var binds []specs.Mount
 	for _, p := range masked {
-		if !slices.Contains(sysDirs, p) {
+		if !slices.Contains(dirs, p) {
 			rest = append(rest, p)
 			continue
 		}

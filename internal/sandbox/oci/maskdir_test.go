@@ -14,7 +14,7 @@ func TestMaskBinds(t *testing.T) {
 	masked := []string{"/proc/acpi", "/proc/kcore", "/sys/firmware", "/sys/devices/virtual/powercap"}
 	for _, tc := range []struct {
 		name          string
-		sysDirs       []string
+		dirs       []string
 		empty         string
 		wantMasked    []string
 		wantBindDests []string
@@ -25,7 +25,7 @@ func TestMaskBinds(t *testing.T) {
 		{"no sys dir on the host", nil, "/data/empty", masked, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rest, binds := maskBinds(masked, tc.sysDirs, tc.empty)
+			rest, binds := maskBinds(masked, tc.dirs, tc.empty)
 			if !slices.Equal(rest, tc.wantMasked) {
 				t.Errorf("masked %v, want %v", rest, tc.wantMasked)
 			}
@@ -66,15 +66,49 @@ func TestMakeEmptyDir(t *testing.T) {
 	}
 }
 
-// TestSandboxMaskedSysDirs checks that a masked directory under /sys is empty and
-// read-only in a sandbox without a tmpfs (a superblock) of its own.
-func TestSandboxMaskedSysDirs(t *testing.T) {
-	if len(hostSysDirs()) == 0 {
-		t.Skip("no masked directory under /sys on this host")
+func TestMakeCgroupViewDir(t *testing.T) {
+	data := t.TempDir()
+	dir, err := makeCgroupViewDir(data, []string{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/memory"})
+	if err != nil || dir != filepath.Join(data, cgroupViewDirName) {
+		t.Fatalf("makeCgroupViewDir: %q, %v", dir, err)
 	}
-	e := newTestBackend(t, nil)
+	// A later start with other hierarchies adds theirs and keeps the old ones (mount
+	// points, maybe, in sandboxes that outlived the node).
+	if _, err := makeCgroupViewDir(data, []string{"/sys/fs/cgroup/cpu,cpuacct"}); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+		if fi, err := e.Info(); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o555 {
+			t.Errorf("%s: %v, %v; want a directory, mode 555", e.Name(), fi, err)
+		}
+	}
+	if want := []string{"cpu", "cpu,cpuacct", "memory"}; !slices.Equal(names, want) {
+		t.Errorf("cgroup view holds %v, want %v", names, want)
+	}
+}
+
+// TestSandboxMaskedDirs checks that a masked directory is empty and read-only in a
+// sandbox without a tmpfs (a superblock) of its own: under /sys with either runtime,
+// under /proc with crun.
+func TestSandboxMaskedDirs(t *testing.T) { eachRuntime(t, testSandboxMaskedDirs) }
+
+func testSandboxMaskedDirs(t *testing.T, runtime string) {
+	e := newTestBackend(t, func(c *Config) { c.Runtime = runtime })
+	dirs := bindMaskedDirs(e.b.rt)
+	if len(dirs) == 0 {
+		t.Skip("no masked directory on this host the runtime lets a bind mask")
+	}
+	if runtime == "crun" && !slices.Contains(dirs, "/proc/acpi") && slices.Contains(hostMaskedDirs(), "/proc/acpi") {
+		t.Errorf("crun: /proc/acpi is masked by a tmpfs (dirs bound over: %v)", dirs)
+	}
 	i := e.launch(t, "mask1", sandbox.Resources{CPUCount: 1, MemoryMB: 64})
-	for _, d := range hostSysDirs() {
+	for _, d := range dirs {
 		out, _ := e.sh(t, i, "ls -A "+d+"; touch "+d+"/x 2>/dev/null && echo writable; grep ' "+d+" ' /proc/self/mountinfo")
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		if len(lines) != 1 || strings.Contains(lines[0], " - tmpfs ") || !strings.Contains(lines[0], " "+d+" ") {

@@ -109,6 +109,10 @@ func (r runtimeCLI) start(ctx context.Context, id string) error {
 // start a container otherwise (the probe sees the same).
 func (r runtimeCLI) cgroupView() bool { return r.name == "crun" }
 
+// bindsUnderProc says whether the runtime takes bind mounts below /proc (crun; runc
+// refuses all but lxcfs's files there, runsc has a /proc of its own).
+func (r runtimeCLI) bindsUnderProc() bool { return r.name == "crun" }
+
 // runForeground runs a container to completion (used by the probe), seeing only the
 // cgroup hierarchies at cgroups (nil: all), as crun's launches do.
 func (r runtimeCLI) runForeground(ctx context.Context, id, bundle string, cgroups []string) ([]byte, error) {

@@ -27,14 +27,18 @@ type specParams struct {
 	resolvConf  string // host file bind-mounted at /etc/resolv.conf; "" = none
 	volumes     []specs.Mount
 	// emptyDir is a host directory, empty and read-only, bound over the masked
-	// directories under /sys instead of a tmpfs each (see hostSysDirs); "" = tmpfs.
+	// directories maskDirs instead of a tmpfs each (see hostMaskedDirs); "" = tmpfs.
 	emptyDir string
+	maskDirs []string
 	// cgroupBinds are the host's v1 hierarchies (mount points) the sandbox's
 	// /sys/fs/cgroup shows, each as a read-only bind of the sandbox's own cgroup there;
 	// nil: a cgroup mount, which the runtime fills. For crun (runtimeCLI.cgroupView),
 	// whose cgroup mount holds every hierarchy of /proc/self/cgroup, not only those the
 	// sandbox is in.
 	cgroupBinds []string
+	// cgroupViewDir is the host directory (makeCgroupViewDir) holding the binds' mount
+	// points, bound read-only at /sys/fs/cgroup; "": a tmpfs there.
+	cgroupViewDir string
 }
 
 // cgroupMounts are the mounts of the sandbox's /sys/fs/cgroup.
@@ -43,10 +47,14 @@ func (p specParams) cgroupMounts() []specs.Mount {
 	if len(p.cgroupBinds) == 0 {
 		return []specs.Mount{{Destination: cgroupRoot, Type: "cgroup", Source: "cgroup", Options: ro}}
 	}
-	// Writable, as it must be for the mount points below it, but with room for no more
-	// than a few empty files.
-	ms := []specs.Mount{{Destination: cgroupRoot, Type: "tmpfs", Source: "tmpfs",
-		Options: []string{"nosuid", "noexec", "nodev", "mode=755", "size=4k", "nr_inodes=" + strconv.Itoa(len(p.cgroupBinds)+8)}}}
+	root := specs.Mount{Destination: cgroupRoot, Type: "none", Source: p.cgroupViewDir, Options: append([]string{"bind"}, ro...)}
+	if p.cgroupViewDir == "" {
+		// Writable, as it must be for the runtime to make the mount points below it,
+		// but with room for no more than a few empty files.
+		root = specs.Mount{Destination: cgroupRoot, Type: "tmpfs", Source: "tmpfs",
+			Options: []string{"nosuid", "noexec", "nodev", "mode=755", "size=4k", "nr_inodes=" + strconv.Itoa(len(p.cgroupBinds)+8)}}
+	}
+	ms := []specs.Mount{root}
 	for _, h := range p.cgroupBinds {
 		ms = append(ms, specs.Mount{Destination: filepath.Join(cgroupRoot, filepath.Base(h)), Type: "none",
 			Source: filepath.Join(h, p.cgroupsPath), Options: append([]string{"rbind"}, ro...)})
@@ -124,7 +132,7 @@ func buildSpec(p specParams) *specs.Spec {
 	}
 	mounts = append(mounts, p.cgroupMounts()...)
 	mounts = append(mounts, specs.Mount{Destination: envdMount, Type: "none", Source: p.envdPath, Options: []string{"bind", "ro", "nosuid", "nodev"}})
-	masked, maskMounts := maskBinds(maskedPaths, hostSysDirs(), p.emptyDir)
+	masked, maskMounts := maskBinds(maskedPaths, p.maskDirs, p.emptyDir)
 	mounts = append(mounts, maskMounts...)
 	if p.resolvConf != "" {
 		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "none", Source: p.resolvConf,
