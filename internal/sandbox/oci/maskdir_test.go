@@ -14,7 +14,7 @@ func TestMaskBinds(t *testing.T) {
 	masked := []string{"/proc/acpi", "/proc/kcore", "/sys/firmware", "/sys/devices/virtual/powercap"}
 	for _, tc := range []struct {
 		name          string
-		dirs       []string
+		dirs          []string
 		empty         string
 		wantMasked    []string
 		wantBindDests []string
