@@ -22,10 +22,7 @@ const emptyDirName = "empty"
 // tmpfs each as before.
 func makeEmptyDir(dataDir string) (string, error) {
 	dir := filepath.Join(dataDir, emptyDirName)
-	if err := os.Mkdir(dir, 0o555); err != nil && !errors.Is(err, os.ErrExist) {
-		return "", fmt.Errorf("oci: empty dir: %w", err)
-	}
-	if err := os.Chmod(dir, 0o555); err != nil {
+	if err := readOnlyDir(dir); err != nil {
 		return "", fmt.Errorf("oci: empty dir: %w", err)
 	}
 	f, err := os.Open(dir)
@@ -37,6 +34,14 @@ func makeEmptyDir(dataDir string) (string, error) {
 		return "", fmt.Errorf("oci: empty dir %s is not an empty directory (%v)", dir, err)
 	}
 	return dir, nil
+}
+
+// readOnlyDir creates dir, or keeps it when it exists, read-only to all (mode 555).
+func readOnlyDir(dir string) error {
+	if err := os.Mkdir(dir, 0o555); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	return os.Chmod(dir, 0o555)
 }
 
 // hostMaskedDirs are the masked paths that are directories on this host (the sandbox's
@@ -80,24 +85,15 @@ const cgroupViewDirName = "cgroupview"
 // sandbox's hierarchy there.
 func makeCgroupViewDir(dataDir string, hs []string) (string, error) {
 	dir := filepath.Join(dataDir, cgroupViewDirName)
-	for _, d := range append([]string{dir}, hierarchyDirs(dir, hs)...) {
-		if err := os.Mkdir(d, 0o555); err != nil && !errors.Is(err, os.ErrExist) {
-			return "", fmt.Errorf("oci: cgroup view: %w", err)
-		}
-		if err := os.Chmod(d, 0o555); err != nil {
+	if err := readOnlyDir(dir); err != nil {
+		return "", fmt.Errorf("oci: cgroup view: %w", err)
+	}
+	for _, h := range hs {
+		if err := readOnlyDir(filepath.Join(dir, filepath.Base(h))); err != nil {
 			return "", fmt.Errorf("oci: cgroup view: %w", err)
 		}
 	}
 	return dir, nil
-}
-
-// hierarchyDirs are the mount points in a cgroup view dir of the hierarchies hs.
-func hierarchyDirs(dir string, hs []string) []string {
-	out := make([]string, len(hs))
-	for i, h := range hs {
-		out[i] = filepath.Join(dir, filepath.Base(h))
-	}
-	return out
 }
 
 // maskBinds splits masked into the paths the runtime masks and the read-only binds of

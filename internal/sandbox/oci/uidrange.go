@@ -140,9 +140,7 @@ func reserveUIDs(path string, req uidRequest) (uidReservation, error) {
 // earlier one (nil: none).
 func placeUIDs(req uidRequest, prev *uidReservation, others []uidReservation) (uidReservation, error) {
 	want := uidReservation{Owner: req.Owner, Base: req.Base, Ranges: uint32(req.Ranges)}
-	gaps := freeUIDs(others)
-	switch {
-	case req.Base != 0:
+	if req.Base != 0 {
 		if want.end() > 1<<32 {
 			return want, fmt.Errorf("oci: uid range %d + %d × %d ids passes the largest uid", want.Base, want.Ranges, idRangeSize)
 		}
@@ -153,7 +151,9 @@ func placeUIDs(req uidRequest, prev *uidReservation, others []uidReservation) (u
 			}
 		}
 		return want, nil
-	case prev != nil && (req.Auto || prev.Ranges == want.Ranges):
+	}
+	gaps := freeUIDs(others)
+	if prev != nil && (req.Auto || prev.Ranges == want.Ranges) {
 		for _, g := range gaps {
 			if g.start <= uint64(prev.Base) && prev.end() <= g.end {
 				if req.Auto {
