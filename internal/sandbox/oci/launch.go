@@ -152,9 +152,6 @@ type createOpts struct {
 	// blank creates the container on the backend's blank root, with no root of its own
 	// (a blank warm container, see reroot.go); lower and layers are unused.
 	blank bool
-	// background marks a warm pool's container: its cgroup has a CPU share of
-	// warmCPUShares until a launch claims it (foreground).
-	background bool
 }
 
 // rootOnly is o without what belongs to one sandbox rather than to its root: what a warm
@@ -234,7 +231,7 @@ func (b *Backend) create(ctx context.Context, inst *Instance, o createOpts) erro
 		memoryMB: o.res.MemoryMB, pidsLimit: b.cfg.PidsLimit, idmap: m, memsw: b.memsw,
 		resolvConf: b.cfg.ResolvConf, volumes: vols,
 		emptyDir: b.emptyDir, maskDirs: bindMaskedDirs(b.rt), cgroupBinds: b.viewCgroups(b.rt),
-		cgroupViewDir: b.cgroupViewDir, background: o.background,
+		cgroupViewDir: b.cgroupViewDir,
 	})
 	if err := writeJSON(filepath.Join(inst.l.dir, "config.json"), spec); err != nil {
 		return err

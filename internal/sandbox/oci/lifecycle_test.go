@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -134,37 +133,8 @@ func testConcurrentLaunchStop(t *testing.T, warm int) {
 	}
 }
 
-// cpuShare reads the CPU share of container cid's cgroup: cpu.shares (v1) or
-// cpu.weight (v2).
-func cpuShare(t *testing.T, b *Backend, cid string) int {
-	t.Helper()
-	path := filepath.Join(cgroupRoot, "cpu", b.cgroupsPath(cid), "cpu.shares")
-	if b.v2 {
-		path = filepath.Join(cgroupRoot, b.cgroupsPath(cid), "cpu.weight")
-	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(raw)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// cpuShareOf is what the cgroup reads for a spec's cpu shares: on v2 the runtimes' own
-// conversion to cpu.weight (runc's and crun's ConvertCPUSharesToCgroupV2Value).
-func cpuShareOf(v2 bool, shares int) int {
-	if !v2 {
-		return shares
-	}
-	return 1 + (shares-2)*9999/262142
-}
-
 // TestWarmContainers launches from the warm pool: the sandbox must get its own limits,
-// hostname, network policy, state and CPU share (a warm container's is low), and stop as
-// cleanly as a fresh one.
+// hostname, network policy and state, and stop as cleanly as a fresh one.
 func TestWarmContainers(t *testing.T) { eachRuntime(t, testWarmContainers) }
 
 func testWarmContainers(t *testing.T, runtime string) {
@@ -175,12 +145,6 @@ func testWarmContainers(t *testing.T, runtime string) {
 		t.Fatalf("first launch of a template used warm container %s", first.cid)
 	}
 	waitWarm(t, e.b, e.template, 2)
-	e.b.warm.mu.Lock()
-	pooled := e.b.warm.ready[e.template][0].cid
-	e.b.warm.mu.Unlock()
-	if got, want := cpuShare(t, e.b, pooled), cpuShareOf(e.b.v2, warmCPUShares); got != want {
-		t.Fatalf("warm container %s in the pool: cpu share %d, want %d", pooled, got, want)
-	}
 
 	inst, err := e.b.Launch(ctx, sandbox.LaunchPlan{
 		Kind: sandbox.LaunchFresh, SandboxID: "warm1", RootFS: sandbox.RootFS{LowerDir: e.template},
@@ -194,9 +158,6 @@ func testWarmContainers(t *testing.T, runtime string) {
 		t.Fatalf("second launch did not use a warm container (cid %s)", i.cid)
 	}
 	e.waitReady(t, i)
-	if got, want := cpuShare(t, e.b, i.cid), cpuShare(t, e.b, first.cid); got != want {
-		t.Fatalf("claimed warm container: cpu share %d, a fresh sandbox's %d", got, want)
-	}
 	out, code := e.sh(t, i, "hostname; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max")
 	if code != 0 || out != fmt.Sprintf("warm1\n%d\n", 96<<20) {
 		t.Fatalf("hostname/limit inside: %q", out)

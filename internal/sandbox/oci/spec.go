@@ -12,7 +12,6 @@ import (
 
 // specParams is everything that varies between sandbox configs.
 type specParams struct {
-	background  bool // a warm pool container: a low CPU share until claimed (warmCPUShares)
 	rootfs      string
 	hostname    string
 	netnsPath   string // "" = a fresh, empty network namespace (probe)
@@ -109,10 +108,6 @@ func buildSpec(p specParams) *specs.Spec {
 	}
 	caps := append([]string(nil), capabilities...)
 	cpu := &specs.LinuxCPU{}
-	if p.background {
-		shares := uint64(warmCPUShares)
-		cpu.Shares = &shares
-	}
 	if p.cpuCount > 0 {
 		quota, period := int64(p.cpuCount)*100000, uint64(100000)
 		cpu.Quota, cpu.Period = &quota, &period

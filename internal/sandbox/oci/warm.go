@@ -271,7 +271,7 @@ func (w *warmPool) prepare(lower string) (*Instance, error) {
 	} else if fi, err := os.Stat(o.lower); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("template %s gone: %v", o.lower, err)
 	}
-	o.allowInternet, o.hostname, o.background = true, "sandbox", true
+	o.allowInternet, o.hostname = true, "sandbox"
 	w.mu.Lock()
 	w.seq++
 	cid := fmt.Sprintf("warm.%d.%d", os.Getpid(), w.seq)
@@ -404,9 +404,6 @@ func (b *Backend) claimWarm(ctx context.Context, w *Instance, pid int, plan sand
 	if err := setHostname(pid, sandbox.Hostname(plan.SandboxID)); err != nil {
 		return err
 	}
-	if err := foreground(b.cgroupsPath(w.cid), b.v2); err != nil {
-		return err
-	}
 	if w.running {
 		return nil
 	}
@@ -511,27 +508,6 @@ func setHostname(pid int, name string) error {
 	runtime.UnlockOSThread()
 	if herr != nil {
 		return fmt.Errorf("oci: set hostname: %w", herr)
-	}
-	return nil
-}
-
-// warmCPUShares is the CPU share (cgroup v1 cpu.shares; the runtime gives v2 the
-// matching cpu.weight, 1) of a warm container's cgroup until a launch claims it. The
-// pool is refilled while launches go on (an empty pool at once), and a container's start
-// is most of a create's CPU (the runtime's init, envd's start: ~25 ms): at the default
-// share it took the CPU half and half with the sandboxes just handed out, whose first
-// commands it delayed (docs/operations.md, "Warm containers yield the CPU").
-const warmCPUShares = 2
-
-// foreground gives a claimed warm container's cgroup the CPU share every other
-// sandbox has (the cgroup default: a spec without shares).
-func foreground(rel string, v2 bool) error {
-	path, val := filepath.Join(cgroupRoot, "cpu", rel, "cpu.shares"), "1024"
-	if v2 {
-		path, val = filepath.Join(cgroupRoot, rel, "cpu.weight"), "100"
-	}
-	if err := os.WriteFile(path, []byte(val), 0o644); err != nil {
-		return fmt.Errorf("oci: cpu share of a claimed warm container: %w", err)
 	}
 	return nil
 }
