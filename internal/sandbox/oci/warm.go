@@ -385,9 +385,10 @@ func (b *Backend) warmPID(w *Instance) (int, error) {
 	return pid, nil
 }
 
-// claimWarm gives warm container w (init pid) its sandbox's id, network policy, saved
-// state, cgroup limits and hostname. The state is saved once the container is on its
-// root: a node that restarts adopts only what is complete.
+// claimWarm gives warm container w (init pid) its sandbox's id, network policy, cgroup
+// limits, hostname and saved state. The state is saved once the container is on its
+// root and last: a node that restarts adopts only what is complete (one that stopped
+// before finds a warm container and removes it, not a sandbox without its memory limit).
 func (b *Backend) claimWarm(ctx context.Context, w *Instance, pid int, plan sandbox.LaunchPlan) error {
 	w.id, w.res = plan.SandboxID, plan.Resources
 	if !plan.AllowInternet {
@@ -395,13 +396,13 @@ func (b *Backend) claimWarm(ctx context.Context, w *Instance, pid int, plan sand
 			return err
 		}
 	}
-	if err := b.saveState(w, plan.RootFS.LowerDir, w.isBlock(), plan.AllowInternet); err != nil {
-		return err
-	}
 	if err := setLimits(b.cgroupsPath(w.cid), b.v2, b.memsw, plan.Resources); err != nil {
 		return err
 	}
 	if err := setHostname(pid, sandbox.Hostname(plan.SandboxID)); err != nil {
+		return err
+	}
+	if err := b.saveState(w, plan.RootFS.LowerDir, w.isBlock(), plan.AllowInternet); err != nil {
 		return err
 	}
 	if w.running {
