@@ -5,6 +5,9 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -129,4 +132,61 @@ func assertStatesMatchRunc(t *testing.T, rt runtimeCLI) {
 	if a, b := norm(read), norm(listed); !maps.Equal(a, b) || len(a) < 3 {
 		t.Fatalf("state files say %v, runc list says %v", a, b)
 	}
+}
+
+// TestCrashMidClaim stops a warm container's claim after its limits are set and before its
+// state is saved (the hostname fails), then restarts the backend knowing the sandbox: a
+// claim that never finished must not be adopted (it could lack its limits), it is removed
+// with the other debris.
+func TestCrashMidClaim(t *testing.T) {
+	e := newTestBackend(t, func(c *Config) { c.Network.PoolSize, c.WarmContainers = -1, 1 })
+	ctx := context.Background()
+	// A launch makes the template wanted; the pool refills behind it.
+	if err := e.launch(t, "mid-claim-first", sandbox.Resources{}).Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitWarm(t, e.b, e.template, 1)
+	close(e.b.warm.done)
+	<-e.b.warm.exited
+	e.b.warm.mu.Lock()
+	w := e.b.warm.ready[e.template][0]
+	e.b.warm.ready = map[string][]*Instance{}
+	e.b.warm.closed = true
+	e.b.warm.mu.Unlock()
+
+	plan := sandbox.LaunchPlan{
+		Kind: sandbox.LaunchFresh, SandboxID: "mid-claim", RootFS: sandbox.RootFS{LowerDir: e.template},
+		Resources: sandbox.Resources{CPUCount: 1, MemoryMB: 96}, AllowInternet: true,
+	}
+	// No process has pid 0 in /proc: the claim fails where the node would have stopped.
+	err := e.b.claimWarm(ctx, w, 0, plan)
+	if err == nil || !strings.Contains(err.Error(), "uts namespace") {
+		t.Fatalf("claim with no init: %v, want the uts namespace's error", err)
+	}
+	limit := filepath.Join(cgroupRoot, "memory", e.b.cgroupsPath(w.cid), "memory.limit_in_bytes")
+	if e.b.v2 {
+		limit = filepath.Join(cgroupRoot, e.b.cgroupsPath(w.cid), "memory.max")
+	}
+	if got, err := os.ReadFile(limit); err != nil || strings.TrimSpace(string(got)) != strconv.Itoa(96<<20) {
+		t.Fatalf("memory limit before the hostname: %q, %v; want the claim to have set it", got, err)
+	}
+
+	cfg := e.cfg
+	cfg.WarmContainers = -1
+	b2, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alive, err := b2.Reconcile(ctx, []string{"mid-claim"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(alive) != 0 {
+		t.Fatalf("adopted %v: a claim that never saved its state", slices.Collect(maps.Keys(alive)))
+	}
+	assertGone(t, b2, w.cid, nil)
+	if err := b2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertClean(t, b2)
 }
