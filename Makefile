@@ -16,9 +16,12 @@ deps:
 test-deps:
 	@scripts/deps.sh --test
 
+# envd runs once per sandbox and seldom collects (see docs/operations.md, "Memory"): built
+# without Go 1.26's Green Tea collector, whose mark bits inside each small-object span cost
+# an idle envd ~70 KiB more. A Go release that drops the opt-out fails this build loudly.
 binaries:
 	$(GO) build -trimpath -o $(BIN)/aenv ./cmd/aenv
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
+	CGO_ENABLED=0 GOEXPERIMENT=nogreenteagc $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
 
 # The base template's root filesystem: Debian with python3, node, git, curl and sudo, made
 # with debootstrap once per machine (a few minutes) and kept in $(BASE_CACHE), with the
