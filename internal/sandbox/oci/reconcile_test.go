@@ -182,6 +182,9 @@ func TestCrashMidClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(alive) != 0 {
+		for _, inst := range alive {
+			inst.Stop(ctx) // leave nothing running behind the failure
+		}
 		t.Fatalf("adopted %v: a claim that never saved its state", slices.Collect(maps.Keys(alive)))
 	}
 	assertGone(t, b2, w.cid, nil)
